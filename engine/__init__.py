@@ -1,0 +1,1 @@
+"""The duplex-server engine: orchestrator, stage pools and the duplex control plane."""

@@ -1,0 +1,390 @@
+"""Typed messages that cross the engine's boundaries (janus queues, stage workers).
+
+Every message is a msgspec struct with a type tag; unknown fields are refused when a
+message is decoded (``decode``), and errors travel as :class:`ErrorInfo`, re-raised on the
+receiving side. Nothing here is a ``dict[str, Any]``.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Literal
+
+import msgspec
+
+from engine.errors import EngineError, kind_of, make_error
+
+
+class Msg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type", tag=True):
+    """Base of every queue message."""
+
+
+class Priority(IntEnum):
+    """Lower runs first: real-time work is scheduled ahead of batch work."""
+
+    REALTIME = 0
+    BATCH = 1
+
+
+class Fence(msgspec.Struct, frozen=True, forbid_unknown_fields=True, order=True):
+    """The session position a caller believes current. Immutable; ordered by (epoch, turn, resp)."""
+
+    session_id: str
+    epoch: int = 0
+    turn_id: int = 0
+    response_seq: int = 0
+
+    def key(self) -> str:
+        """Prefix of every stage request id of this fence: ``sess_x/e3/t5/r1``."""
+        return f"{self.session_id}/e{self.epoch}/t{self.turn_id}/r{self.response_seq}"
+
+    def is_stale_against(self, current: Fence) -> bool:
+        """True when this fence is older than ``current`` (DESIGN §3.2)."""
+        if self.session_id != current.session_id:
+            return True
+        if self.epoch != current.epoch:
+            return self.epoch < current.epoch
+        return self.turn_id < current.turn_id or self.response_seq < current.response_seq
+
+
+class ErrorInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An exception in transit. ``fatal`` means the engine is dead."""
+
+    kind: str
+    code: str
+    message: str
+    retryable: bool = False
+    fatal: bool = False
+    session_id: str | None = None
+    request_id: str | None = None
+
+    @classmethod
+    def from_exc(
+        cls, exc: EngineError, *, session_id: str | None = None, request_id: str | None = None
+    ) -> ErrorInfo:
+        kind = kind_of(exc)
+        return cls(
+            kind=kind,
+            code=exc.code,
+            message=exc.message,
+            retryable=exc.retryable,
+            fatal=kind == "dead",
+            session_id=session_id,
+            request_id=request_id,
+        )
+
+    def to_exc(self) -> EngineError:
+        return make_error(
+            "dead" if self.fatal else self.kind, self.code, self.message, self.retryable
+        )
+
+
+# ----------------------------------------------------------------------------- chat
+class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+# ----------------------------------------------------------------------------- stage I/O
+class AsrRequest(Msg, frozen=True, tag="asr"):
+    request_id: str
+    audio: bytes  # PCM16 mono, little endian
+    sample_rate: int = 16000
+    language: str = "en"
+    priority: Priority = Priority.REALTIME
+    session_id: str | None = None
+
+
+class LlmRequest(Msg, frozen=True, tag="llm"):
+    request_id: str
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int = 128
+    temperature: float = 0.0
+    priority: Priority = Priority.REALTIME
+    session_id: str | None = None
+
+
+class TtsRequest(Msg, frozen=True, tag="tts"):
+    request_id: str
+    text: str
+    voice: str | None = None
+    speed: float = 1.0
+    sample_rate: int = 24000
+    priority: Priority = Priority.REALTIME
+    session_id: str | None = None
+
+
+StageRequest = AsrRequest | LlmRequest | TtsRequest
+
+
+class TranscriptOut(Msg, frozen=True, tag="transcript"):
+    request_id: str
+    text: str
+    final: bool
+
+
+class TextOut(Msg, frozen=True, tag="text"):
+    request_id: str
+    text: str
+
+
+class AudioOut(Msg, frozen=True, tag="audio"):
+    """A PCM16 mono chunk (~100 ms). ``t_ns`` = time.monotonic_ns() when the stage made it."""
+
+    request_id: str
+    pcm: bytes
+    sample_rate: int
+    t_ns: int = 0
+
+
+class StageDone(Msg, frozen=True, tag="done"):
+    request_id: str
+    finish_reason: Literal["stop", "length", "aborted"] = "stop"
+    tokens: int = 0
+
+
+StageOutput = TranscriptOut | TextOut | AudioOut | StageDone
+
+
+# ----------------------------------------------------------------------------- sessions
+Modality = Literal["text", "audio"]
+
+
+class SessionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    instructions: str = ""
+    voice: str | None = None
+    output_modalities: tuple[Modality, ...] = ("audio",)
+    output_sample_rate: int = 24000
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+
+
+class SessionUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Partial update: ``None`` leaves a field untouched."""
+
+    instructions: str | None = None
+    voice: str | None = None
+    output_modalities: tuple[Modality, ...] | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+
+
+class OpenCall(Msg, frozen=True, tag="open"):
+    config: SessionConfig = SessionConfig()
+
+
+class AppendCall(Msg, frozen=True, tag="append"):
+    fence: Fence
+    lease_generation: int
+    audio: bytes = b""  # PCM16 mono at the engine input rate (16 kHz)
+    text: str | None = None
+    seq: int | None = None  # client append sequence: a resend after reconnect never duplicates
+    operation_id: str | None = None
+    expected_epoch: int | None = None
+
+
+class CommitCall(Msg, frozen=True, tag="commit"):
+    fence: Fence
+    lease_generation: int
+    respond: bool = True
+    operation_id: str | None = None
+
+
+SignalEvent = Literal["barge_in", "response.cancel", "input.cancel", "session.update"]
+
+
+class SignalCall(Msg, frozen=True, tag="signal"):
+    fence: Fence
+    lease_generation: int
+    event: SignalEvent
+    next_fence: Fence | None = None
+    update: SessionUpdate | None = None
+    operation_id: str | None = None
+
+
+class PlaybackMark(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the client actually played of one response (truncates its assistant turn)."""
+
+    turn_id: int
+    response_seq: int
+    played_ms: float
+
+
+Activity = Literal["heartbeat", "detach", "attach", "playback_ack"]
+
+
+class TouchCall(Msg, frozen=True, tag="touch"):
+    fence: Fence
+    lease_generation: int
+    activity: Activity
+    playback: PlaybackMark | None = None
+
+
+class ResumeCall(Msg, frozen=True, tag="resume"):
+    session_id: str
+    expected_lease_generation: int
+
+
+class CloseCall(Msg, frozen=True, tag="close"):
+    fence: Fence
+    lease_generation: int
+    reason: str = "client"
+
+
+ControlCall = OpenCall | AppendCall | CommitCall | SignalCall | TouchCall | ResumeCall | CloseCall
+
+
+class ControlResult(Msg, frozen=True, tag="result"):
+    """``ok=False`` is authoritative: the call changed nothing."""
+
+    control_id: int
+    ok: bool
+    session_id: str | None = None
+    accepted_fence: Fence | None = None
+    lease_generation: int = 0
+    error: ErrorInfo | None = None
+    clamped_ms: float | None = None  # playback_ack: the played duration actually applied
+    deduplicated: bool = False
+
+
+# ----------------------------------------------------------------------------- session events
+class UserTranscript(Msg, frozen=True, tag="user_transcript"):
+    fence: Fence
+    text: str
+    final: bool
+
+
+class ResponseStarted(Msg, frozen=True, tag="response_started"):
+    fence: Fence
+
+
+class TextDelta(Msg, frozen=True, tag="text_delta"):
+    fence: Fence
+    text: str
+
+
+class AudioChunk(Msg, frozen=True, tag="audio_chunk"):
+    """Audio of one response; ``text`` is the mark: the characters this chunk speaks."""
+
+    fence: Fence
+    pcm: bytes
+    sample_rate: int
+    audio_start_ms: float
+    duration_ms: float
+    text: str = ""
+    t_stage_ns: int = 0
+
+
+ResponseStatus = Literal["completed", "cancelled", "failed", "incomplete"]
+
+
+class ResponseDone(Msg, frozen=True, tag="response_done"):
+    fence: Fence
+    status: ResponseStatus
+    reason: str | None = None
+    text: str = ""
+    audio_ms: float = 0.0
+    output_tokens: int = 0
+    error: ErrorInfo | None = None
+
+
+class SessionLifecycle(Msg, frozen=True, tag="lifecycle"):
+    session_id: str
+    state: Literal["expiring", "expired", "closed"]
+    reason: str = ""
+    in_s: float | None = None
+
+
+SessionEvent = (
+    UserTranscript | ResponseStarted | TextDelta | AudioChunk | ResponseDone | SessionLifecycle
+)
+
+
+# ----------------------------------------------------------------------------- batch jobs
+class SpeechJob(Msg, frozen=True, tag="speech"):
+    text: str
+    voice: str | None = None
+    speed: float = 1.0
+    sample_rate: int = 24000
+
+
+class ChatJob(Msg, frozen=True, tag="chat"):
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int = 256
+    temperature: float = 0.0
+    audio: bool = False
+    voice: str | None = None
+    sample_rate: int = 24000
+
+
+class TranscribeJob(Msg, frozen=True, tag="transcribe"):
+    audio: bytes  # PCM16 mono
+    sample_rate: int = 16000
+    language: str = "en"
+
+
+BatchJob = SpeechJob | ChatJob | TranscribeJob
+
+
+class BatchDone(Msg, frozen=True, tag="batch_done"):
+    request_id: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    audio_ms: float = 0.0
+    finish_reason: str = "stop"
+
+
+BatchItem = TextOut | AudioOut | TranscriptOut | BatchDone
+
+
+# ----------------------------------------------------------------------------- queue envelopes
+class ControlRequest(Msg, frozen=True, tag="control"):
+    control_id: int
+    call: ControlCall
+
+
+class GenerateRequest(Msg, frozen=True, tag="generate"):
+    request_id: str
+    job: BatchJob
+
+
+class AbortRequest(Msg, frozen=True, tag="abort"):
+    request_id: str
+
+
+class ShutdownRequest(Msg, frozen=True, tag="shutdown"):
+    pass
+
+
+EngineRequest = ControlRequest | GenerateRequest | AbortRequest | ShutdownRequest
+
+
+class SessionOutput(Msg, frozen=True, tag="session_output"):
+    session_id: str
+    event: SessionEvent
+
+
+class BatchOutput(Msg, frozen=True, tag="batch_output"):
+    request_id: str
+    item: BatchItem | None = None
+    error: ErrorInfo | None = None
+
+
+class EngineFatal(Msg, frozen=True, tag="fatal"):
+    error: ErrorInfo
+
+
+EngineOutput = SessionOutput | BatchOutput | EngineFatal
+
+_ENGINE_REQUEST_DECODER = msgspec.msgpack.Decoder(EngineRequest)
+
+
+def encode(msg: Msg) -> bytes:
+    """Encode for a process boundary (msgpack)."""
+    return msgspec.msgpack.encode(msg)
+
+
+def decode_request(data: bytes) -> EngineRequest:
+    """Decode an engine request; unknown fields or tags raise msgspec.ValidationError."""
+    request: EngineRequest = _ENGINE_REQUEST_DECODER.decode(data)
+    return request

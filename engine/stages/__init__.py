@@ -1,0 +1,1 @@
+"""Stage backends (one module per backend) and the stage protocol (base.py)."""
