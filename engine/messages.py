@@ -135,12 +135,16 @@ class AudioOut(Msg, frozen=True, tag="audio"):
     pcm: bytes
     sample_rate: int
     t_ns: int = 0
+    text: str = (
+        ""  # optional mark: the characters this chunk speaks (else the orchestrator sets it)
+    )
 
 
 class StageDone(Msg, frozen=True, tag="done"):
     request_id: str
     finish_reason: Literal["stop", "length", "aborted"] = "stop"
     tokens: int = 0
+    prompt_tokens: int = 0
 
 
 StageOutput = TranscriptOut | TextOut | AudioOut | StageDone
@@ -208,6 +212,9 @@ class PlaybackMark(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     turn_id: int
     response_seq: int
     played_ms: float
+    # False: progress report (kept; applied if the response is cancelled or already done).
+    # True: cut the assistant turn now (``conversation.item.truncate``).
+    truncate: bool = False
 
 
 Activity = Literal["heartbeat", "detach", "attach", "playback_ack"]

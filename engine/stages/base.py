@@ -289,19 +289,23 @@ class StagePool:
             self._owner.pop(request.request_id, None)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
+        await self.abort_located(self.locate(request_ids))
+
+    def locate(self, request_ids: Sequence[str]) -> list[tuple[int, list[str]]]:
+        """Which replica runs each of these requests, as of now."""
         by_replica: dict[int, list[str]] = {}
         for rid in request_ids:
             idx = self._owner.get(rid)
             if idx is not None:
                 by_replica.setdefault(idx, []).append(rid)
-        await asyncio.gather(*(self.replicas[i].abort(ids) for i, ids in by_replica.items()))
+        return sorted(by_replica.items())
 
-    async def abort_prefix(self, prefix: str) -> list[str]:
-        """Abort every running request whose id starts with ``prefix`` (a fence key)."""
-        ids = [rid for rid in self._owner if rid.startswith(prefix)]
-        if ids:
-            await self.abort(ids)
-        return ids
+    def locate_prefix(self, prefix: str) -> list[tuple[int, list[str]]]:
+        """Running requests whose id starts with ``prefix`` (a fence key), by replica."""
+        return self.locate([rid for rid in self._owner if rid.startswith(prefix)])
+
+    async def abort_located(self, located: Sequence[tuple[int, list[str]]]) -> None:
+        await asyncio.gather(*(self.replicas[i].abort(ids) for i, ids in located))
 
     def release_session(self, session_id: str) -> None:
         self._sticky.pop(session_id, None)

@@ -46,6 +46,7 @@ class TestStageOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pace: Annotated[float, msgspec.Meta(gt=0)] = 1.0  # >1 = faster than real time
     fail_on: str | None = None  # a request whose text contains this fails (stage_failed)
     crash_on: str | None = None  # ... or kills the "worker" (worker_died)
+    hang_on: str | None = None  # ... or never finishes (until aborted)
     load_delay_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
@@ -76,6 +77,10 @@ class TestStage:
             ev = self._cancelled.get(rid)
             if ev is not None:
                 ev.set()
+
+    async def _maybe_hang(self, text: str, cancelled: asyncio.Event) -> None:
+        if self.options.hang_on and self.options.hang_on in text:
+            await cancelled.wait()
 
     def _check_faults(self, text: str) -> None:
         if self.options.fail_on and self.options.fail_on in text:
@@ -123,6 +128,7 @@ class TestStage:
     async def _llm(self, req: LlmRequest, cancelled: asyncio.Event) -> AsyncIterator[StageOutput]:
         last_user = next((m.content for m in reversed(req.messages) if m.role == "user"), "")
         self._check_faults(last_user)
+        await self._maybe_hang(last_user, cancelled)
         reply = last_user if self.options.echo else self.options.reply
         words = reply.split(" ")
         n = 0

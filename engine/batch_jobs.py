@@ -1,0 +1,82 @@
+"""Batch jobs (speech, chat, transcription) on the same pipeline, at batch priority."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.messages import (
+    AudioOut,
+    BatchDone,
+    BatchItem,
+    BatchJob,
+    ChatJob,
+    Priority,
+    SpeechJob,
+    TextOut,
+    TranscribeJob,
+    TranscriptOut,
+)
+from engine.pipeline import Pipeline, SpokenChunk
+from engine.segmenter import Segmenter
+
+
+def _audio(rid: str, chunk: SpokenChunk) -> AudioOut:
+    out = chunk.out
+    return AudioOut(
+        request_id=rid, pcm=out.pcm, sample_rate=out.sample_rate, t_ns=out.t_ns, text=chunk.mark
+    )
+
+
+async def run_batch(
+    pipeline: Pipeline, rid: str, job: BatchJob, put: Callable[[BatchItem], None]
+) -> None:
+    prefix = f"batch/{rid}"
+    if isinstance(job, TranscribeJob):
+        text = await pipeline.transcribe(
+            f"{prefix}/asr",
+            job.audio,
+            sample_rate=job.sample_rate,
+            session_id=None,
+            priority=Priority.BATCH,
+            language=job.language,
+        )
+        put(TranscriptOut(request_id=rid, text=text, final=True))
+        put(BatchDone(request_id=rid, audio_ms=len(job.audio) / 2 / job.sample_rate * 1000))
+    elif isinstance(job, SpeechJob):
+        seg = Segmenter(pipeline.config.segmenter)
+        segments = [*seg.push(job.text), *seg.flush()]
+        audio_ms = await pipeline.speak(
+            prefix,
+            segments,
+            voice=job.voice,
+            speed=job.speed,
+            sample_rate=job.sample_rate,
+            session_id=None,
+            priority=Priority.BATCH,
+            on_chunk=lambda c: put(_audio(rid, c)),
+        )
+        put(BatchDone(request_id=rid, audio_ms=audio_ms))
+    else:
+        assert isinstance(job, ChatJob)
+        result = await pipeline.respond(
+            prefix,
+            job.messages,
+            max_tokens=job.max_tokens,
+            temperature=job.temperature,
+            want_audio=job.audio,
+            voice=job.voice,
+            sample_rate=job.sample_rate,
+            session_id=None,
+            priority=Priority.BATCH,
+            on_text=lambda t: put(TextOut(request_id=rid, text=t)),
+            on_chunk=lambda c: put(_audio(rid, c)),
+        )
+        put(
+            BatchDone(
+                request_id=rid,
+                prompt_tokens=result.prompt_tokens,
+                completion_tokens=result.tokens,
+                audio_ms=result.audio_ms,
+                finish_reason=result.finish_reason,
+            )
+        )

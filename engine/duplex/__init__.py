@@ -1,0 +1,1 @@
+"""The duplex control plane: fences, leases, sessions and the control state machine."""

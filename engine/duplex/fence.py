@@ -1,0 +1,37 @@
+"""Fence rules (DESIGN.md §3.2) as pure functions."""
+
+from __future__ import annotations
+
+import uuid
+
+from engine.messages import Fence
+
+
+def new_session_id() -> str:
+    """Server-allocated, never reused."""
+    return f"sess_{uuid.uuid4().hex}"
+
+
+def initial_fence(session_id: str) -> Fence:
+    return Fence(session_id=session_id, epoch=0, turn_id=0, response_seq=0)
+
+
+def merge_forward(current: Fence, proposed: Fence) -> Fence:
+    """The newest of two fences of one session, field by field; never moves backwards."""
+    if proposed.epoch > current.epoch:
+        return Fence(
+            current.session_id,
+            proposed.epoch,
+            max(current.turn_id, proposed.turn_id),
+            max(current.response_seq, proposed.response_seq),
+        )
+    return current
+
+
+def epoch_prefix(session_id: str, epoch: int) -> str:
+    """Prefix of every stage request id of one epoch of a session."""
+    return f"{session_id}/e{epoch}/"
+
+
+def session_prefix(session_id: str) -> str:
+    return f"{session_id}/"

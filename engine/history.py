@@ -1,0 +1,270 @@
+"""Per-session conversation history for the LLM prompt (pure: no I/O, no clock).
+
+User turns hold ASR (or text) input. Assistant turns hold *text marks*: the text each TTS
+audio chunk spoke and that chunk's time span in the response's audio, so that the history can
+be cut to what the listener actually heard (``playback_ack`` or
+``conversation.item.truncate``). Text-only responses (no audio) hold plain text pieces.
+
+Truncation (:meth:`ConversationHistory.truncate`)
+    ``played_ms`` is clamped to ``[0, audio produced]`` and the clamped value is returned.
+    The turn then keeps every piece whose audio ended at or before ``played_ms``. A chunk that
+    was *partially* played is kept proportionally: ``len(text) * fraction_played`` characters,
+    cut back to the last whole word. Everything after that chunk is dropped. A text mark spans
+    its chunk plus the following chunks that carry no text (a TTS that puts a segment's text on
+    its first chunk only is handled). Text pieces without audio are kept if they come before the
+    cut. Truncation is not destructive: the latest call wins (a later ``playback_ack`` with a
+    larger ``played_ms`` moves the cut forward), and a truncated turn never shows audio text
+    past its cut, even if more chunks are appended afterwards.
+
+Prompt (:meth:`ConversationHistory.messages`)
+    The system message, then the turns in order, with contents stripped; empty turns (an
+    assistant turn cancelled before any audio was heard) are dropped and consecutive messages
+    of one role are merged with ``"\\n"``, so roles alternate. The non-system messages are
+    trimmed from the oldest so their total length stays within ``budget_chars``: the newest
+    user message is always kept (if it alone exceeds the budget only its last ``budget_chars``
+    characters are kept, cut at a word boundary), then the assistant message after it if it
+    fits, then older messages newest first while they fit; a leading assistant message is
+    dropped so the conversation after the system message starts with a user message.
+    Turns that can no longer reach the prompt are forgotten, so a long session's memory stays
+    bounded; truncating a forgotten turn raises ``KeyError`` like an unknown one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine.messages import ChatMessage, ResponseStatus
+
+__all__ = ["ConversationHistory"]
+
+_EPS_MS = 1e-6
+_JOIN = "\n"
+
+
+@dataclass
+class _Piece:
+    text: str
+    start_ms: float | None  # None: text without audio
+    end_ms: float = 0.0
+
+
+@dataclass
+class _UserTurn:
+    turn_id: int
+    text: str
+
+    def content(self) -> str:
+        return self.text
+
+
+@dataclass
+class _AssistantTurn:
+    turn_id: int
+    response_seq: int
+    pieces: list[_Piece] = field(default_factory=list)
+    produced_ms: float = 0.0
+    heard_ms: float | None = None  # None: not truncated
+    status: ResponseStatus | None = None
+
+    def content(self) -> str:
+        if self.heard_ms is None:
+            return "".join(p.text for p in self.pieces)
+        heard = self.heard_ms + _EPS_MS
+        kept: list[str] = []
+        for piece in self.pieces:
+            if piece.start_ms is None or piece.end_ms <= heard:
+                kept.append(piece.text)
+                continue
+            if piece.start_ms < self.heard_ms:
+                fraction = (self.heard_ms - piece.start_ms) / (piece.end_ms - piece.start_ms)
+                kept.append(_cut_at_word(piece.text, int(len(piece.text) * fraction)))
+            break
+        return "".join(kept)
+
+
+def _cut_at_word(text: str, n: int) -> str:
+    """The first ``n`` characters of ``text``, shortened to end at a whole word."""
+    if n >= len(text):
+        return text
+    if n <= 0:
+        return ""
+    if text[n].isspace() or text[n - 1].isspace():
+        return text[:n]
+    cut = max(text.rfind(" ", 0, n), text.rfind("\n", 0, n), text.rfind("\t", 0, n))
+    return text[:cut] if cut > 0 else ""
+
+
+def _keep_tail(text: str, budget: int) -> str:
+    """The last ``budget`` characters of ``text`` (stripped), starting at a whole word."""
+    if len(text) <= budget:
+        return text
+    tail = text[-budget:]
+    if not text[-budget - 1].isspace() and not tail[0].isspace():
+        spaces = [i for i in (tail.find(" "), tail.find("\n"), tail.find("\t")) if i >= 0]
+        if spaces:  # else one huge word: cut it by characters
+            tail = tail[min(spaces) :]
+    return tail.strip()
+
+
+Role = Literal["user", "assistant"]
+
+
+class ConversationHistory:
+    """User and assistant turns of one session, rendered into a budgeted chat prompt."""
+
+    def __init__(self, budget_chars: int) -> None:
+        if budget_chars < 1:
+            raise ValueError(f"budget_chars must be >= 1, got {budget_chars}")
+        self._budget = budget_chars
+        self._turns: list[_UserTurn | _AssistantTurn] = []
+        self._assistant: dict[tuple[int, int], _AssistantTurn] = {}
+
+    @property
+    def budget_chars(self) -> int:
+        return self._budget
+
+    def __len__(self) -> int:
+        """Turns held in memory (forgotten ones excluded)."""
+        return len(self._turns)
+
+    # ------------------------------------------------------------------------ recording
+    def add_user(self, text: str, turn_id: int) -> None:
+        """Record user input (final ASR text or text input) for ``turn_id``."""
+        self._turns.append(_UserTurn(turn_id, text))
+        self._forget_unreachable()
+
+    def start_assistant(self, turn_id: int, response_seq: int) -> None:
+        """Open an assistant turn; raises ValueError if it was already started."""
+        key = (turn_id, response_seq)
+        if key in self._assistant:
+            raise ValueError(f"assistant turn {turn_id}/{response_seq} already started")
+        turn = _AssistantTurn(turn_id, response_seq)
+        self._assistant[key] = turn
+        self._turns.append(turn)
+
+    def append_assistant(
+        self,
+        turn_id: int,
+        response_seq: int,
+        text: str,
+        audio_start_ms: float,
+        duration_ms: float,
+    ) -> None:
+        """Record one audio chunk of a response and the text it speaks (may be empty)."""
+        if duration_ms < 0 or not math.isfinite(duration_ms) or not math.isfinite(audio_start_ms):
+            raise ValueError(f"bad audio span {audio_start_ms} + {duration_ms} ms")
+        turn = self._open_turn(turn_id, response_seq)
+        end = audio_start_ms + duration_ms
+        turn.produced_ms = max(turn.produced_ms, end)
+        if text:
+            turn.pieces.append(_Piece(text, audio_start_ms, end))
+            return
+        for piece in reversed(turn.pieces):  # text-less chunk: continues the last text mark
+            if piece.start_ms is not None:
+                piece.end_ms = max(piece.end_ms, end)
+                break
+
+    def append_assistant_text(self, turn_id: int, response_seq: int, text: str) -> None:
+        """Record text of a response that has no audio (text-only output)."""
+        turn = self._open_turn(turn_id, response_seq)
+        if text:
+            turn.pieces.append(_Piece(text, None))
+
+    def finish_assistant(self, turn_id: int, response_seq: int, status: ResponseStatus) -> None:
+        """Close an assistant turn; later appends to it raise ValueError."""
+        self._get(turn_id, response_seq).status = status
+
+    def truncate(self, turn_id: int, response_seq: int, played_ms: float) -> float:
+        """Cut an assistant turn to what was heard; returns ``played_ms`` clamped to the audio."""
+        if math.isnan(played_ms):
+            raise ValueError("played_ms is NaN")
+        turn = self._get(turn_id, response_seq)
+        clamped = min(max(played_ms, 0.0), turn.produced_ms)
+        turn.heard_ms = clamped
+        return clamped
+
+    # ------------------------------------------------------------------------ reading
+    def assistant_text(self, turn_id: int, response_seq: int) -> str:
+        """The text of an assistant turn as the prompt will show it (after truncation)."""
+        return self._get(turn_id, response_seq).content()
+
+    def produced_ms(self, turn_id: int, response_seq: int) -> float:
+        """Milliseconds of audio recorded for an assistant turn."""
+        return self._get(turn_id, response_seq).produced_ms
+
+    def messages(self, instructions: str) -> tuple[ChatMessage, ...]:
+        """System message plus the newest turns that fit in the budget (see module doc)."""
+        merged = self._merged()
+        budget = self._budget
+        last_user = max((i for i, (role, _) in enumerate(merged) if role == "user"), default=-1)
+        kept: list[tuple[Role, str]] = []
+        used = 0
+        if last_user >= 0:
+            text = _keep_tail(merged[last_user][1], budget)
+            kept.append(("user", text))
+            used = len(text)
+            for role, content in merged[last_user + 1 :]:  # at most one assistant message
+                if used + len(content) <= budget:
+                    kept.append((role, content))
+                    used += len(content)
+        older: list[tuple[Role, str]] = []
+        head = merged[:last_user] if last_user >= 0 else merged
+        for role, content in reversed(head):
+            if used + len(content) > budget:
+                break
+            older.append((role, content))
+            used += len(content)
+        older.reverse()
+        if last_user >= 0:
+            while older and older[0][0] == "assistant":
+                older.pop(0)
+        system = ChatMessage(role="system", content=instructions)
+        return (system, *(ChatMessage(role=r, content=c) for r, c in (*older, *kept)))
+
+    # ------------------------------------------------------------------------ internals
+    def _merged(self) -> list[tuple[Role, str]]:
+        merged: list[tuple[Role, str]] = []
+        for turn in self._turns:
+            content = turn.content().strip()
+            if not content:
+                continue
+            role: Role = "user" if isinstance(turn, _UserTurn) else "assistant"
+            if merged and merged[-1][0] == role:
+                merged[-1] = (role, merged[-1][1] + _JOIN + content)
+            else:
+                merged.append((role, content))
+        return merged
+
+    def _forget_unreachable(self) -> None:
+        """Drop the oldest turns that can never be part of a prompt again.
+
+        A prompt is a run of the newest messages. Once the user text newer than a turn is longer
+        than the budget, no run that reaches that turn fits (user text never changes), and if
+        that turn merges into the newest user message, the kept tail of that message lies
+        entirely in the newer text.
+        """
+        newer_user = 0
+        for i in range(len(self._turns) - 1, -1, -1):
+            turn = self._turns[i]
+            if newer_user > self._budget:
+                for old in self._turns[: i + 1]:
+                    if isinstance(old, _AssistantTurn):
+                        del self._assistant[(old.turn_id, old.response_seq)]
+                del self._turns[: i + 1]
+                return
+            if isinstance(turn, _UserTurn):
+                newer_user += len(turn.text.strip())
+
+    def _get(self, turn_id: int, response_seq: int) -> _AssistantTurn:
+        try:
+            return self._assistant[(turn_id, response_seq)]
+        except KeyError:
+            raise KeyError(f"unknown assistant turn {turn_id}/{response_seq}") from None
+
+    def _open_turn(self, turn_id: int, response_seq: int) -> _AssistantTurn:
+        turn = self._get(turn_id, response_seq)
+        if turn.status is not None:
+            raise ValueError(f"assistant turn {turn_id}/{response_seq} is already finished")
+        return turn

@@ -1,0 +1,502 @@
+"""The orchestrator: its own thread and event loop; dispatch, output routing, reaper.
+
+It owns the control plane (:class:`DuplexControl`), the stage pools and one runner task per
+session with committed turns. No model code runs here: stage backends compute in their own
+workers. Results go back on the rpc queue, session and batch outputs on the output queue.
+Output whose fence is stale is dropped here, before routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import janus
+
+from engine.batch_jobs import run_batch
+from engine.config import EngineConfig
+from engine.duplex.control import Cancel, DuplexControl, Effects
+from engine.duplex.fence import epoch_prefix, session_prefix
+from engine.duplex.session import DuplexSession, TurnJob
+from engine.errors import EngineDeadError, EngineError, StageError
+from engine.messages import (
+    AbortRequest,
+    AppendCall,
+    AudioChunk,
+    BatchOutput,
+    CloseCall,
+    ControlRequest,
+    EngineFatal,
+    EngineOutput,
+    EngineRequest,
+    ErrorInfo,
+    GenerateRequest,
+    Priority,
+    ResponseDone,
+    ResponseStarted,
+    SessionEvent,
+    SessionOutput,
+    ShutdownRequest,
+    SignalCall,
+    TextDelta,
+    UserTranscript,
+)
+from engine.pipeline import Pipeline, SpokenChunk
+from engine.stages.base import StageBackend, StagePool
+from engine.stages.registry import build_replicas
+
+log = logging.getLogger(__name__)
+_BATCH_MAX = 512
+AbortPlan = list[tuple[StagePool, list[tuple[int, list[str]]]]]
+
+
+@dataclass
+class Counters:
+    """Cumulative figures the server exports as metrics (read from another thread)."""
+
+    stale_dropped: int = 0
+    responses: dict[str, int] = field(default_factory=dict)
+    stage_latency: list[tuple[str, float]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def latency(self, stage: str, seconds: float) -> None:
+        with self.lock:
+            self.stage_latency.append((stage, seconds))
+            if len(self.stage_latency) > 10_000:
+                del self.stage_latency[:5_000]
+
+
+@dataclass
+class _Runner:
+    task: asyncio.Task[None]
+    job: TurnJob | None = None
+    started: bool = False  # ResponseStarted was emitted for ``job``
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        config: EngineConfig,
+        out_q: janus.SyncQueue[EngineOutput],
+        rpc_q: janus.SyncQueue[Any],
+        backends: dict[str, list[StageBackend]] | None = None,
+    ) -> None:
+        self.config = config
+        self._out = out_q
+        self._rpc = rpc_q
+        self._backends = backends
+        self.control = DuplexControl(config.duplex, config.default_instructions)
+        self.counters = Counters()
+        self.pools: dict[str, StagePool] = {}
+        self._runners: dict[str, _Runner] = {}
+        self._batch: dict[str, asyncio.Task[None]] = {}
+        self._cleaning: set[str] = set()
+        self._plans: dict[str, list[AbortPlan]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.request_q: janus.Queue[EngineRequest] | None = None
+        self.started: concurrent.futures.Future[janus.SyncQueue[EngineRequest]] = (
+            concurrent.futures.Future()
+        )
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pipeline: Pipeline | None = None
+
+    # ------------------------------------------------------------------ thread main
+    def run(self) -> None:
+        """Thread entry point."""
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # the engine is dead: tell everyone, then exit the thread
+            log.exception("orchestrator died")
+            self._fatal(f"orchestrator died: {exc!r}")
+            if not self.started.done():
+                self.started.set_exception(exc)
+
+    def _fatal(self, message: str) -> None:
+        info = ErrorInfo.from_exc(EngineDeadError(message))
+        try:
+            self._out.put_nowait(EngineFatal(error=info))
+            self._rpc.put_nowait(EngineFatal(error=info))
+        except RuntimeError:
+            log.error("could not publish fatal error: %s", message)
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.request_q = janus.Queue()
+        try:
+            await self._start_stages()
+        except BaseException as exc:
+            await self._close_stages()
+            self.request_q.close()
+            await self.request_q.wait_closed()
+            if not self.started.done():
+                self.started.set_exception(exc)
+            return
+        self.pipeline = Pipeline(self.config, self.pools)
+        self.started.set_result(self.request_q.sync_q)
+        reaper = asyncio.create_task(self._reaper(), name="reaper")
+        try:
+            await self._serve(self.request_q.async_q)
+        finally:
+            reaper.cancel()
+            await self._stop_everything()
+            self.request_q.close()
+            await self.request_q.wait_closed()
+
+    async def _start_stages(self) -> None:
+        for name in ("asr", "llm", "tts"):
+            if self._backends is not None and name in self._backends:
+                replicas = self._backends[name]
+            else:
+                replicas = build_replicas(name, getattr(self.config.stages, name))
+            self.pools[name] = StagePool(name, replicas, on_latency=self.counters.latency)
+        await asyncio.gather(*(p.start() for p in self.pools.values()))
+
+    async def _close_stages(self) -> None:
+        await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
+
+    async def _stop_everything(self) -> None:
+        tasks = [r.task for r in self._runners.values()] + list(self._batch.values())
+        tasks += list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._close_stages()
+
+    # ------------------------------------------------------------------ dispatch
+    async def _serve(self, q: janus.AsyncQueue[EngineRequest]) -> None:
+        while True:
+            batch = [await q.get()]
+            while len(batch) < _BATCH_MAX:
+                try:
+                    batch.append(q.get_nowait())
+                except asyncio.QueueEmpty:
+                    break
+            for msg in self._preempt(batch):
+                if isinstance(msg, ShutdownRequest):
+                    return
+                self._dispatch(msg)
+
+    def _preempt(self, batch: list[EngineRequest]) -> list[EngineRequest]:
+        """A close or input.cancel answers the queued appends it covers without applying them."""
+        if len(batch) < 2:
+            return batch
+        cover: dict[str, int] = {}
+        for i, msg in enumerate(batch):
+            if isinstance(msg, ControlRequest):
+                call = msg.call
+                if isinstance(call, CloseCall) or (
+                    isinstance(call, SignalCall) and call.event == "input.cancel"
+                ):
+                    cover[call.fence.session_id] = i
+        if not cover:
+            return batch
+        kept: list[EngineRequest] = []
+        for i, msg in enumerate(batch):
+            if isinstance(msg, ControlRequest) and isinstance(msg.call, AppendCall):
+                sid = msg.call.fence.session_id
+                if cover.get(sid, -1) > i:
+                    err = ErrorInfo(
+                        kind="control",
+                        code="stale_fence",
+                        session_id=sid,
+                        message="append pre-empted by a later cancel/close of its input",
+                    )
+                    self._reply_raw(msg.control_id, sid, err)
+                    continue
+            kept.append(msg)
+        return kept
+
+    def _reply_raw(self, control_id: int, sid: str, err: ErrorInfo) -> None:
+        from engine.messages import ControlResult
+
+        self._rpc.put_nowait(
+            ControlResult(control_id=control_id, ok=False, session_id=sid, error=err)
+        )
+
+    def _dispatch(self, msg: EngineRequest) -> None:
+        if isinstance(msg, ControlRequest):
+            result, effects = self.control.handle(msg.call, msg.control_id, time.monotonic())
+            self._rpc.put_nowait(result)
+            self._apply(effects)
+        elif isinstance(msg, GenerateRequest):
+            assert self.pipeline is not None
+            task = asyncio.create_task(self._run_batch(msg), name=f"batch:{msg.request_id}")
+            self._batch[msg.request_id] = task
+        elif isinstance(msg, AbortRequest):
+            running = self._batch.get(msg.request_id)
+            if running is not None:
+                running.cancel()
+
+    def _apply(self, effects: Effects) -> None:
+        for cancel in effects.cancels:
+            self._cancel(cancel)
+        for sid in effects.start:
+            self._ensure_runner(sid)
+        for out in effects.events:
+            self._out.put_nowait(out)
+        for sid in effects.cleanups:
+            if sid not in self._cleaning:
+                self._cleaning.add(sid)
+                self._spawn(self._cleanup(sid), f"cleanup:{sid}")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ output
+    def emit(self, sid: str, event: SessionEvent, *, final: bool = False) -> None:
+        """Route one session event; stale-fence output is dropped (a final done is not)."""
+        fence = getattr(event, "fence", None)
+        if fence is not None and not final and not self.control.is_current(fence):
+            self.counters.stale_dropped += 1
+            return
+        self._out.put_nowait(SessionOutput(session_id=sid, event=event))
+
+    # ------------------------------------------------------------------ session runners
+    def _ensure_runner(self, sid: str) -> None:
+        runner = self._runners.get(sid)
+        if runner is not None and not runner.task.done():
+            return
+        task = asyncio.create_task(self._run_session(sid), name=f"runner:{sid}")
+        self._runners[sid] = _Runner(task=task)
+
+    async def _run_session(self, sid: str) -> None:
+        runner = self._runners[sid]
+        while (job := self.control.next_job(sid)) is not None:
+            runner.job, runner.started = job, False
+            session = self.control.sessions[sid]
+            try:
+                await self._run_turn(session, job, runner)
+            except asyncio.CancelledError:
+                raise
+            except EngineError as exc:
+                self._fail_turn(sid, job, runner, exc)
+            except Exception as exc:
+                log.exception("turn %s failed", job.fence.key())
+                self._fail_turn(sid, job, runner, StageError(f"internal error: {exc!r}"))
+            finally:
+                if runner.job is job:
+                    runner.job = None
+            self.control.job_done(sid, job, time.monotonic())
+
+    def _fail_turn(self, sid: str, job: TurnJob, runner: _Runner, exc: EngineError) -> None:
+        if not job.respond:
+            return
+        if not runner.started:
+            self.emit(sid, ResponseStarted(fence=job.fence))
+            runner.started = True
+        info = ErrorInfo.from_exc(exc, session_id=sid, request_id=job.fence.key())
+        self.emit(sid, ResponseDone(fence=job.fence, status="failed", reason=exc.code, error=info))
+
+    async def _run_turn(self, session: DuplexSession, job: TurnJob, runner: _Runner) -> None:
+        assert self.pipeline is not None
+        sid, fence = session.session_id, job.fence
+        prefix = fence.key()
+        text = job.text
+        if job.audio:
+            heard = await self.pipeline.transcribe(
+                f"{prefix}/asr",
+                job.audio,
+                sample_rate=self.config.input_sample_rate,
+                session_id=sid,
+            )
+            self.emit(sid, UserTranscript(fence=fence, text=heard, final=True))
+            text = f"{text} {heard}".strip()
+        if text:
+            session.history.add_user(text, fence.turn_id)
+        if not job.respond:
+            return
+        runner.started = True
+        self.emit(sid, ResponseStarted(fence=fence))
+        if job.audio and not text:
+            self.emit(sid, ResponseDone(fence=fence, status="incomplete", reason="no_speech"))
+            return
+        cfg = session.config
+        history = session.history
+        turn, resp = fence.turn_id, fence.response_seq
+        history.start_assistant(turn, resp)
+        want_text = "text" in cfg.output_modalities
+        want_audio = "audio" in cfg.output_modalities
+
+        def on_text(delta: str) -> None:
+            if want_text:
+                self.emit(sid, TextDelta(fence=fence, text=delta))
+            if not want_audio:
+                history.append_assistant_text(turn, resp, delta)
+
+        def on_chunk(chunk: SpokenChunk) -> None:
+            history.append_assistant(
+                turn, resp, chunk.mark, chunk.audio_start_ms, chunk.duration_ms
+            )
+            self.emit(
+                sid,
+                AudioChunk(
+                    fence=fence,
+                    pcm=chunk.out.pcm,
+                    sample_rate=chunk.out.sample_rate,
+                    audio_start_ms=chunk.audio_start_ms,
+                    duration_ms=chunk.duration_ms,
+                    text=chunk.mark,
+                    t_stage_ns=chunk.out.t_ns,
+                ),
+            )
+
+        result = await self.pipeline.respond(
+            prefix,
+            history.messages(cfg.instructions or self.config.default_instructions),
+            max_tokens=cfg.max_output_tokens or self.config.max_output_tokens,
+            temperature=cfg.temperature if cfg.temperature is not None else 0.0,
+            want_audio=want_audio,
+            voice=cfg.voice,
+            sample_rate=cfg.output_sample_rate,
+            session_id=sid,
+            priority=Priority.REALTIME,
+            on_text=on_text,
+            on_chunk=on_chunk,
+        )
+        history.finish_assistant(turn, resp, "completed")
+        length = result.finish_reason == "length"
+        self.emit(
+            sid,
+            ResponseDone(
+                fence=fence,
+                status="incomplete" if length else "completed",
+                reason="max_output_tokens" if length else None,
+                text=result.text,
+                audio_ms=result.audio_ms,
+                output_tokens=result.tokens,
+            ),
+        )
+
+    def _cancel(self, cancel: Cancel) -> None:
+        sid = cancel.session_id
+        runner = self._runners.get(sid)
+        prefix = epoch_prefix(sid, cancel.old_epoch)
+        if (
+            runner is not None
+            and runner.job is not None
+            and runner.job.fence.epoch == cancel.old_epoch
+        ):
+            job, started = runner.job, runner.started
+            runner.task.cancel()
+            self._tasks.add(runner.task)
+            runner.task.add_done_callback(self._tasks.discard)
+            del self._runners[sid]
+            if job.respond and started:
+                session = self.control.sessions.get(sid)
+                if session is not None:
+                    session.history.finish_assistant(
+                        job.fence.turn_id, job.fence.response_seq, "cancelled"
+                    )
+                self.emit(
+                    sid,
+                    ResponseDone(fence=job.fence, status="cancelled", reason=cancel.reason),
+                    final=True,
+                )
+        self._abort(sid, prefix)
+
+    def _plan(self, prefix: str) -> AbortPlan:
+        """The running stage requests under ``prefix``, located now (before tasks unwind)."""
+        return [(pool, pool.locate_prefix(prefix)) for pool in self.pools.values()]
+
+    @staticmethod
+    async def _run_plan(plan: AbortPlan) -> None:
+        await asyncio.gather(*(pool.abort_located(located) for pool, located in plan if located))
+
+    def _abort(self, sid: str, prefix: str) -> None:
+        """Abort a fence's stage requests; until done, the plan stays with the session."""
+        plan = self._plan(prefix)
+        if not any(located for _, located in plan):
+            return
+        plans = self._plans.setdefault(sid, [])
+        plans.append(plan)
+
+        async def run() -> None:
+            await self._run_plan(plan)
+            if plan in plans:
+                plans.remove(plan)
+
+        self._spawn(run(), f"abort:{prefix}")
+
+    async def _cleanup(self, sid: str) -> None:
+        """Abort everything of a closing session; free its slot only once that succeeded."""
+        try:
+            self._abort(sid, session_prefix(sid))
+            runner = self._runners.pop(sid, None)
+            if runner is not None:
+                runner.task.cancel()
+                await asyncio.gather(runner.task, return_exceptions=True)
+            plans = list(self._plans.get(sid, ()))
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(*(self._run_plan(p) for p in plans)),
+                    self.config.duplex.cleanup_timeout_s,
+                )
+            except TimeoutError:
+                log.warning("cleanup of %s: stage aborts did not finish; the reaper retries", sid)
+                return
+            self._plans.pop(sid, None)
+            for pool in self.pools.values():
+                pool.release_session(sid)
+            self._apply(self.control.finish_close(sid))
+        except Exception:
+            log.exception("cleanup of %s failed; the reaper retries it", sid)
+        finally:
+            self._cleaning.discard(sid)
+
+    async def _reaper(self) -> None:
+        interval = self.config.duplex.reaper_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self._apply(self.control.tick(time.monotonic(), self._cleaning))
+            except Exception:
+                log.exception("reaper tick failed")
+
+    # ------------------------------------------------------------------ batch
+    async def _run_batch(self, msg: GenerateRequest) -> None:
+        assert self.pipeline is not None
+        rid = msg.request_id
+
+        def put(item: Any) -> None:
+            self._out.put_nowait(BatchOutput(request_id=rid, item=item))
+
+        try:
+            await run_batch(self.pipeline, rid, msg.job, put)
+        except asyncio.CancelledError:
+            await self._run_plan(self._plan(f"batch/{rid}/"))
+            self._out.put_nowait(
+                BatchOutput(
+                    request_id=rid,
+                    error=ErrorInfo(
+                        kind="stage", code="aborted", message="request aborted", request_id=rid
+                    ),
+                )
+            )
+        except EngineError as exc:
+            self._out.put_nowait(
+                BatchOutput(request_id=rid, error=ErrorInfo.from_exc(exc, request_id=rid))
+            )
+        except Exception as exc:
+            log.exception("batch request %s failed", rid)
+            self._out.put_nowait(
+                BatchOutput(
+                    request_id=rid,
+                    error=ErrorInfo(
+                        kind="stage", code="stage_failed", message=repr(exc), request_id=rid
+                    ),
+                )
+            )
+        finally:
+            self._batch.pop(rid, None)
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(fn)

@@ -1,0 +1,293 @@
+"""Orchestrator behaviour end to end through AsyncEngine, on the deterministic test stage."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from engine.client import AsyncEngine
+from engine.errors import ControlError, EngineDeadError, StageError
+from engine.messages import (
+    AudioChunk,
+    ChatJob,
+    ChatMessage,
+    Fence,
+    OpenCall,
+    ResponseDone,
+    ResponseStarted,
+    SessionConfig,
+    SessionEvent,
+    SessionLifecycle,
+    SpeechJob,
+    TextOut,
+    TranscribeJob,
+    TranscriptOut,
+)
+from engine.stages.testing import TestStage, TestStageOptions
+from tests.engine.conftest import UNIT, collect, run, stages, start_engine
+
+REALTIME = {"realtime": True, "chunk_ms": 20.0, "token_interval_s": 0.001}
+
+
+async def text_turn(engine: AsyncEngine, text: str = "hello") -> tuple[str, Fence, int]:
+    res = await engine.open(SessionConfig(output_modalities=("audio",)))
+    assert res.session_id and res.accepted_fence
+    await engine.append(res.accepted_fence, 1, text=text)
+    res2 = await engine.commit(res.accepted_fence, 1)
+    assert res2.accepted_fence
+    return res.session_id, res2.accepted_fence, 1
+
+
+def test_barge_in_stops_output_and_aborts_every_stage_request() -> None:
+    async def main() -> None:
+        backends = stages(**REALTIME)
+        engine = await start_engine(backends)
+        try:
+            sid, fence, gen = await text_turn(engine)
+            seen: list[SessionEvent] = []
+            async for ev in engine.session_events(sid):
+                seen.append(ev)
+                if sum(isinstance(e, AudioChunk) for e in seen) == 3:
+                    break
+            nxt = Fence(sid, fence.epoch + 1, fence.turn_id, fence.response_seq)
+            res = await engine.signal(fence, gen, "barge_in", next_fence=nxt)
+            assert res.accepted_fence == nxt
+            tail = await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
+            done = tail[-1]
+            assert isinstance(done, ResponseDone) and done.status == "cancelled"
+            assert done.reason == "turn_detected" and done.fence == fence
+            # nothing of the old epoch after the cancelled done, even after waiting
+            await engine.append(nxt, gen, text="next")
+            res = await engine.commit(nxt, gen)
+            later = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
+            assert all(getattr(e, "fence", nxt).epoch == nxt.epoch for e in later)
+            assert later[-1].status == "completed"  # type: ignore[union-attr]
+            # every stage request of the old fence was aborted (none still running)
+            for name in ("llm", "tts"):
+                stage = backends[name][0]
+                assert isinstance(stage, TestStage)
+                assert not [r for r in stage._cancelled if r.startswith(fence.key())]
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_stage_failure_fails_only_its_request() -> None:
+    async def main() -> None:
+        engine = await start_engine(stages(fail_on="explode"))
+        try:
+            bad, _, _ = await text_turn(engine, "please explode")
+            good, _, _ = await text_turn(engine, "fine")
+            evs = await collect(engine, bad, lambda e: isinstance(e, ResponseDone))
+            done = evs[-1]
+            assert isinstance(done, ResponseDone) and done.status == "failed"
+            assert done.error and done.error.code == "stage_failed"
+            evs = await collect(engine, good, lambda e: isinstance(e, ResponseDone))
+            assert evs[-1].status == "completed"  # type: ignore[union-attr]
+            # the failed session stays usable
+            r = await engine.append(Fence(bad, 0, 1, 1), 1, text="again")
+            assert r.ok
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_hundred_sessions_and_a_stuck_one_blocks_nobody() -> None:
+    async def main() -> None:
+        engine = await start_engine(stages(hang_on="stuck", chunk_ms=50.0))
+        try:
+            stuck, _, _ = await text_turn(engine, "I am stuck")
+            sessions = await asyncio.gather(*(text_turn(engine, f"hi {i}") for i in range(100)))
+            results = await asyncio.gather(
+                *(
+                    collect(engine, sid, lambda e: isinstance(e, ResponseDone), 20 * UNIT)
+                    for sid, _, _ in sessions
+                )
+            )
+            assert all(r[-1].status == "completed" for r in results)  # type: ignore[union-attr]
+            # the stuck session still answers control calls, and closes cleanly
+            f = Fence(stuck, 0, 1, 1)
+            await engine.touch(f, 1, "heartbeat")
+            await engine.close(f, 1)
+            evs = await collect(engine, stuck, lambda e: isinstance(e, SessionLifecycle))
+            assert isinstance(evs[-1], SessionLifecycle) and evs[-1].state == "closed"
+            assert any(isinstance(e, ResponseDone) and e.status == "cancelled" for e in evs)
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+class HangingAbort(TestStage):
+    """A backend whose abort never returns for sessions named in ``hang_for``."""
+
+    hang_for: set[str]
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        if any(r.split("/")[0] in self.hang_for for r in request_ids):
+            await asyncio.Event().wait()
+        await super().abort(request_ids)
+
+
+def test_stuck_cleanup_holds_only_its_own_slot() -> None:
+    async def main() -> None:
+        opts = TestStageOptions(hang_on="stuck")
+        llm = HangingAbort(opts, "llm")
+        llm.hang_for = set()
+        backends = {"asr": [TestStage(opts, "asr")], "llm": [llm], "tts": [TestStage(opts, "tts")]}
+        engine = await start_engine(
+            backends, max_sessions=2, cleanup_timeout_s=0.2, reaper_interval_s=0.05
+        )
+        try:
+            sid, fence, gen = await text_turn(engine, "stuck forever")
+            llm.hang_for.add(sid)
+            await asyncio.sleep(0.05)
+            await engine.close(fence, gen)
+            other, f2, _ = await text_turn(engine, "fine")
+            with pytest.raises(ControlError) as info:
+                await engine.open()
+            assert info.value.code == "resource_exhausted"  # stuck one still holds its slot
+            await engine.close(f2, 1)
+            evs = await collect(
+                engine, other, lambda e: isinstance(e, SessionLifecycle) and e.state == "closed"
+            )
+            assert evs[-1].state == "closed"  # type: ignore[union-attr]
+            await engine.open()  # the other's slot was freed
+            llm.hang_for.clear()  # the reaper's retry now succeeds
+            evs = await collect(
+                engine, sid, lambda e: isinstance(e, SessionLifecycle) and e.state == "closed"
+            )
+            assert engine.stats().sessions["closing"] == 0
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_lease_expiry_publishes_and_frees_the_slot() -> None:
+    async def main() -> None:
+        engine = await start_engine(
+            idle_ttl_s=0.3, reaper_interval_s=0.05, max_sessions=1, expiring_warning_s=0.2
+        )
+        try:
+            res = await engine.open()
+            assert res.session_id
+            evs = await collect(
+                engine,
+                res.session_id,
+                lambda e: isinstance(e, SessionLifecycle) and e.state == "closed",
+            )
+            states = [(e.state, e.reason) for e in evs if isinstance(e, SessionLifecycle)]
+            assert states == [
+                ("expiring", "idle_timeout"),
+                ("expired", "idle_timeout"),
+                ("closed", "idle_timeout"),
+            ]
+            await engine.open()
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_detach_and_resume_keep_the_stream() -> None:
+    async def main() -> None:
+        engine = await start_engine(stages(**REALTIME), disconnect_grace_s=5.0)
+        try:
+            sid, fence, gen = await text_turn(engine)
+            await engine.touch(fence, gen, "detach")
+            res = await engine.resume(sid, gen)
+            assert res.lease_generation == gen + 1
+            with pytest.raises(ControlError, match="resumed elsewhere"):
+                await engine.touch(fence, gen, "heartbeat")
+            evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
+            assert isinstance(evs[0], ResponseStarted) and evs[-1].status == "completed"  # type: ignore[union-attr]
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_rpc_timeout_and_late_reply_are_dropped() -> None:
+    async def main() -> None:
+        engine = await start_engine()
+        try:
+            with pytest.raises(ControlError) as info:
+                await engine.call(OpenCall(), wait_s=1e-9)
+            assert info.value.code == "deadline_exceeded" and info.value.retryable
+            for _ in range(100):
+                if engine.late_replies:
+                    break
+                await asyncio.sleep(0.01)
+            assert engine.late_replies == 1
+            assert not engine._waiters
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_fatal_engine_error_fails_everyone() -> None:
+    async def main() -> None:
+        engine = await start_engine(stages(hang_on="stuck"))
+        try:
+            sid, _, _ = await text_turn(engine, "stuck")
+            orch = engine._orch
+            assert orch is not None
+
+            def boom(msg: object) -> None:
+                raise RuntimeError("injected orchestrator bug")
+
+            orch._dispatch = boom  # type: ignore[method-assign]
+            with pytest.raises(EngineDeadError):
+                await engine.open()
+            with pytest.raises(EngineDeadError):
+                await engine.open()
+            with pytest.raises(EngineDeadError):
+                await collect(engine, sid, lambda e: False)
+            assert not engine.ready
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_batch_jobs() -> None:
+    async def main() -> None:
+        engine = await start_engine(stages(echo=True))
+        try:
+            items = [i async for i in engine.generate(SpeechJob(text="One two. Three four five."))]
+            audio = [i for i in items if not isinstance(i, type(items[-1]))]
+            assert audio and items[-1].audio_ms > 0  # type: ignore[union-attr]
+            items = [
+                i
+                async for i in engine.generate(
+                    ChatJob(messages=(ChatMessage("user", "repeat me"),), audio=True)
+                )
+            ]
+            text = "".join(i.text for i in items if isinstance(i, TextOut))
+            assert text == "repeat me"
+            assert any(type(i).__name__ == "AudioOut" for i in items)
+            items = [i async for i in engine.generate(TranscribeJob(audio=b"\0\0" * 16000))]
+            assert isinstance(items[0], TranscriptOut) and items[0].text
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_batch_failure_is_typed() -> None:
+    async def main() -> None:
+        engine = await start_engine(stages(fail_on="bad"))
+        try:
+            with pytest.raises(StageError):
+                async for _ in engine.generate(SpeechJob(text="bad input")):
+                    pass
+        finally:
+            await engine.shutdown()
+
+    run(main())
