@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -216,8 +217,11 @@ def test_rpc_timeout_and_late_reply_are_dropped() -> None:
     async def main() -> None:
         engine = await start_engine()
         try:
+            orch = engine._orch
+            assert orch is not None and orch.loop is not None
+            orch.loop.call_soon_threadsafe(time.sleep, 0.3)  # the orchestrator is busy
             with pytest.raises(ControlError) as info:
-                await engine.call(OpenCall(), wait_s=1e-9)
+                await engine.call(OpenCall(), wait_s=0.05)
             assert info.value.code == "deadline_exceeded" and info.value.retryable
             for _ in range(100):
                 if engine.late_replies:
