@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 
@@ -219,7 +220,14 @@ def test_rpc_timeout_and_late_reply_are_dropped() -> None:
         try:
             orch = engine._orch
             assert orch is not None and orch.loop is not None
-            orch.loop.call_soon_threadsafe(time.sleep, 0.3)  # the orchestrator is busy
+            busy = threading.Event()
+
+            def block() -> None:
+                busy.set()
+                time.sleep(0.3)
+
+            orch.loop.call_soon_threadsafe(block)
+            assert busy.wait(5 * UNIT)  # the orchestrator is now stuck for 0.3 s
             with pytest.raises(ControlError) as info:
                 await engine.call(OpenCall(), wait_s=0.05)
             assert info.value.code == "deadline_exceeded" and info.value.retryable
