@@ -194,7 +194,17 @@ class CommitCall(Msg, frozen=True, tag="commit"):
     operation_id: str | None = None
 
 
-SignalEvent = Literal["barge_in", "response.cancel", "input.cancel", "session.update"]
+SignalEvent = Literal[
+    "barge_in",
+    "response.cancel",
+    "input.cancel",
+    "session.update",
+    # The VAD saw a pause begin: transcribe the input so far speculatively; a commit that
+    # follows (with only silence appended since) uses that transcript.
+    "input.pause",
+    # The user resumed speaking: drop the speculation.
+    "input.resume",
+]
 
 
 class SignalCall(Msg, frozen=True, tag="signal"):

@@ -36,6 +36,7 @@ from engine.messages import (
     EngineOutput,
     EngineRequest,
     ErrorInfo,
+    Fence,
     GenerateRequest,
     Priority,
     ResponseDone,
@@ -79,6 +80,15 @@ class _Runner:
     started: bool = False  # ResponseStarted was emitted for ``job``
 
 
+@dataclass
+class _Speculation:
+    """ASR started when the VAD saw a pause begin, on the input up to that point."""
+
+    fence: Fence
+    audio: bytes
+    task: asyncio.Task[str]
+
+
 class Orchestrator:
     def __init__(
         self,
@@ -98,6 +108,8 @@ class Orchestrator:
         self._batch: dict[str, asyncio.Task[None]] = {}
         self._cleaning: set[str] = set()
         self._plans: dict[str, list[AbortPlan]] = {}
+        self._speculations: dict[str, _Speculation] = {}
+        self._spec_counts = {"started": 0, "used": 0}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.request_q: janus.Queue[EngineRequest] | None = None
         self.started: concurrent.futures.Future[janus.SyncQueue[EngineRequest]] = (
@@ -161,7 +173,8 @@ class Orchestrator:
         await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
 
     async def _stop_everything(self) -> None:
-        tasks = [r.task for r in self._runners.values()] + list(self._batch.values())
+        tasks: list[asyncio.Task[Any]] = [r.task for r in self._runners.values()]
+        tasks += list(self._batch.values()) + [s.task for s in self._speculations.values()]
         tasks += list(self._tasks)
         for t in tasks:
             t.cancel()
@@ -235,7 +248,12 @@ class Orchestrator:
 
     def _apply(self, effects: Effects) -> None:
         for cancel in effects.cancels:
+            self._speculations.pop(cancel.session_id, None)
             self._cancel(cancel)
+        for sid in effects.unspeculate:
+            self._drop_speculation(sid)
+        for fence, audio in effects.speculate:
+            self._speculate(fence, audio)
         for sid in effects.start:
             self._ensure_runner(sid)
         for out in effects.events:
@@ -301,12 +319,7 @@ class Orchestrator:
         prefix = fence.key()
         text = job.text
         if job.audio:
-            heard = await self.pipeline.transcribe(
-                f"{prefix}/asr",
-                job.audio,
-                sample_rate=self.config.input_sample_rate,
-                session_id=sid,
-            )
+            heard = await self._transcript(sid, job)
             self.emit(sid, UserTranscript(fence=fence, text=heard, final=True))
             text = f"{text} {heard}".strip()
         if text:
@@ -373,6 +386,55 @@ class Orchestrator:
                 audio_ms=result.audio_ms,
                 output_tokens=result.tokens,
             ),
+        )
+
+    # ------------------------------------------------------------------ speculative ASR
+    def _speculate(self, fence: Fence, audio: bytes) -> None:
+        assert self.pipeline is not None
+        sid = fence.session_id
+        self._drop_speculation(sid)
+        n = len(audio)
+        task = asyncio.create_task(
+            self.pipeline.transcribe(
+                f"{fence.key()}/asr-spec{n}",
+                audio,
+                sample_rate=self.config.input_sample_rate,
+                session_id=sid,
+            ),
+            name=f"speculate:{sid}",
+        )
+        self._speculations[sid] = _Speculation(fence, audio, task)
+        self._spec_counts["started"] += 1
+
+    def _drop_speculation(self, sid: str) -> None:
+        spec = self._speculations.pop(sid, None)
+        if spec is not None and not spec.task.done():
+            spec.task.cancel()
+            self._tasks.add(spec.task)
+            spec.task.add_done_callback(self._tasks.discard)
+
+    async def _transcript(self, sid: str, job: TurnJob) -> str:
+        """The turn's transcript: the speculation's if it covers this input, else fresh ASR."""
+        assert self.pipeline is not None
+        spec = self._speculations.pop(sid, None)
+        if (
+            spec is not None
+            and spec.fence.epoch == job.fence.epoch
+            and job.audio.startswith(spec.audio)
+        ):
+            try:
+                text = await spec.task
+                self._spec_counts["used"] += 1
+                return text
+            except StageError:
+                log.info("speculative ASR failed for %s; transcribing again", sid)
+        elif spec is not None:
+            spec.task.cancel()
+        return await self.pipeline.transcribe(
+            f"{job.fence.key()}/asr",
+            job.audio,
+            sample_rate=self.config.input_sample_rate,
+            session_id=sid,
         )
 
     def _cancel(self, cancel: Cancel) -> None:

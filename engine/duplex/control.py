@@ -61,12 +61,8 @@ class Effects:
     cancels: list[Cancel] = field(default_factory=list)
     cleanups: list[str] = field(default_factory=list)  # sessions to abort and then finish_close
     events: list[SessionOutput] = field(default_factory=list)
-
-    def extend(self, other: Effects) -> None:
-        self.start += other.start
-        self.cancels += other.cancels
-        self.cleanups += other.cleanups
-        self.events += other.events
+    speculate: list[tuple[Fence, bytes]] = field(default_factory=list)  # ASR ahead of commit
+    unspeculate: list[str] = field(default_factory=list)
 
 
 def _err(code: str, message: str) -> ControlError:
@@ -263,7 +259,7 @@ class DuplexControl:
             elif isinstance(call, TouchCall):
                 result = self._touch(session, call, control_id, now)
             else:
-                result = self._update(session, call, control_id)
+                result = self._signal(session, call, control_id, effects)
         if op_id is not None and result.ok:
             session.remember(
                 op_id, type(call).__name__, digest, result, self.config.operation_cache
@@ -352,7 +348,16 @@ class DuplexControl:
             return self._ok(control_id, session, clamped_ms=mark.played_ms)
         return self._ok(control_id, session)
 
-    def _update(self, session: DuplexSession, call: SignalCall, control_id: int) -> ControlResult:
+    def _signal(
+        self, session: DuplexSession, call: SignalCall, control_id: int, effects: Effects
+    ) -> ControlResult:
+        if call.event == "input.pause":
+            if session.audio:
+                effects.speculate.append((session.fence, bytes(session.audio)))
+            return self._ok(control_id, session)
+        if call.event == "input.resume":
+            effects.unspeculate.append(session.session_id)
+            return self._ok(control_id, session)
         upd = call.update
         if upd is None:
             raise _err("invalid_argument", "session.update needs update")

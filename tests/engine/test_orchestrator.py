@@ -26,6 +26,7 @@ from engine.messages import (
     TextOut,
     TranscribeJob,
     TranscriptOut,
+    UserTranscript,
 )
 from engine.stages.testing import TestStage, TestStageOptions
 from tests.engine.conftest import UNIT, collect, run, stages, start_engine
@@ -299,6 +300,42 @@ def test_batch_failure_is_typed() -> None:
             with pytest.raises(StageError):
                 async for _ in engine.generate(SpeechJob(text="bad input")):
                     pass
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
+    async def main() -> None:
+        backends = stages(asr_delay_s=0.3)
+        engine = await start_engine(backends)
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            await engine.append(f, gen, audio=b"\1\0" * 8000)
+            await engine.signal(f, gen, "input.pause")
+            await asyncio.sleep(0.35)  # the silence window: the transcript is ready by now
+            await engine.append(f, gen, audio=b"\0\0" * 4000)  # trailing silence
+            t0 = time.perf_counter()
+            await engine.commit(f, gen)
+            evs = await collect(engine, sid, lambda e: isinstance(e, ResponseStarted))
+            assert time.perf_counter() - t0 < 0.25  # no second 0.3 s ASR run
+            assert isinstance(evs[0], UserTranscript)
+            asr = backends["asr"][0]
+            assert isinstance(asr, TestStage)
+            assert [r.split("/")[-1] for r in asr.submitted] == ["asr-spec16000"]
+            # the user resumed: the speculation is dropped and the commit transcribes afresh
+            await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
+            f2 = Fence(sid, 0, 1, 1)
+            await engine.append(f2, gen, audio=b"\1\0" * 100)
+            await engine.signal(f2, gen, "input.pause")
+            await engine.signal(f2, gen, "input.resume")
+            await engine.append(f2, gen, audio=b"\1\0" * 100)
+            await engine.commit(f2, gen)
+            await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
+            assert [r.split("/")[-1] for r in asr.submitted][1:] == ["asr-spec200", "asr"]
         finally:
             await engine.shutdown()
 
