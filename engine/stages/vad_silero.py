@@ -1,0 +1,245 @@
+"""Voice activity detection: Silero VAD (ONNX), an RMS energy VAD, and a segmenter.
+
+VAD is not a pipeline stage: the server runs it per session in a worker thread (never on
+the event loop). Three layers:
+
+* a detector maps one 32 ms chunk (512 float32 samples at 16 kHz) to a speech probability:
+  :class:`SileroVad` (the silero-vad 6.2.3 ONNX file run by onnxruntime alone, as silero's
+  own ``OnnxWrapper`` does, without torch) or :class:`EnergyVad` (RMS, no model);
+* :class:`VadSegmenter`, a pure state machine that turns per-chunk probabilities into
+  ``speech_started`` / ``speech_stopped`` events. Times are passed in: it reads no clock;
+* :class:`VadStream` glues them for PCM16 arriving in arbitrary pieces, timing events by
+  the number of samples seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+from engine.audio import pcm16_to_float32
+from engine.models import silero_vad_onnx
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+CHUNK_SAMPLES = 512  # 32 ms: the only chunk size silero's 16 kHz model accepts
+_CONTEXT = 64  # samples of the previous chunk prepended to each chunk (silero v5+)
+CHUNK_MS = CHUNK_SAMPLES / SAMPLE_RATE * 1000.0
+
+
+class VoiceActivityDetector(Protocol):
+    """Speech probability of one 512-sample float32 chunk at 16 kHz; stateful per stream."""
+
+    def probability(self, chunk: npt.NDArray[np.float32]) -> float: ...
+
+    def reset(self) -> None: ...
+
+
+def _check_chunk(chunk: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    if chunk.shape != (CHUNK_SAMPLES,):
+        raise ValueError(f"VAD chunks are {CHUNK_SAMPLES} samples at 16 kHz, got {chunk.shape}")
+    return np.asarray(chunk, dtype=np.float32)
+
+
+class SileroVad:
+    """Silero VAD v6 on onnxruntime (1 thread). One instance per audio stream."""
+
+    def __init__(self, model_path: Path | None = None, *, threads: int = 1) -> None:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        path = model_path if model_path is not None else silero_vad_onnx()
+        self._session = ort.InferenceSession(
+            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
+        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self._context = np.zeros((1, _CONTEXT), dtype=np.float32)
+
+    def reset(self) -> None:
+        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self._context = np.zeros((1, _CONTEXT), dtype=np.float32)
+
+    def probability(self, chunk: npt.NDArray[np.float32]) -> float:
+        x = np.concatenate([self._context, _check_chunk(chunk)[None, :]], axis=1)
+        out, state = self._session.run(None, {"input": x, "state": self._state, "sr": self._sr})
+        self._state = np.asarray(state, dtype=np.float32)
+        self._context = x[:, -_CONTEXT:]
+        return float(np.asarray(out).reshape(-1)[0])
+
+
+class EnergyVad:
+    """RMS level mapped linearly to [0, 1] between ``floor_db`` and ``speech_db`` (dBFS).
+
+    No model and no state; good enough for tests and clean synthetic audio, not for a
+    noisy microphone.
+    """
+
+    def __init__(self, *, floor_db: float = -50.0, speech_db: float = -30.0) -> None:
+        if speech_db <= floor_db:
+            raise ValueError("speech_db must be above floor_db")
+        self.floor_db = floor_db
+        self.speech_db = speech_db
+
+    def reset(self) -> None:
+        pass
+
+    def probability(self, chunk: npt.NDArray[np.float32]) -> float:
+        x = _check_chunk(chunk)
+        rms = float(np.sqrt(np.mean(np.square(x, dtype=np.float64))))
+        db = 20.0 * math.log10(max(rms, 1e-9))
+        p = (db - self.floor_db) / (self.speech_db - self.floor_db)
+        return min(1.0, max(0.0, p))
+
+
+def make_vad(backend: Literal["silero", "energy"]) -> VoiceActivityDetector:
+    """The detector named by ``engine.vad.backend``."""
+    if backend == "silero":
+        return SileroVad()
+    return EnergyVad()
+
+
+@dataclass(frozen=True, slots=True)
+class VadEvent:
+    """``audio_ms``: where speech starts (minus prefix padding, clamped at 0) or where it
+    stopped, on the stream's audio timeline. ``at_ms``: the audio time at which the decision
+    was made. ``onset_ms``: where speech really started (no padding); for a stop, where the
+    silence began (= ``audio_ms``)."""
+
+    kind: Literal["speech_started", "speech_stopped"]
+    audio_ms: float
+    at_ms: float
+    onset_ms: float
+
+
+class VadSegmenter:
+    """Per-chunk probabilities -> speech start/stop events (pure; no clock, no I/O).
+
+    Hysteresis as in silero's ``get_speech_timestamps``: a chunk at or above ``threshold`` is
+    speech, one below ``threshold - 0.15`` is silence, one in between keeps the current state.
+    Speech starts once ``min_speech_ms`` of speech has accumulated since the candidate onset
+    (its ``audio_ms`` is the onset minus ``prefix_padding_ms``); it stops after
+    ``silence_duration_ms`` of silence (``audio_ms`` = where the silence began).
+    """
+
+    def __init__(
+        self,
+        *,
+        threshold: float = 0.5,
+        min_speech_ms: float = 64.0,
+        silence_duration_ms: float = 320.0,
+        prefix_padding_ms: float = 300.0,
+    ) -> None:
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+        self.threshold = threshold
+        self.neg_threshold = max(threshold - 0.15, 0.01)
+        self.min_speech_ms = min_speech_ms
+        self.silence_duration_ms = silence_duration_ms
+        self.prefix_padding_ms = prefix_padding_ms
+        self.speaking = False
+        self._onset: float | None = None
+        self._silence: float | None = None
+
+    def reset(self) -> None:
+        self.speaking = False
+        self._onset = None
+        self._silence = None
+
+    def update(self, probability: float, start_ms: float, end_ms: float) -> VadEvent | None:
+        """Feed one chunk covering [start_ms, end_ms) of the audio timeline."""
+        is_speech = probability >= self.threshold
+        is_silence = probability < self.neg_threshold
+        if not self.speaking:
+            if is_speech:
+                if self._onset is None:
+                    self._onset = start_ms
+                if end_ms - self._onset >= self.min_speech_ms:
+                    self.speaking = True
+                    self._silence = None
+                    begin = max(0.0, self._onset - self.prefix_padding_ms)
+                    return VadEvent("speech_started", begin, end_ms, self._onset)
+            elif is_silence:
+                self._onset = None
+            return None
+        if is_speech:
+            self._silence = None
+        elif is_silence:
+            if self._silence is None:
+                self._silence = start_ms
+            if end_ms - self._silence >= self.silence_duration_ms:
+                return self._stop(self._silence, end_ms)
+        return None
+
+    def finish(self, end_ms: float) -> VadEvent | None:
+        """End of input: close an open speech segment."""
+        if not self.speaking:
+            self._onset = None
+            return None
+        return self._stop(self._silence if self._silence is not None else end_ms, end_ms)
+
+    def _stop(self, audio_ms: float, at_ms: float) -> VadEvent:
+        self.speaking = False
+        self._onset = None
+        self._silence = None
+        return VadEvent("speech_stopped", audio_ms, at_ms, audio_ms)
+
+
+class VadStream:
+    """A detector and a segmenter over PCM16 16 kHz audio arriving in arbitrary pieces.
+
+    Sync and CPU-bound: call it from a worker thread. Times are the stream's audio time
+    (samples fed / 16 kHz), starting at 0 or at ``reset(start_ms)``.
+    """
+
+    def __init__(self, detector: VoiceActivityDetector, segmenter: VadSegmenter) -> None:
+        self.detector = detector
+        self.segmenter = segmenter
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._carry = b""
+        self._samples = 0
+        self._origin_ms = 0.0
+        self.last_probability = 0.0
+
+    @property
+    def position_ms(self) -> float:
+        return self._origin_ms + self._samples / SAMPLE_RATE * 1000.0
+
+    def feed(self, pcm: bytes) -> list[VadEvent]:
+        data = self._carry + pcm
+        cut = len(data) - len(data) % 2
+        self._carry = data[cut:]
+        audio = np.concatenate([self._pending, pcm16_to_float32(data[:cut])])
+        events: list[VadEvent] = []
+        n_chunks = len(audio) // CHUNK_SAMPLES
+        for i in range(n_chunks):
+            chunk = audio[i * CHUNK_SAMPLES : (i + 1) * CHUNK_SAMPLES]
+            start = self.position_ms
+            self._samples += CHUNK_SAMPLES
+            self.last_probability = self.detector.probability(chunk)
+            event = self.segmenter.update(self.last_probability, start, self.position_ms)
+            if event is not None:
+                events.append(event)
+        self._pending = audio[n_chunks * CHUNK_SAMPLES :].copy()
+        return events
+
+    def finish(self) -> VadEvent | None:
+        return self.segmenter.finish(self.position_ms)
+
+    def reset(self, start_ms: float = 0.0) -> None:
+        self.detector.reset()
+        self.segmenter.reset()
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._carry = b""
+        self._samples = 0
+        self._origin_ms = start_ms
+        self.last_probability = 0.0

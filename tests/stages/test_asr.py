@@ -1,0 +1,70 @@
+"""ASR stages on real audio: Whisper (accurate) and pocketsphinx (fast, streaming).
+
+Bounds: Whisper WER <= 0.25 on the human recording (it gets ~0.08: "Never tried" for
+"Ever tried") and <= 0.2 on clean synthesized speech; pocketsphinx WER <= 0.35 on a
+short synthesized question (it gets it exactly), no bound on long speech (it is poor there).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.audio import resample_pcm16
+from engine.messages import AsrRequest, StageDone, TranscriptOut
+from engine.stages.asr_pocketsphinx import PocketsphinxAsr, PocketsphinxStream
+from engine.stages.asr_whisper import WhisperAsr
+from tests.stages.helpers import BECKETT_REF, run_request, wer
+
+pytestmark = pytest.mark.models
+
+QUESTION = "What is the weather like today?"
+
+
+def _transcribe(backend: WhisperAsr | PocketsphinxAsr, pcm: bytes, rate: int = 16000) -> str:
+    run = run_request(backend, AsrRequest(request_id="a", audio=pcm, sample_rate=rate))
+    transcript, done = run.outputs
+    assert isinstance(transcript, TranscriptOut) and transcript.final
+    assert isinstance(done, StageDone) and done.finish_reason == "stop"
+    return transcript.text
+
+
+def test_whisper_wer_on_human_recording(whisper: WhisperAsr, beckett: bytes) -> None:
+    text = _transcribe(whisper, beckett)
+    assert wer(BECKETT_REF, text) <= 0.25, text
+
+
+def test_whisper_resamples_other_rates(whisper: WhisperAsr, piper_question: bytes) -> None:
+    pcm24 = resample_pcm16(piper_question, 16000, 24000)
+    text = _transcribe(whisper, pcm24, rate=24000)
+    assert wer(QUESTION, text) <= 0.2, text
+
+
+def test_whisper_silence_and_tiny_input(whisper: WhisperAsr) -> None:
+    assert _transcribe(whisper, b"") == ""
+    assert _transcribe(whisper, bytes(2 * 800)) == ""  # 50 ms: below min_samples
+
+
+def test_pocketsphinx_short_question(pocketsphinx: PocketsphinxAsr, piper_question: bytes) -> None:
+    text = _transcribe(pocketsphinx, piper_question)
+    assert wer(QUESTION, text) <= 0.35, text
+
+
+def test_pocketsphinx_stream_partials_then_final(piper_question: bytes) -> None:
+    stream = PocketsphinxStream()
+    partials: list[str] = []
+    for _ in range(2):  # the stream is reusable after finish()
+        partials.clear()
+        for i in range(0, len(piper_question), 640):  # 20 ms pieces
+            partial = stream.feed(piper_question[i : i + 640])
+            if partial is not None:
+                partials.append(partial)
+        final = stream.finish()
+        assert wer(QUESTION, final) <= 0.35, final
+        # Partials arrive while the audio streams in and grow towards the final text.
+        assert len(partials) >= 3, partials
+        assert len(partials[0].split()) < len(partials[-1].split())
+        assert wer(final, partials[-1]) <= 0.35, (partials[-1], final)
+        assert stream.partial == ""
+    stream.feed(piper_question[:16000])
+    stream.reset()
+    assert stream.finish() == ""

@@ -1,0 +1,82 @@
+"""PCM helpers and soxr resampling (pure, no models)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.audio import (
+    PcmChunker,
+    StreamResampler,
+    float32_to_pcm16,
+    pcm16_to_float32,
+    resample,
+    resample_pcm16,
+    split_pcm,
+)
+
+
+def _tone(rate: int, seconds: float, hz: float = 440.0) -> np.ndarray:
+    t = np.arange(int(rate * seconds)) / rate
+    return (0.5 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+
+def test_pcm16_float32_round_trip() -> None:
+    pcm = np.array([0, 1, -1, 32767, -32768, 1234], dtype="<i2").tobytes()
+    assert float32_to_pcm16(pcm16_to_float32(pcm)) == pcm
+    assert pcm16_to_float32(pcm).dtype == np.float32
+
+
+def test_float_to_pcm16_clips() -> None:
+    out = np.frombuffer(float32_to_pcm16(np.array([2.0, -2.0], dtype=np.float32)), "<i2")
+    assert out.tolist() == [32767, -32768]
+
+
+def test_odd_length_pcm_is_refused() -> None:
+    with pytest.raises(ValueError):
+        pcm16_to_float32(b"\x00")
+
+
+@pytest.mark.parametrize(("src", "dst"), [(22050, 24000), (24000, 16000), (16000, 48000)])
+def test_resample_keeps_length_and_pitch(src: int, dst: int) -> None:
+    tone = _tone(src, 1.0)
+    out = resample(tone, src, dst)
+    assert abs(len(out) - dst) <= 1
+    spectrum = np.abs(np.fft.rfft(out[dst // 10 : dst // 10 + dst // 2]))
+    peak_hz = np.argmax(spectrum) * dst / (dst // 2)
+    assert abs(peak_hz - 440.0) < 5.0
+
+
+def test_resample_pcm16_same_rate_is_identity() -> None:
+    pcm = float32_to_pcm16(_tone(16000, 0.1))
+    assert resample_pcm16(pcm, 16000, 16000) is pcm
+
+
+def test_stream_resampler_matches_one_shot() -> None:
+    pcm = float32_to_pcm16(_tone(24000, 1.0))
+    stream = StreamResampler(24000, 16000)
+    pieces = [stream.process(pcm[i : i + 961]) for i in range(0, len(pcm), 961)]  # odd sizes
+    streamed = b"".join(pieces) + stream.flush()
+    one_shot = resample_pcm16(pcm, 24000, 16000)
+    assert abs(len(streamed) - len(one_shot)) <= 4
+    n = min(len(streamed), len(one_shot)) // 2
+    a = np.frombuffer(streamed, "<i2")[:n].astype(np.float64)
+    b = np.frombuffer(one_shot, "<i2")[:n].astype(np.float64)
+    assert np.max(np.abs(a - b)) <= 64  # same filter; only rounding at chunk borders
+
+
+def test_stream_resampler_passthrough_keeps_odd_byte() -> None:
+    stream = StreamResampler(16000, 16000)
+    assert stream.passthrough
+    assert stream.process(b"\x01\x02\x03") == b"\x01\x02"
+    assert stream.process(b"\x04") == b"\x03\x04"
+
+
+def test_chunker_and_split() -> None:
+    pcm = bytes(2 * 2500)  # 2500 samples at 24 kHz = 104 ms
+    chunker = PcmChunker(24000, 20.0)
+    out = chunker.push(pcm)
+    assert [len(c) for c in out] == [960] * 5
+    assert len(chunker.flush()) == 2 * 100
+    assert chunker.flush() == b""
+    assert [len(c) for c in split_pcm(pcm, 24000, 50.0)] == [2400, 2400, 200]

@@ -1,0 +1,122 @@
+"""VAD: the segmenter state machine (pure) and Silero/energy detectors on real audio."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.audio import float32_to_pcm16
+from engine.stages.vad_silero import (
+    CHUNK_MS,
+    CHUNK_SAMPLES,
+    EnergyVad,
+    SileroVad,
+    VadEvent,
+    VadSegmenter,
+    VadStream,
+)
+
+
+def _feed(seg: VadSegmenter, probs: list[float], chunk_ms: float = 32.0) -> list[VadEvent]:
+    events = []
+    for i, p in enumerate(probs):
+        ev = seg.update(p, i * chunk_ms, (i + 1) * chunk_ms)
+        if ev is not None:
+            events.append(ev)
+    end = seg.finish(len(probs) * chunk_ms)
+    return events + ([end] if end is not None else [])
+
+
+def test_segmenter_start_stop_with_padding() -> None:
+    seg = VadSegmenter(
+        threshold=0.5, min_speech_ms=64, silence_duration_ms=96, prefix_padding_ms=100
+    )
+    probs = [0.0] * 10 + [0.9] * 10 + [0.0] * 5
+    started, stopped = _feed(seg, probs)
+    assert started == VadEvent("speech_started", audio_ms=320 - 100, at_ms=384, onset_ms=320)
+    assert stopped == VadEvent("speech_stopped", audio_ms=640, at_ms=736, onset_ms=640)
+    assert not seg.speaking
+
+
+def test_segmenter_ignores_blips_shorter_than_min_speech() -> None:
+    seg = VadSegmenter(min_speech_ms=96, silence_duration_ms=96, prefix_padding_ms=0)
+    assert _feed(seg, [0.0, 0.9, 0.9, 0.0, 0.9, 0.0, 0.0]) == []
+
+
+def test_segmenter_hysteresis_keeps_speech_through_middling_probabilities() -> None:
+    seg = VadSegmenter(threshold=0.5, min_speech_ms=32, silence_duration_ms=64)
+    # 0.4 is between threshold-0.15 and threshold: neither speech nor silence.
+    events = _feed(seg, [0.9, 0.4, 0.4, 0.4, 0.4, 0.9, 0.1, 0.1])
+    assert [e.kind for e in events] == ["speech_started", "speech_stopped"]
+    assert events[1].audio_ms == 6 * 32
+
+
+def test_segmenter_short_pause_does_not_split() -> None:
+    seg = VadSegmenter(min_speech_ms=32, silence_duration_ms=320, prefix_padding_ms=0)
+    events = _feed(seg, [0.9] * 5 + [0.0] * 9 + [0.9] * 5 + [0.0] * 11)
+    assert [e.kind for e in events] == ["speech_started", "speech_stopped"]
+
+
+def test_segmenter_finish_closes_open_segment() -> None:
+    seg = VadSegmenter(min_speech_ms=32, prefix_padding_ms=0)
+    events = _feed(seg, [0.9] * 4)
+    assert events[-1] == VadEvent("speech_stopped", audio_ms=128, at_ms=128, onset_ms=128)
+
+
+def test_energy_vad_separates_silence_and_tone() -> None:
+    vad = EnergyVad()
+    t = np.arange(CHUNK_SAMPLES) / 16000
+    assert vad.probability(np.zeros(CHUNK_SAMPLES, np.float32)) == 0.0
+    assert vad.probability((0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)) == 1.0
+    with pytest.raises(ValueError):
+        vad.probability(np.zeros(100, np.float32))
+
+
+def _segments(stream: VadStream, pcm: bytes, piece: int) -> list[tuple[float, float]]:
+    events: list[VadEvent] = []
+    for i in range(0, len(pcm), piece):
+        events += stream.feed(pcm[i : i + piece])
+    end = stream.finish()
+    if end is not None:
+        events.append(end)
+    assert [e.kind for e in events] == ["speech_started", "speech_stopped"] * (len(events) // 2)
+    return [(a.audio_ms, b.audio_ms) for a, b in zip(events[::2], events[1::2], strict=True)]
+
+
+@pytest.mark.models
+def test_silero_finds_the_six_phrases_of_beckett(beckett: bytes) -> None:
+    seg = VadSegmenter(threshold=0.5, silence_duration_ms=320, prefix_padding_ms=0)
+    stream = VadStream(SileroVad(), seg)
+    segments = _segments(stream, beckett, 641)  # odd piece size: exercises the carry
+    # "Ever tried. / Ever failed. / No matter. / Try again. / Fail again. / Fail better."
+    assert len(segments) == 6, segments
+    total = len(beckett) / 32
+    for start, stop in segments:
+        assert 0 <= start < stop <= total
+        assert 300 <= stop - start <= 1600
+    assert segments[0][0] < 600  # speech starts ~0.35 s into the file
+    # Same audio again after reset: same segments (state fully reset).
+    stream.reset()
+    assert _segments(stream, beckett, 4096) == segments
+
+
+@pytest.mark.models
+def test_silero_is_quiet_on_silence_and_noise() -> None:
+    vad = SileroVad()
+    rng = np.random.default_rng(0)
+    noise = (rng.standard_normal(16000) * 0.005).astype(np.float32)
+    stream = VadStream(vad, VadSegmenter())
+    assert stream.feed(float32_to_pcm16(np.zeros(16000, np.float32))) == []
+    assert stream.feed(float32_to_pcm16(noise)) == []
+    assert stream.position_ms == pytest.approx(2000 - 2000 % CHUNK_MS, abs=CHUNK_MS)
+
+
+@pytest.mark.models
+def test_silero_detects_synthesized_speech(piper_question: bytes) -> None:
+    pad = bytes(16000)  # 0.5 s of silence on each side
+    stream = VadStream(SileroVad(), VadSegmenter(prefix_padding_ms=0))
+    segments = _segments(stream, pad + piper_question + pad, 1024)
+    assert len(segments) == 1
+    start, stop = segments[0]
+    assert 400 <= start <= 800
+    assert stop - start >= 0.7 * len(piper_question) / 32
