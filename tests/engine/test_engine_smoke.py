@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 from engine.messages import (
@@ -43,7 +44,8 @@ def test_text_turn_streams_text_and_audio() -> None:
             )
         finally:
             await engine.shutdown()
-            await engine.shutdown()
+            await engine.shutdown()  # twice is fine
+        assert asyncio.all_tasks() == {asyncio.current_task()}  # no task left behind
 
     run(main())
 

@@ -1,0 +1,56 @@
+"""Server configuration: the ``server:`` section of the YAML config (every field has a default).
+
+A bad value fails start-up with :class:`engine.errors.ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from engine.config import EngineConfig, convert, load_yaml
+from engine.errors import ConfigError
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+MiB = 1024 * 1024
+
+
+class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    api_keys: list[str] = []
+    #: comma-separated keys read from this environment variable at start-up (added to api_keys)
+    api_keys_env: str = "DUPLEX_API_KEYS"
+    #: browser Origin allow-list; None allows any origin (non-browser clients send none)
+    allowed_origins: list[str] | None = None
+    max_frame_bytes: PositiveInt = 15 * MiB
+    input_backlog_bytes: PositiveInt = 16 * MiB
+    output_buffer_bytes: PositiveInt = 8 * MiB
+    send_timeout_s: PositiveFloat = 5.0
+    journal_max_bytes: PositiveInt = 8 * MiB
+    journal_max_age_s: PositiveFloat = 60.0
+    resume_wait_s: PositiveFloat = 10.0
+    vad_threads: PositiveInt = 2
+    model_name: str = "duplex"
+    shutdown_grace_s: PositiveFloat = 5.0
+    static_dir: str = "clients/web"
+
+    def keys(self) -> frozenset[str]:
+        env = os.environ.get(self.api_keys_env, "") if self.api_keys_env else ""
+        return frozenset([*self.api_keys, *(k.strip() for k in env.split(",") if k.strip())])
+
+
+class AppConfig(msgspec.Struct, frozen=True):
+    engine: EngineConfig
+    server: ServerConfig = ServerConfig()
+
+
+def load_app_config(path: str | Path) -> AppConfig:
+    raw = load_yaml(path)
+    if "engine" not in raw:
+        raise ConfigError("engine: missing section")
+    engine = convert(raw["engine"], EngineConfig, where="engine")
+    server = convert(raw.get("server") or {}, ServerConfig, where="server")
+    return AppConfig(engine=engine, server=server)

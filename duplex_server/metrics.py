@@ -1,0 +1,108 @@
+"""Prometheus metrics on a per-app registry (no process-global collectors).
+
+Engine-side numbers (sessions by state, admissions, stale chunks dropped in the engine,
+queue depths, per-stage latency) are read from ``AsyncEngine.stats()`` at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.client import AsyncEngine
+
+_FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+_SLOW = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: Callable[[], AsyncEngine | None]) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._engine()
+        if engine is None or not engine.ready:
+            return
+        stats = engine.stats()
+        sessions = GaugeMetricFamily(
+            "duplex_engine_sessions", "Engine sessions by state", labels=["state"]
+        )
+        for state, n in stats.sessions.items():
+            sessions.add_metric([state], n)
+        yield sessions
+        admissions = CounterMetricFamily(
+            "duplex_admissions", "Session admissions by outcome", labels=["outcome"]
+        )
+        for outcome, n in stats.admissions.items():
+            admissions.add_metric([outcome], n)
+        yield admissions
+        stale = CounterMetricFamily(
+            "duplex_engine_stale_chunks_dropped", "Stale output dropped by the orchestrator"
+        )
+        stale.add_metric([], stats.stale_chunks_dropped)
+        yield stale
+        depth = GaugeMetricFamily("duplex_engine_queue_depth", "Engine queues", labels=["queue"])
+        depth.add_metric(["request"], stats.request_queue_depth)
+        depth.add_metric(["output"], stats.output_queue_depth)
+        depth.add_metric(["pending_calls"], stats.pending_calls)
+        yield depth
+
+
+class Metrics:
+    def __init__(self, engine: Callable[[], AsyncEngine | None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._engine = engine
+        r = self.registry
+        self.connections = Gauge("duplex_connections", "Sockets by state", ["state"], registry=r)
+        self.connection_outcomes = Counter(
+            "duplex_connection_outcomes", "Handshake outcomes", ["outcome"], registry=r
+        )
+        self.ttfa = Histogram(
+            "duplex_time_to_first_audio_seconds",
+            "Commit (end of user turn) -> first audio delta written",
+            buckets=_SLOW,
+            registry=r,
+        )
+        self.bargein = Histogram(
+            "duplex_bargein_stop_seconds",
+            "Barge-in trigger -> response.done{cancelled} written",
+            buckets=_FAST,
+            registry=r,
+        )
+        self.chunk_overhead = Histogram(
+            "duplex_chunk_overhead_seconds",
+            "Engine audio chunk received by the server -> its frame written to the socket",
+            buckets=_FAST,
+            registry=r,
+        )
+        self.stale_dropped = Counter(
+            "duplex_stale_chunks_dropped",
+            "Stale audio dropped by the server",
+            ["where"],
+            registry=r,
+        )
+        self.stage_latency = Histogram(
+            "duplex_stage_latency_seconds",
+            "Per-stage request latency",
+            ["stage"],
+            buckets=_SLOW,
+            registry=r,
+        )
+        self.outbound_bytes = Gauge(
+            "duplex_outbound_queue_bytes", "Bytes queued to all sockets", registry=r
+        )
+        self.input_backlog = Gauge(
+            "duplex_input_backlog_bytes", "Unprocessed input audio bytes", registry=r
+        )
+        self.errors = Counter("duplex_errors", "Wire errors sent", ["code"], registry=r)
+        r.register(_EngineCollector(engine))
+
+    def render(self) -> bytes:
+        engine = self._engine()
+        if engine is not None:
+            for stage, seconds in engine.drain_stage_latencies():
+                self.stage_latency.labels(stage).observe(seconds)
+        return generate_latest(self.registry)

@@ -1,0 +1,198 @@
+"""Bytes <-> events, and audio formats on the wire. Pure functions; no I/O.
+
+* :func:`decode_client_event` parses one text frame into a typed client event or raises
+  :class:`ProtocolError` (``invalid_json``, ``unknown_event``, ``invalid_event``).
+* :func:`encode_server_event` stamps ``event_id``/``server_event_seq`` and serialises, with
+  the GA or beta event name.
+* :class:`AudioFormat` is a normalised wire audio format; G.711 conversion uses lookup tables
+  generated once by libsndfile (``soundfile``), not a hand-written codec.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import io
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from duplex_server.protocol.errors import ProtocolError
+from duplex_server.protocol.events import (
+    BETA_NAMES,
+    AnyClientEvent,
+    AudioFormatObj,
+    AudioFormatOut,
+    BetaFormat,
+    ServerEvent,
+)
+
+_DECODER = msgspec.json.Decoder(AnyClientEvent)
+_ENCODER = msgspec.json.Encoder()
+_PATH_RE = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+
+
+class _Envelope(msgspec.Struct):
+    type: Any = None
+    event_id: Any = None
+
+
+def _envelope(data: str | bytes) -> _Envelope:
+    try:
+        return msgspec.json.decode(data, type=_Envelope)
+    except msgspec.DecodeError:
+        return _Envelope()
+
+
+def decode_client_event(data: str | bytes) -> AnyClientEvent:
+    """Decode one client text frame. Unknown fields and unknown event types are refused."""
+    try:
+        event: AnyClientEvent = _DECODER.decode(data)
+        return event
+    except msgspec.ValidationError as exc:
+        env = _envelope(data)
+        event_id = env.event_id if isinstance(env.event_id, str) else None
+        text = str(exc)
+        match = _PATH_RE.search(text)
+        path = match.group("path") if match else None
+        if isinstance(env.type, str) and path == "type":
+            raise ProtocolError(
+                "unknown_event", f"unknown event type {env.type!r}", param="type", event_id=event_id
+            ) from None
+        if match:
+            text = text[: match.start()]
+        unknown = re.match(r"Object contains unknown field `(?P<f>[^`]+)`", text)
+        if unknown:
+            path = f"{path}.{unknown.group('f')}" if path else unknown.group("f")
+        raise ProtocolError("invalid_event", text, param=path or None, event_id=event_id) from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError("invalid_json", f"invalid JSON: {exc}") from None
+
+
+def encode_server_event(
+    event: ServerEvent, *, event_id: str, seq: int, beta: bool = False
+) -> tuple[bytes, ServerEvent]:
+    """Stamp and serialise a server event; returns (JSON bytes, the stamped event)."""
+    stamped = msgspec.structs.replace(event, event_id=event_id, server_event_seq=seq)
+    data = _ENCODER.encode(stamped)
+    if beta:
+        tag = type(event).__struct_config__.tag
+        beta_name = BETA_NAMES.get(tag) if isinstance(tag, str) else None
+        if beta_name is not None:
+            # msgspec always writes the tag first: {"type":"<tag>",...
+            prefix = b'{"type":"' + tag.encode() + b'"'  # type: ignore[union-attr]
+            data = b'{"type":"' + beta_name.encode() + b'"' + data[len(prefix) :]
+    return data, stamped
+
+
+# ============================================================================ audio formats
+Codec = Literal["pcm16", "g711_ulaw", "g711_alaw"]
+
+
+@dataclass(frozen=True, slots=True)
+class AudioFormat:
+    codec: Codec
+    rate: int
+
+    @property
+    def bytes_per_ms(self) -> float:
+        width = 2 if self.codec == "pcm16" else 1
+        return width * self.rate / 1000.0
+
+    @property
+    def beta_name(self) -> str:
+        if self.codec == "pcm16":
+            return "pcm16" if self.rate == 24000 else "pcm16_16k"
+        return self.codec
+
+    def to_wire(self) -> AudioFormatOut:
+        kind: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = {
+            "pcm16": "audio/pcm",
+            "g711_ulaw": "audio/pcmu",
+            "g711_alaw": "audio/pcma",
+        }[self.codec]  # type: ignore[assignment]
+        return AudioFormatOut(type=kind, rate=self.rate)
+
+
+PCM16_24K = AudioFormat("pcm16", 24000)
+PCM16_16K = AudioFormat("pcm16", 16000)
+ULAW = AudioFormat("g711_ulaw", 8000)
+ALAW = AudioFormat("g711_alaw", 8000)
+INPUT_FORMATS = ("pcm16", "pcm16_16k", "g711_ulaw", "g711_alaw")
+OUTPUT_FORMATS = ("pcm16", "g711_ulaw", "g711_alaw")
+
+_BETA: dict[str, AudioFormat] = {
+    "pcm16": PCM16_24K,
+    "pcm16_16k": PCM16_16K,
+    "g711_ulaw": ULAW,
+    "g711_alaw": ALAW,
+}
+
+
+def parse_format(param: AudioFormatObj | BetaFormat, *, field: str, output: bool) -> AudioFormat:
+    """Normalise a GA format object or a beta name; refuse what the server cannot do."""
+    if isinstance(param, str):
+        fmt = _BETA[param]
+    elif param.type == "audio/pcmu":
+        fmt = ULAW
+    elif param.type == "audio/pcma":
+        fmt = ALAW
+    else:
+        rate = 24000 if isinstance(param.rate, msgspec.UnsetType) else param.rate
+        if rate not in (16000, 24000):
+            raise ProtocolError(
+                "invalid_value", f"audio/pcm rate must be 16000 or 24000, got {rate}", param=field
+            )
+        fmt = AudioFormat("pcm16", rate)
+    if output and fmt == PCM16_16K:
+        raise ProtocolError("unsupported", "output pcm16 is 24000 Hz only", param=field)
+    return fmt
+
+
+def decode_audio_b64(audio: str) -> bytes:
+    try:
+        return base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_audio", "audio is not valid base64", param="audio") from None
+
+
+def encode_audio_b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+@functools.cache
+def _g711_tables(codec: Codec) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.uint8]]:
+    """(decode table 256 -> int16, encode table 65536 -> byte), generated by libsndfile."""
+    import soundfile
+
+    subtype = "ULAW" if codec == "g711_ulaw" else "ALAW"
+    decoded, _ = soundfile.read(
+        io.BytesIO(bytes(range(256))),
+        format="RAW",
+        subtype=subtype,
+        samplerate=8000,
+        channels=1,
+        dtype="int16",
+    )
+    buf = io.BytesIO()
+    soundfile.write(
+        buf, np.arange(-32768, 32768, dtype=np.int16), 8000, format="RAW", subtype=subtype
+    )
+    encoded = np.frombuffer(buf.getvalue(), dtype=np.uint8)
+    return np.asarray(decoded, dtype=np.int16), encoded
+
+
+def g711_to_pcm16(data: bytes, codec: Codec) -> bytes:
+    table, _ = _g711_tables(codec)
+    return table[np.frombuffer(data, dtype=np.uint8)].astype("<i2").tobytes()
+
+
+def pcm16_to_g711(pcm: bytes, codec: Codec) -> bytes:
+    _, table = _g711_tables(codec)
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.int32) + 32768
+    return table[samples].tobytes()

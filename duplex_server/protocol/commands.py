@@ -1,0 +1,118 @@
+"""What the protocol core asks its adapter to do: engine calls and local actions.
+
+Engine calls carry the epoch decided by the core; the adapter binds the turn and response
+counters from :attr:`SessionCore.position` when it executes them (they run in order, so a
+commit's result is known before the next call is sent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from duplex_server.protocol.codec import AudioFormat
+from duplex_server.protocol.events import Modality, ServerEvent, TurnDetection
+
+
+# ---------------------------------------------------------------------------- engine calls
+@dataclass(frozen=True, slots=True)
+class Append:
+    epoch: int
+    audio: bytes = b""
+    text: str | None = None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    epoch: int
+    respond: bool
+    event_id: str | None = None
+    item_id: str | None = None  # the user audio item this commit closes
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Advance the epoch from ``epoch`` to ``epoch + 1`` (barge-in, cancel, input clear)."""
+
+    epoch: int
+    event: Literal["barge_in", "response.cancel", "input.cancel"]
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    epoch: int
+    instructions: str | None = None
+    voice: str | None = None
+    output_modalities: tuple[Modality, ...] | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Touch:
+    epoch: int
+    activity: Literal["heartbeat", "playback_ack", "detach"]
+    turn_id: int = 0
+    response_seq: int = 0
+    played_ms: float = 0.0
+    truncate: bool = False
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSession:
+    reason: str
+    event_id: str | None = None
+
+
+EngineCommand = Append | Commit | Cancel | Update | Touch | CloseSession
+
+
+# ---------------------------------------------------------------------------- local actions
+@dataclass(frozen=True, slots=True)
+class Send:
+    event: ServerEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    command: EngineCommand
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessAudio:
+    """Raw client audio (session input format) for the input lane: decode, resample, VAD."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigureInput:
+    """The input format or turn detection changed: rebuild the lane's resampler and VAD."""
+
+    format: AudioFormat
+    turn_detection: TurnDetection | None
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeAudio:
+    """Drop queued audio deltas whose epoch is below ``epoch`` (barge-in)."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class AckJournal:
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSocket:
+    code: int
+    reason: str
+
+
+Action = Send | Call | ProcessAudio | ConfigureInput | PurgeAudio | AckJournal | CloseSocket

@@ -1,0 +1,167 @@
+"""The effective session configuration and how a ``session.update`` patch changes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal, TypeVar
+
+import msgspec
+from msgspec import UnsetType
+
+from duplex_server.protocol.codec import PCM16_24K, AudioFormat, parse_format
+from duplex_server.protocol.errors import ProtocolError
+from duplex_server.protocol.events import (
+    AudioConfigOut,
+    AudioFormatParam,
+    AudioInputOut,
+    AudioOutputOut,
+    Modality,
+    SessionObj,
+    SessionParam,
+    TurnDetection,
+    TurnDetectionParam,
+)
+
+T = TypeVar("T")
+_DEFAULT_TD = TurnDetection()
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveSession:
+    """Everything a session.update can change. Defaults are docs/protocol.md's."""
+
+    instructions: str = ""
+    voice: str | None = None
+    speed: float = 1.0
+    output_modalities: tuple[Modality, ...] = ("audio",)
+    input_format: AudioFormat = PCM16_24K
+    output_format: AudioFormat = PCM16_24K
+    turn_detection: TurnDetection | None = _DEFAULT_TD
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    event_names: Literal["ga", "beta"] = "ga"
+    model: str = "duplex"
+
+    def to_wire(self, session_id: str) -> SessionObj:
+        return SessionObj(
+            id=session_id,
+            model=self.model,
+            instructions=self.instructions,
+            output_modalities=list(self.output_modalities),
+            audio=AudioConfigOut(
+                input=AudioInputOut(
+                    format=self.input_format.to_wire(), turn_detection=self.turn_detection
+                ),
+                output=AudioOutputOut(
+                    format=self.output_format.to_wire(), voice=self.voice, speed=self.speed
+                ),
+            ),
+            max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
+            temperature=self.temperature,
+            event_names=self.event_names,
+        )
+
+
+def _pick(ga: T | UnsetType, beta: T | UnsetType) -> T | UnsetType:
+    return beta if isinstance(ga, UnsetType) else ga
+
+
+def _turn_detection(
+    current: TurnDetection | None, param: TurnDetectionParam | None
+) -> TurnDetection | None:
+    if param is None:
+        return None
+    base = current if current is not None else TurnDetection()
+    changes: dict[str, object] = {}
+    for name in (
+        "threshold",
+        "prefix_padding_ms",
+        "silence_duration_ms",
+        "create_response",
+        "interrupt_response",
+        "idle_timeout_ms",
+        "min_interrupt_speech_ms",
+        "uninterruptible_ms",
+    ):
+        value = getattr(param, name)
+        if not isinstance(value, UnsetType):
+            changes[name] = value
+    if param.type == "semantic_vad":
+        eagerness = param.eagerness if isinstance(param.eagerness, str) else "auto"
+        silence = {"low": 1200, "medium": 700, "auto": 700, "high": 400}.get(eagerness)
+        if silence is None:
+            raise ProtocolError(
+                "invalid_value", f"unknown eagerness {eagerness!r}", param="turn_detection"
+            )
+        changes.setdefault("silence_duration_ms", silence)
+    out = msgspec.structs.replace(base, **changes)
+    if not 0.0 <= out.threshold <= 1.0:
+        raise ProtocolError(
+            "invalid_value", "threshold must be within [0, 1]", param="turn_detection.threshold"
+        )
+    for name in ("prefix_padding_ms", "silence_duration_ms", "min_interrupt_speech_ms"):
+        if getattr(out, name) < 0:
+            raise ProtocolError(
+                "invalid_value", f"{name} must be >= 0", param=f"turn_detection.{name}"
+            )
+    return out
+
+
+def apply_patch(current: EffectiveSession, patch: SessionParam) -> EffectiveSession:
+    """Return the session after ``patch``; raises ProtocolError (nothing changed) if invalid."""
+    changes: dict[str, object] = {}
+    if not isinstance(patch.instructions, UnsetType):
+        changes["instructions"] = patch.instructions
+    if not isinstance(patch.model, UnsetType):
+        changes["model"] = patch.model
+    modalities = _pick(patch.output_modalities, patch.modalities)
+    if not isinstance(modalities, UnsetType):
+        if not modalities or len(set(modalities)) != len(modalities):
+            raise ProtocolError(
+                "invalid_value",
+                "output_modalities must be ['text'], ['audio'] or ['text', 'audio']",
+                param="output_modalities",
+            )
+        # Audio always carries its transcript, so ["text", "audio"] means audio.
+        changes["output_modalities"] = ("audio",) if "audio" in modalities else ("text",)
+    audio_in = audio_out = None
+    if not isinstance(patch.audio, UnsetType):
+        audio_in = None if isinstance(patch.audio.input, UnsetType) else patch.audio.input
+        audio_out = None if isinstance(patch.audio.output, UnsetType) else patch.audio.output
+    in_fmt: AudioFormatParam | UnsetType = patch.input_audio_format
+    if audio_in is not None and not isinstance(audio_in.format, UnsetType):
+        in_fmt = audio_in.format
+    if not isinstance(in_fmt, UnsetType):
+        changes["input_format"] = parse_format(in_fmt, field="audio.input.format", output=False)
+    out_fmt: AudioFormatParam | UnsetType = patch.output_audio_format
+    if audio_out is not None and not isinstance(audio_out.format, UnsetType):
+        out_fmt = audio_out.format
+    if not isinstance(out_fmt, UnsetType):
+        changes["output_format"] = parse_format(out_fmt, field="audio.output.format", output=True)
+    voice = patch.voice if audio_out is None else _pick(audio_out.voice, patch.voice)
+    if not isinstance(voice, UnsetType):
+        changes["voice"] = voice or None
+    speed = patch.speed if audio_out is None else _pick(audio_out.speed, patch.speed)
+    if not isinstance(speed, UnsetType):
+        if not 0.25 <= speed <= 4.0:
+            raise ProtocolError("invalid_value", "speed must be within [0.25, 4]", param="speed")
+        changes["speed"] = speed
+    td: TurnDetectionParam | UnsetType | None = patch.turn_detection
+    if audio_in is not None and not isinstance(audio_in.turn_detection, UnsetType):
+        td = audio_in.turn_detection
+    if not isinstance(td, UnsetType):
+        changes["turn_detection"] = _turn_detection(current.turn_detection, td)
+    max_tokens = _pick(patch.max_output_tokens, patch.max_response_output_tokens)
+    if not isinstance(max_tokens, UnsetType):
+        if isinstance(max_tokens, int) and max_tokens < 1:
+            raise ProtocolError(
+                "invalid_value",
+                "max_output_tokens must be >= 1 or 'inf'",
+                param="max_output_tokens",
+            )
+        changes["max_output_tokens"] = None if max_tokens == "inf" else max_tokens
+    if not isinstance(patch.temperature, UnsetType):
+        changes["temperature"] = patch.temperature
+    if not isinstance(patch.event_names, UnsetType):
+        changes["event_names"] = patch.event_names
+    return replace(current, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,617 @@
+"""Typed wire events (OpenAI Realtime GA names plus duplex extensions). docs/protocol.md is
+normative; this module is its code.
+
+Client events are decoded once at the edge (:mod:`duplex_server.protocol.codec`) into one of
+the ``Client*`` structs below; unknown fields are refused. Server events are ``Server*``
+structs; ``event_id`` and ``server_event_seq`` are stamped when the event is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+Modality = Literal["text", "audio"]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    pass
+
+
+# ============================================================================ session objects
+class AudioFormatObj(_Strict, frozen=True):
+    """GA format object: ``audio/pcm`` (rate 16000 or 24000), ``audio/pcmu``, ``audio/pcma``."""
+
+    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = "audio/pcm"
+    rate: int | UnsetType = UNSET
+
+
+#: Beta flat format names; ``pcm16`` is 24 kHz, ``pcm16_16k`` is our extension.
+BetaFormat = Literal["pcm16", "pcm16_16k", "g711_ulaw", "g711_alaw"]
+AudioFormatParam = AudioFormatObj | BetaFormat
+
+
+class TurnDetectionParam(_Strict, frozen=True):
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    threshold: float | UnsetType = UNSET
+    prefix_padding_ms: int | UnsetType = UNSET
+    silence_duration_ms: int | UnsetType = UNSET
+    create_response: bool | UnsetType = UNSET
+    interrupt_response: bool | UnsetType = UNSET
+    idle_timeout_ms: int | UnsetType | None = UNSET
+    eagerness: str | UnsetType = UNSET  # semantic_vad: accepted, mapped onto server_vad
+    # duplex extensions: false barge-in guards
+    min_interrupt_speech_ms: int | UnsetType = UNSET
+    uninterruptible_ms: int | UnsetType = UNSET
+
+
+class AudioInputParam(_Strict, frozen=True):
+    format: AudioFormatParam | UnsetType = UNSET
+    transcription: Any = UNSET  # accepted; the engine's ASR always transcribes
+    noise_reduction: Any = UNSET  # accepted, ignored
+    turn_detection: TurnDetectionParam | UnsetType | None = UNSET
+
+
+class AudioOutputParam(_Strict, frozen=True):
+    format: AudioFormatParam | UnsetType = UNSET
+    voice: str | UnsetType = UNSET
+    speed: float | UnsetType = UNSET
+
+
+class AudioParam(_Strict, frozen=True):
+    input: AudioInputParam | UnsetType = UNSET
+    output: AudioOutputParam | UnsetType = UNSET
+
+
+class SessionParam(_Strict, frozen=True):
+    """A partial session (``session.update``): omitted fields stay as they are.
+
+    GA nested fields and beta flat fields are both accepted; the GA field wins if both are
+    given. Fields marked "accepted" are validated for type only and have no effect.
+    """
+
+    type: Literal["realtime"] | UnsetType = UNSET
+    model: str | UnsetType = UNSET
+    instructions: str | UnsetType = UNSET
+    output_modalities: list[Modality] | UnsetType = UNSET
+    audio: AudioParam | UnsetType = UNSET
+    max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    temperature: float | UnsetType = UNSET
+    tools: list[Any] | UnsetType = UNSET  # accepted
+    tool_choice: Any = UNSET  # accepted
+    parallel_tool_calls: bool | UnsetType = UNSET  # accepted
+    tracing: Any = UNSET  # accepted
+    truncation: Any = UNSET  # accepted
+    prompt: Any = UNSET  # accepted
+    include: list[str] | UnsetType = UNSET  # accepted
+    reasoning: Any = UNSET  # accepted
+    # beta flat spellings
+    modalities: list[Modality] | UnsetType = UNSET
+    voice: str | UnsetType = UNSET
+    speed: float | UnsetType = UNSET
+    input_audio_format: BetaFormat | UnsetType = UNSET
+    output_audio_format: BetaFormat | UnsetType = UNSET
+    turn_detection: TurnDetectionParam | UnsetType | None = UNSET
+    input_audio_transcription: Any = UNSET  # accepted
+    input_audio_noise_reduction: Any = UNSET  # accepted
+    max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    # duplex extension: event names this session's server events use
+    event_names: Literal["ga", "beta"] | UnsetType = UNSET
+
+
+class ContentPartParam(_Strict, frozen=True):
+    type: Literal["input_text", "input_audio", "text", "output_text", "audio", "output_audio"]
+    text: str | UnsetType = UNSET
+    audio: str | UnsetType = UNSET
+    transcript: str | UnsetType | None = UNSET
+
+
+class ItemParam(_Strict, frozen=True):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "assistant"] = "user"
+    content: list[ContentPartParam] = []
+    id: str | UnsetType = UNSET
+    object: Literal["realtime.item"] | UnsetType = UNSET
+    status: str | UnsetType = UNSET
+
+
+class ResponseParam(_Strict, frozen=True):
+    conversation: Literal["auto", "none"] | str | UnsetType = UNSET
+    instructions: str | UnsetType = UNSET
+    output_modalities: list[Modality] | UnsetType = UNSET
+    modalities: list[Modality] | UnsetType = UNSET  # beta
+    audio: AudioParam | UnsetType = UNSET
+    voice: str | UnsetType = UNSET  # beta
+    output_audio_format: BetaFormat | UnsetType = UNSET  # beta
+    max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET  # beta
+    temperature: float | UnsetType = UNSET
+    metadata: dict[str, str] | UnsetType | None = UNSET
+    input: list[Any] | UnsetType = UNSET  # accepted: only the default conversation is used
+    tools: list[Any] | UnsetType = UNSET  # accepted
+    tool_choice: Any = UNSET  # accepted
+    prompt: Any = UNSET  # accepted
+
+
+# ============================================================================ client events
+class ClientEvent(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type", kw_only=True
+):
+    event_id: str | None = None
+
+
+class SessionUpdate(ClientEvent, frozen=True, tag="session.update"):
+    session: SessionParam
+
+
+class InputAudioBufferAppend(ClientEvent, frozen=True, tag="input_audio_buffer.append"):
+    audio: str
+
+
+class InputAudioBufferCommit(ClientEvent, frozen=True, tag="input_audio_buffer.commit"):
+    pass
+
+
+class InputAudioBufferClear(ClientEvent, frozen=True, tag="input_audio_buffer.clear"):
+    pass
+
+
+class ConversationItemCreate(ClientEvent, frozen=True, tag="conversation.item.create"):
+    item: ItemParam
+    previous_item_id: str | None = None
+
+
+class ConversationItemDelete(ClientEvent, frozen=True, tag="conversation.item.delete"):
+    item_id: str
+
+
+class ConversationItemRetrieve(ClientEvent, frozen=True, tag="conversation.item.retrieve"):
+    item_id: str
+
+
+class ConversationItemTruncate(ClientEvent, frozen=True, tag="conversation.item.truncate"):
+    item_id: str
+    audio_end_ms: NonNegInt
+    content_index: int = 0
+
+
+class ResponseCreate(ClientEvent, frozen=True, tag="response.create"):
+    response: ResponseParam | None = None
+
+
+class ResponseCancel(ClientEvent, frozen=True, tag="response.cancel"):
+    response_id: str | None = None
+
+
+class OutputAudioBufferClear(ClientEvent, frozen=True, tag="output_audio_buffer.clear"):
+    pass
+
+
+class SessionHeartbeat(ClientEvent, frozen=True, tag="session.heartbeat"):
+    pass
+
+
+class SessionEventAck(ClientEvent, frozen=True, tag="session.event_ack"):
+    seq: NonNegInt
+
+
+class SessionResume(ClientEvent, frozen=True, tag="session.resume"):
+    session_id: str
+    resume_token: str
+    last_received_server_event_seq: NonNegInt = 0
+
+
+class SessionClose(ClientEvent, frozen=True, tag="session.close"):
+    pass
+
+
+class PlaybackAck(ClientEvent, frozen=True, tag="playback.ack"):
+    item_id: str
+    played_ms: Annotated[float, msgspec.Meta(ge=0)]
+
+
+class BargeIn(ClientEvent, frozen=True, tag="barge_in"):
+    pass
+
+
+# ============================================================================ server objects
+class ErrorDetail(msgspec.Struct, frozen=True):
+    type: str
+    code: str
+    message: str
+    param: str | None = None
+    event_id: str | None = None
+
+
+class AudioFormatOut(msgspec.Struct, frozen=True):
+    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
+    rate: int
+
+
+class TurnDetection(msgspec.Struct, frozen=True):
+    """The effective server VAD settings (defaults are docs/protocol.md's)."""
+
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+    min_interrupt_speech_ms: int = 120
+    uninterruptible_ms: int = 0
+
+
+class AudioInputOut(msgspec.Struct, frozen=True):
+    format: AudioFormatOut
+    turn_detection: TurnDetection | None
+    transcription: None = None
+    noise_reduction: None = None
+
+
+class AudioOutputOut(msgspec.Struct, frozen=True):
+    format: AudioFormatOut
+    voice: str | None
+    speed: float = 1.0
+
+
+class AudioConfigOut(msgspec.Struct, frozen=True):
+    input: AudioInputOut
+    output: AudioOutputOut
+
+
+class SessionObj(msgspec.Struct, frozen=True):
+    """The full effective session (``session.created`` / ``session.updated``)."""
+
+    id: str
+    model: str
+    instructions: str
+    output_modalities: list[Modality]
+    audio: AudioConfigOut
+    max_output_tokens: int | Literal["inf"]
+    event_names: Literal["ga", "beta"]
+    type: Literal["realtime"] = "realtime"
+    object: Literal["realtime.session"] = "realtime.session"
+    tools: list[Any] = []
+    tool_choice: str = "auto"
+    temperature: float | None = None
+
+
+class Capabilities(msgspec.Struct, frozen=True):
+    supports_barge_in: bool
+    supports_session_resume: bool
+    input_audio_formats: list[str]
+    output_audio_formats: list[str]
+    turn_detection: list[str]
+    vad_backend: str
+    max_frame_bytes: int
+    journal_max_bytes: int
+    journal_max_age_s: float
+    protocol_version: int = 1
+
+
+class ContentPart(msgspec.Struct, frozen=True, omit_defaults=True):
+    type: Literal["input_text", "input_audio", "output_text", "output_audio"]
+    text: str | None = None
+    transcript: str | None = None
+
+
+class Item(msgspec.Struct, frozen=True):
+    id: str
+    role: Literal["user", "assistant", "system"]
+    content: list[ContentPart]
+    status: Literal["completed", "in_progress", "incomplete"] = "completed"
+    type: Literal["message"] = "message"
+    object: Literal["realtime.item"] = "realtime.item"
+
+
+class StatusDetails(msgspec.Struct, frozen=True, omit_defaults=True):
+    type: Literal["completed", "cancelled", "incomplete", "failed"]
+    reason: str | None = None
+    error: ErrorDetail | None = None
+
+
+class Usage(msgspec.Struct, frozen=True):
+    total_tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class ResponseObj(msgspec.Struct, frozen=True):
+    id: str
+    status: Literal["in_progress", "completed", "cancelled", "incomplete", "failed"]
+    output: list[Item]
+    output_modalities: list[Modality]
+    status_details: StatusDetails | None = None
+    usage: Usage | None = None
+    metadata: dict[str, str] | None = None
+    conversation_id: str | None = None
+    object: Literal["realtime.response"] = "realtime.response"
+    # duplex extensions
+    epoch: int = 0
+    audio_ms: float = 0.0
+
+
+# ============================================================================ server events
+class ServerEvent(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
+    """Base of every server event; the writer stamps ``event_id`` and ``server_event_seq``."""
+
+    event_id: str = ""
+    server_event_seq: int = 0
+
+
+class SessionCreated(ServerEvent, frozen=True, tag="session.created"):
+    session: SessionObj
+    resume_token: str
+    capabilities: Capabilities
+
+
+class SessionUpdated(ServerEvent, frozen=True, tag="session.updated"):
+    session: SessionObj
+
+
+class Error(ServerEvent, frozen=True, tag="error"):
+    error: ErrorDetail
+
+
+class SpeechStarted(ServerEvent, frozen=True, tag="input_audio_buffer.speech_started"):
+    audio_start_ms: int
+    item_id: str
+
+
+class SpeechStopped(ServerEvent, frozen=True, tag="input_audio_buffer.speech_stopped"):
+    audio_end_ms: int
+    item_id: str
+
+
+class InputCommitted(ServerEvent, frozen=True, tag="input_audio_buffer.committed"):
+    item_id: str
+    previous_item_id: str | None = None
+
+
+class InputCleared(ServerEvent, frozen=True, tag="input_audio_buffer.cleared"):
+    pass
+
+
+class ItemAdded(ServerEvent, frozen=True, tag="conversation.item.added"):
+    item: Item
+    previous_item_id: str | None = None
+
+
+class ItemDone(ServerEvent, frozen=True, tag="conversation.item.done"):
+    item: Item
+    previous_item_id: str | None = None
+
+
+class ItemRetrieved(ServerEvent, frozen=True, tag="conversation.item.retrieved"):
+    item: Item
+
+
+class ItemTruncated(ServerEvent, frozen=True, tag="conversation.item.truncated"):
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+    requested_audio_end_ms: int  # extension: what the client asked for (before clamping)
+
+
+class ItemDeleted(ServerEvent, frozen=True, tag="conversation.item.deleted"):
+    item_id: str
+
+
+class InputTranscriptDelta(
+    ServerEvent, frozen=True, tag="conversation.item.input_audio_transcription.delta"
+):
+    item_id: str
+    delta: str
+    content_index: int = 0
+
+
+class InputTranscriptCompleted(
+    ServerEvent, frozen=True, tag="conversation.item.input_audio_transcription.completed"
+):
+    item_id: str
+    transcript: str
+    content_index: int = 0
+
+
+class ResponseCreated(ServerEvent, frozen=True, tag="response.created"):
+    response: ResponseObj
+
+
+class OutputItemAdded(ServerEvent, frozen=True, tag="response.output_item.added"):
+    response_id: str
+    item: Item
+    output_index: int = 0
+
+
+class OutputItemDone(ServerEvent, frozen=True, tag="response.output_item.done"):
+    response_id: str
+    item: Item
+    output_index: int = 0
+
+
+class ContentPartAdded(ServerEvent, frozen=True, tag="response.content_part.added"):
+    response_id: str
+    item_id: str
+    part: ContentPart
+    output_index: int = 0
+    content_index: int = 0
+
+
+class ContentPartDone(ServerEvent, frozen=True, tag="response.content_part.done"):
+    response_id: str
+    item_id: str
+    part: ContentPart
+    output_index: int = 0
+    content_index: int = 0
+
+
+class AudioDelta(ServerEvent, frozen=True, tag="response.output_audio.delta"):
+    response_id: str
+    item_id: str
+    delta: str  # base64 audio in the session output format
+    epoch: int
+    audio_start_ms: float
+    duration_ms: float
+    output_index: int = 0
+    content_index: int = 0
+
+
+class AudioDone(ServerEvent, frozen=True, tag="response.output_audio.done"):
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class TranscriptDelta(ServerEvent, frozen=True, tag="response.output_audio_transcript.delta"):
+    response_id: str
+    item_id: str
+    delta: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class TranscriptDone(ServerEvent, frozen=True, tag="response.output_audio_transcript.done"):
+    response_id: str
+    item_id: str
+    transcript: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class TextDelta(ServerEvent, frozen=True, tag="response.output_text.delta"):
+    response_id: str
+    item_id: str
+    delta: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class TextDone(ServerEvent, frozen=True, tag="response.output_text.done"):
+    response_id: str
+    item_id: str
+    text: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class ResponseDone(ServerEvent, frozen=True, tag="response.done"):
+    response: ResponseObj
+
+
+class OutputAudioCleared(ServerEvent, frozen=True, tag="output_audio_buffer.cleared"):
+    response_id: str | None = None
+
+
+class HeartbeatAck(ServerEvent, frozen=True, tag="session.heartbeat_ack"):
+    pass
+
+
+class PlaybackAcknowledged(ServerEvent, frozen=True, tag="playback.acknowledged"):
+    item_id: str
+    played_ms: float  # what the engine applied (clamped to audio sent)
+    requested_played_ms: float
+
+
+class SessionResumed(ServerEvent, frozen=True, tag="session.resumed"):
+    session_id: str
+    resume_token: str
+    replayed: int
+    lease_generation: int
+
+
+class SessionReplaced(ServerEvent, frozen=True, tag="session.replaced"):
+    reason: str = "resumed on another connection"
+
+
+class SessionExpiring(ServerEvent, frozen=True, tag="session.expiring"):
+    in_s: float
+    reason: str
+
+
+class SessionExpired(ServerEvent, frozen=True, tag="session.expired"):
+    reason: str
+
+
+class ResyncRequired(ServerEvent, frozen=True, tag="session.resync_required"):
+    reason: str
+    first_available_seq: int
+    last_seq: int
+
+
+class SessionClosed(ServerEvent, frozen=True, tag="session.closed"):
+    reason: str
+
+
+AnyClientEvent = (
+    SessionUpdate
+    | InputAudioBufferAppend
+    | InputAudioBufferCommit
+    | InputAudioBufferClear
+    | ConversationItemCreate
+    | ConversationItemDelete
+    | ConversationItemRetrieve
+    | ConversationItemTruncate
+    | ResponseCreate
+    | ResponseCancel
+    | OutputAudioBufferClear
+    | SessionHeartbeat
+    | SessionEventAck
+    | SessionResume
+    | SessionClose
+    | PlaybackAck
+    | BargeIn
+)
+
+AnyServerEvent = (
+    SessionCreated
+    | SessionUpdated
+    | Error
+    | SpeechStarted
+    | SpeechStopped
+    | InputCommitted
+    | InputCleared
+    | ItemAdded
+    | ItemDone
+    | ItemRetrieved
+    | ItemTruncated
+    | ItemDeleted
+    | InputTranscriptDelta
+    | InputTranscriptCompleted
+    | ResponseCreated
+    | OutputItemAdded
+    | OutputItemDone
+    | ContentPartAdded
+    | ContentPartDone
+    | AudioDelta
+    | AudioDone
+    | TranscriptDelta
+    | TranscriptDone
+    | TextDelta
+    | TextDone
+    | ResponseDone
+    | OutputAudioCleared
+    | HeartbeatAck
+    | PlaybackAcknowledged
+    | SessionResumed
+    | SessionReplaced
+    | SessionExpiring
+    | SessionExpired
+    | ResyncRequired
+    | SessionClosed
+)
+
+#: GA -> beta spellings of server events (``event_names: "beta"``).
+BETA_NAMES: dict[str, str] = {
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+    "response.output_text.delta": "response.text.delta",
+    "response.output_text.done": "response.text.done",
+    "conversation.item.added": "conversation.item.created",
+}

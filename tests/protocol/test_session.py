@@ -1,0 +1,277 @@
+"""The session state machine, driven with events and timestamps only (no sockets, no clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from duplex_server.protocol import events as ev
+from duplex_server.protocol.commands import (
+    Action,
+    Append,
+    Call,
+    Cancel,
+    CloseSocket,
+    Commit,
+    ConfigureInput,
+    PurgeAudio,
+    Send,
+    Touch,
+)
+from duplex_server.protocol.config import EffectiveSession
+from duplex_server.protocol.session import SessionCore, VadStart, VadStop
+from engine.errors import ControlError
+from engine.messages import (
+    AudioChunk,
+    Fence,
+    ResponseDone,
+    ResponseStarted,
+    SessionLifecycle,
+    TextDelta,
+    UserTranscript,
+)
+
+SID = "sess_0123456789abcdef0123456789abcdef"
+CHUNK = b"\x00\x01" * 320  # 20 ms at 16 kHz
+
+
+def sent(actions: list[Action]) -> list[ev.ServerEvent]:
+    return [a.event for a in actions if isinstance(a, Send)]
+
+
+def types(actions: list[Action]) -> list[str]:
+    return [type(e).__struct_config__.tag for e in sent(actions)]  # type: ignore[misc]
+
+
+def calls(actions: list[Action]) -> list[object]:
+    return [a.command for a in actions if isinstance(a, Call)]
+
+
+def core(**kw: object) -> SessionCore:
+    c = SessionCore(SID, EffectiveSession(**kw))  # type: ignore[arg-type]
+    c.opened("tok", _caps())
+    return c
+
+
+def _caps() -> ev.Capabilities:
+    return ev.Capabilities(True, True, ["pcm16"], ["pcm16"], ["server_vad"], "energy", 1, 1, 1.0)
+
+
+def start_response(c: SessionCore, now: float = 0.0) -> Fence:
+    fence = Fence(SID, c.epoch, c.turn_id + 1, c.response_seq + 1)
+    c.on_result(Commit(c.epoch, respond=True), fence)
+    c.on_engine_event(ResponseStarted(fence=fence), now)
+    return fence
+
+
+def test_handshake_sends_session_created_and_configures_input() -> None:
+    c = SessionCore(SID, EffectiveSession())
+    out = c.opened("tok", _caps())
+    created = sent(out)[0]
+    assert isinstance(created, ev.SessionCreated)
+    assert created.session.id == SID and created.resume_token == "tok"
+    assert created.session.audio.input.turn_detection is not None
+    assert any(isinstance(a, ConfigureInput) for a in out)
+
+
+def test_text_turn_in_order() -> None:
+    c = core(output_modalities=("text",))
+    item = ev.ItemParam(content=[ev.ContentPartParam(type="input_text", text="hi")])
+    out = c.on_client_event(ev.ConversationItemCreate(item=item), 0)
+    assert types(out) == ["conversation.item.added", "conversation.item.done"]
+    assert calls(out) == [Append(0, text="hi")]
+    out = c.on_client_event(ev.ResponseCreate(), 0)
+    assert calls(out) == [Commit(0, respond=True)]
+    fence = start_response(c)
+    out = c.on_engine_event(TextDelta(fence=fence, text="Hello"), 1)
+    assert types(out) == ["response.output_text.delta"]
+    out = c.on_engine_event(ResponseDone(fence=fence, status="completed", text="Hello"), 2)
+    assert types(out) == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    done = sent(out)[-1]
+    assert isinstance(done, ev.ResponseDone) and done.response.status == "completed"
+
+
+def test_server_vad_turn_commits_and_transcribes_before_response() -> None:
+    c = core()
+    assert calls(c.on_input_audio(CHUNK * 10, [], 0)) == []  # idle audio waits in the ring
+    out = c.on_input_audio(CHUNK, [VadStart(onset_ms=180.0, audio_start_ms=0.0)], 10)
+    assert types(out) == ["input_audio_buffer.speech_started"]
+    started_id = sent(out)[0].item_id  # type: ignore[attr-defined]
+    appended = calls(out)
+    assert len(appended) == 1 and isinstance(appended[0], Append)
+    assert len(appended[0].audio) == len(CHUNK) * 11  # prefix padding came along
+    out = c.on_input_audio(CHUNK, [VadStop(audio_end_ms=220.0)], 20)
+    assert types(out) == [
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+    ]
+    commit = calls(out)[-1]
+    assert isinstance(commit, Commit) and commit.respond and commit.item_id == started_id
+    fence = Fence(SID, 0, 1, 1)
+    c.on_result(commit, fence)
+    out = c.on_engine_event(UserTranscript(fence=fence, text="what", final=True), 30)
+    assert types(out)[-2:] == [
+        "conversation.item.input_audio_transcription.completed",
+        "conversation.item.done",
+    ]
+
+
+def _speak(c: SessionCore, ms: int, now: float) -> list[Action]:
+    out = c.on_input_audio(CHUNK, [VadStart(onset_ms=c._input_ms, audio_start_ms=0.0)], now)
+    for _ in range(ms // 20):
+        out += c.on_input_audio(CHUNK, [], now)
+    return out
+
+
+def test_barge_in_cancels_purges_and_drops_stale_audio() -> None:
+    c = core()
+    fence = start_response(c)
+    chunk = AudioChunk(
+        fence=fence,
+        pcm=b"\0" * 4800,
+        sample_rate=24000,
+        audio_start_ms=0.0,
+        duration_ms=100.0,
+        text="Hello",
+    )
+    out = c.on_engine_event(chunk, 1)
+    assert types(out) == ["response.output_audio.delta", "response.output_audio_transcript.delta"]
+    out = _speak(c, 200, now=500)
+    assert "response.done" in types(out) and "output_audio_buffer.cleared" in types(out)
+    done = next(e for e in sent(out) if isinstance(e, ev.ResponseDone))
+    assert done.response.status == "cancelled"
+    assert done.response.status_details is not None
+    assert done.response.status_details.reason == "turn_detected"
+    assert PurgeAudio(1) in out
+    assert Cancel(0, "barge_in") in calls(out)
+    assert c.epoch == 1
+    assert c.on_engine_event(chunk, 600) == []  # stale epoch: never an event
+
+
+def test_false_barge_in_guards() -> None:
+    td = ev.TurnDetection(min_interrupt_speech_ms=300, uninterruptible_ms=1000)
+    c = core(turn_detection=td)
+    start_response(c, now=0)
+    out = _speak(c, 200, now=2000)  # too short
+    assert not any(isinstance(x, Cancel) for x in calls(out))
+    c2 = core(turn_detection=td)
+    start_response(c2, now=0)
+    out = _speak(c2, 400, now=500)  # long enough, but inside the uninterruptible window
+    assert not any(isinstance(x, Cancel) for x in calls(out))
+    out = c2.on_input_audio(CHUNK, [], 1200)  # still speaking after the window
+    assert any(isinstance(x, Cancel) for x in calls(out))
+
+
+def test_truncate_is_clamped_to_audio_sent() -> None:
+    c = core()
+    fence = start_response(c)
+    chunk = AudioChunk(
+        fence=fence,
+        pcm=b"\0" * 4800,
+        sample_rate=24000,
+        audio_start_ms=0.0,
+        duration_ms=100.0,
+        text="Hi",
+    )
+    c.on_engine_event(chunk, 1)
+    c.on_engine_event(ResponseDone(fence=fence, status="completed"), 2)
+    item_id = next(iter(c._assistant))
+    out = c.on_client_event(ev.ConversationItemTruncate(item_id=item_id, audio_end_ms=5000), 3)
+    truncated = sent(out)[0]
+    assert isinstance(truncated, ev.ItemTruncated)
+    assert (truncated.audio_end_ms, truncated.requested_audio_end_ms) == (100, 5000)
+    touch = calls(out)[0]
+    assert isinstance(touch, Touch) and touch.truncate and touch.played_ms == 100.0
+
+
+@pytest.mark.parametrize(
+    ("event", "code"),
+    [
+        (ev.ResponseCancel(event_id="c1"), "response_cancel_not_active"),
+        (ev.InputAudioBufferCommit(), "input_audio_buffer_commit_empty"),
+        (ev.ConversationItemRetrieve(item_id="nope"), "item_not_found"),
+        (ev.ConversationItemDelete(item_id="nope"), "unsupported"),
+        (ev.SessionUpdate(session=ev.SessionParam(speed=9.0)), "invalid_value"),
+        (ev.SessionResume(session_id="s", resume_token="t"), "invalid_state"),
+    ],
+)
+def test_client_errors_leave_the_session_unchanged(event: ev.AnyClientEvent, code: str) -> None:
+    c = core()
+    before = (c.epoch, c.config)
+    out = c.on_client_event(event, 0)
+    err = sent(out)[0]
+    assert isinstance(err, ev.Error) and err.error.code == code
+    assert err.error.event_id == event.event_id
+    assert (c.epoch, c.config) == before
+
+
+def test_second_response_create_is_refused() -> None:
+    c = core()
+    c.on_client_event(ev.ResponseCreate(), 0)
+    out = c.on_client_event(ev.ResponseCreate(), 0)
+    err = sent(out)[0]
+    assert isinstance(err, ev.Error)
+    assert err.error.code == "conversation_already_has_active_response"
+
+
+def test_engine_failure_maps_to_error() -> None:
+    c = core()
+    cmd = Commit(0, respond=True)
+    out = c.on_failure(cmd, ControlError("busy", code="input_backpressure"))
+    err = sent(out)[0]
+    assert isinstance(err, ev.Error) and err.error.code == "input_backpressure"
+    assert not c.response_active
+
+
+def test_session_update_ga_and_beta_shapes() -> None:
+    c = core()
+    ga = ev.SessionParam(
+        output_modalities=["text"],
+        audio=ev.AudioParam(
+            input=ev.AudioInputParam(
+                format=ev.AudioFormatObj(type="audio/pcmu"), turn_detection=None
+            )
+        ),
+    )
+    out = c.on_client_event(ev.SessionUpdate(session=ga), 0)
+    assert c.config.output_modalities == ("text",) and c.config.input_format.codec == "g711_ulaw"
+    assert c.config.turn_detection is None
+    assert any(isinstance(a, ConfigureInput) for a in out)
+    beta = ev.SessionParam(
+        modalities=["audio", "text"],
+        input_audio_format="pcm16",
+        voice="v",
+        turn_detection=ev.TurnDetectionParam(silence_duration_ms=200),
+    )
+    c.on_client_event(ev.SessionUpdate(session=beta), 0)
+    assert c.config.output_modalities == ("audio",) and c.config.voice == "v"
+    assert c.config.turn_detection is not None
+    assert c.config.turn_detection.silence_duration_ms == 200
+
+
+def test_lifecycle_expiry_closes_with_1000() -> None:
+    c = core()
+    out = c.on_engine_event(SessionLifecycle(session_id=SID, state="expiring", in_s=5.0), 0)
+    assert types(out) == ["session.expiring"]
+    out = c.on_engine_event(SessionLifecycle(session_id=SID, state="expired", reason="idle"), 0)
+    assert types(out) == ["session.expired", "session.closed"]
+    assert CloseSocket(1000, "idle") in out
+
+
+def test_transcript_that_overtakes_its_commit_reply_finds_its_item() -> None:
+    c = core(turn_detection=None)
+    c.on_input_audio(CHUNK * 5, [], 0)
+    out = c.on_client_event(ev.InputAudioBufferCommit(), 0)
+    item_id = sent(out)[0].item_id  # type: ignore[attr-defined]
+    fence = Fence(SID, 0, 1, 0)
+    out = c.on_engine_event(UserTranscript(fence=fence, text="hi", final=True), 1)
+    done = sent(out)[1]
+    assert isinstance(done, ev.InputTranscriptCompleted) and done.item_id == item_id
+    commit = calls(c.on_client_event(ev.ResponseCreate(), 2))[0]
+    assert commit == Commit(0, respond=True)
