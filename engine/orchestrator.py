@@ -155,7 +155,13 @@ class Orchestrator:
                 self.started.set_exception(exc)
             return
         self.pipeline = Pipeline(self.config, self.pools)
-        self.started.set_result(self.request_q.sync_q)
+        try:
+            self.started.set_result(self.request_q.sync_q)
+        except concurrent.futures.InvalidStateError:  # the starter gave up while models loaded
+            await self._close_stages()
+            self.request_q.close()
+            await self.request_q.wait_closed()
+            return
         reaper = asyncio.create_task(self._reaper(), name="reaper")
         try:
             await self._serve(self.request_q.async_q)
@@ -344,6 +350,7 @@ class Orchestrator:
             text = f"{text} {heard}".strip()
         if text:
             session.history.add_user(text, fence.turn_id)
+        job.heard = True
         if not job.respond:
             return
         runner.started = True

@@ -252,7 +252,7 @@ class DuplexControl:
                     "stale_fence", f"stale fence {call.fence.key()} (current {session.fence.key()})"
                 )
             if call.fence.epoch > session.fence.epoch:  # newer epoch: adopt it, drop the old work
-                effects.cancels.append(self._advance(session, call.fence, "fence_advanced"))
+                self._advance(session, call.fence, "fence_advanced", effects)
             session.lease.activity(now)
             if isinstance(call, AppendCall):
                 result = self._append(session, call, control_id, effects)
@@ -397,15 +397,33 @@ class DuplexControl:
             session.take_input()
             effects.input_reset.append(session.session_id)
         session.lease.activity(now)
-        effects.cancels.append(self._advance(session, nxt, CANCEL_REASONS[call.event]))
+        self._advance(session, nxt, CANCEL_REASONS[call.event], effects)
         return self._ok(control_id, session)
 
-    def _advance(self, session: DuplexSession, proposed: Fence, reason: str) -> Cancel:
-        old_epoch = session.fence.epoch
-        cancel = self._drop_work(session, reason, old_epoch)
+    def _advance(
+        self, session: DuplexSession, proposed: Fence, reason: str, effects: Effects
+    ) -> None:
+        """Open a new epoch: cancel the old epoch's work, but keep the user's words.
+
+        Committed user input whose transcript is not yet in the history (a queued turn, or
+        the running one still in ASR) is re-queued in the new epoch without a response, so
+        a pause that split one question into two turns loses nothing.
+        """
+        old = ([session.active] if session.active is not None else []) + list(session.jobs)
+        effects.cancels.append(self._drop_work(session, reason, session.fence.epoch))
         session.fence = merge_forward(session.fence, proposed)
         session.ops.clear()
-        return cancel
+        if reason == "input_cancelled":
+            return
+        f = session.fence
+        for job in old:
+            if job.heard or not (job.audio or job.text):
+                continue
+            fence = Fence(f.session_id, f.epoch, job.fence.turn_id, f.response_seq)
+            session.jobs.append(TurnJob(fence=fence, audio=job.audio, text=job.text, respond=False))
+            session.lease.inflight += 1
+        if session.jobs:
+            effects.start.append(session.session_id)
 
     def _drop_work(self, session: DuplexSession, reason: str, epoch: int | None = None) -> Cancel:
         """Drop queued jobs and detach the active one; the caller aborts their stage work."""

@@ -22,6 +22,7 @@ class TurnJob:
     audio: bytes
     text: str
     respond: bool
+    heard: bool = False  # set by the orchestrator once the user's words are in the history
 
 
 @dataclass

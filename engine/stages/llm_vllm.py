@@ -138,6 +138,24 @@ def _scoped_env(values: dict[str, str]) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
+def _release_zmq(engine: Any) -> None:
+    """Terminate the ZMQ context of the engine client (vLLM 0.32's ``shutdown`` closes the
+    sockets but leaves the context to the GC, which warns ``Unclosed context``). Its
+    ``zmq.asyncio.Context`` shadows a sync context that owns the handle: close the shadow's
+    sockets, then destroy the owner. Best effort (cleanup)."""
+    try:
+        ctx = getattr(getattr(engine, "engine_core", None), "ctx", None)
+        if ctx is None:
+            return
+        owner = getattr(ctx, "_shadow_obj", None) or ctx
+        for sock in list(getattr(ctx, "_sockets", ())):
+            sock.close(linger=0)
+        if not owner.closed:
+            owner.destroy(linger=0)
+    except Exception:
+        log.exception("releasing the vLLM client's ZMQ context failed")
+
+
 def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or Path(model).exists()
 
@@ -336,6 +354,7 @@ class VllmLlm:
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
+            _release_zmq(engine)
 
     # ------------------------------------------------------------------ requests
     def _inputs(self, request: LlmRequest) -> tuple[Any, Any, str, int]:

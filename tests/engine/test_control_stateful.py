@@ -68,7 +68,9 @@ class ControlMachine(RuleBasedStateMachine):
             assert olds, "an epoch advanced without aborting the old epoch"
             if active_before is not None:
                 assert any(c.active is active_before for c in olds)
-            assert session.active is None and not session.jobs
+            assert session.active is None
+            # only the user's unheard input survives, re-queued without a response
+            assert all(not j.respond and j.fence.epoch == session.fence.epoch for j in session.jobs)
 
     def pick(self, data: st.DataObject) -> tuple[str, Fence, int]:
         sid = data.draw(st.sampled_from(list(self.control.sessions)))

@@ -340,3 +340,44 @@ def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
             await engine.shutdown()
 
     run(main())
+
+
+def test_barge_in_keeps_committed_words_that_were_not_heard_yet() -> None:
+    async def main() -> None:
+        backends = stages(asr_delay_s=0.3, transcript="first half of a question")
+        engine = await start_engine(backends)
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            await engine.append(f, gen, audio=b"\1\0" * 1600)
+            f1 = (await engine.commit(f, gen)).accepted_fence  # still in ASR when ...
+            assert f1
+            nxt = Fence(sid, 1, f1.turn_id, f1.response_seq)
+            await engine.signal(f1, gen, "barge_in", next_fence=nxt)  # ... the user goes on
+            await engine.append(nxt, gen, text="and the second half")
+            await engine.commit(nxt, gen)
+            evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
+            heard = [e for e in evs if isinstance(e, UserTranscript)]
+            assert [h.text for h in heard] == ["first half of a question"]
+            assert heard[0].fence.epoch == 1 and heard[0].fence.turn_id == 1
+            done = evs[-1]
+            assert isinstance(done, ResponseDone) and done.status == "completed"
+            history = engine._orch.control.sessions[sid].history  # type: ignore[union-attr]
+            user = [m.content for m in history.messages("sys") if m.role == "user"]
+            assert "first half of a question" in user[-1] and "second half" in user[-1]
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_start_cancelled_while_loading_leaves_nothing_behind() -> None:
+    async def main() -> None:
+        task = asyncio.create_task(start_engine(stages(load_delay_s=0.3)))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(main())
