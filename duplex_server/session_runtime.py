@@ -31,6 +31,7 @@ from duplex_server.protocol.commands import (
     ProcessAudio,
     PurgeAudio,
     Send,
+    Speculate,
     Touch,
     Update,
 )
@@ -188,6 +189,8 @@ class LiveSession:
         elif isinstance(cmd, Cancel):
             nxt = Fence(fence.session_id, cmd.epoch + 1, fence.turn_id, fence.response_seq)
             res = await eng.signal(fence, gen, cmd.event, next_fence=nxt)
+        elif isinstance(cmd, Speculate):
+            res = await eng.signal(fence, gen, cmd.event)
         elif isinstance(cmd, Update):
             upd = SessionUpdate(
                 instructions=cmd.instructions,

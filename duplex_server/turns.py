@@ -20,7 +20,7 @@ from typing import Literal
 
 from duplex_server.protocol.codec import AudioFormat, g711_to_pcm16
 from duplex_server.protocol.events import TurnDetection
-from duplex_server.protocol.session import VadEvent, VadStart, VadStop
+from duplex_server.protocol.session import VadEvent, VadPause, VadResume, VadStart, VadStop
 from engine.audio import StreamResampler
 from engine.stages.vad_silero import VadSegmenter, VadStream, make_vad
 
@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 ENGINE_RATE = 16000
 #: VAD chunks of speech needed before speech_started (the segmenter's min_speech_ms).
 MIN_SPEECH_MS = 64.0
+#: Silence inside speech after which the engine transcribes speculatively (``input.pause``),
+#: so the transcript is ready when silence_duration_ms later ends the turn. Capped at half the
+#: silence window. Speech that resumes drops the speculation (``input.resume``).
+SPECULATE_AFTER_MS = 96.0
 
 
 class InputProcessor:
@@ -50,6 +54,7 @@ class InputProcessor:
                 min_speech_ms=MIN_SPEECH_MS,
                 silence_duration_ms=float(turn_detection.silence_duration_ms),
                 prefix_padding_ms=float(turn_detection.prefix_padding_ms),
+                pause_ms=min(SPECULATE_AFTER_MS, turn_detection.silence_duration_ms / 2),
             )
             self._vad = VadStream(make_vad(vad_backend), segmenter)
 
@@ -69,8 +74,12 @@ class InputProcessor:
                 out.append(
                     VadStart(onset_ms=origin_ms + onset, audio_start_ms=origin_ms + v.audio_ms)
                 )
-            else:
+            elif v.kind == "speech_stopped":
                 out.append(VadStop(audio_end_ms=origin_ms + v.audio_ms))
+            elif v.kind == "pause":
+                out.append(VadPause(at_ms=origin_ms + v.at_ms))
+            else:
+                out.append(VadResume(at_ms=origin_ms + v.at_ms))
         return pcm, out
 
 

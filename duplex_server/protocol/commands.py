@@ -68,7 +68,17 @@ class CloseSession:
     event_id: str | None = None
 
 
-EngineCommand = Append | Commit | Cancel | Update | Touch | CloseSession
+@dataclass(frozen=True, slots=True)
+class Speculate:
+    """The VAD saw a pause inside speech (``input.pause``: transcribe ahead of the commit)
+    or speech resumed (``input.resume``: drop that speculation)."""
+
+    epoch: int
+    event: Literal["input.pause", "input.resume"]
+    event_id: str | None = None
+
+
+EngineCommand = Append | Commit | Cancel | Update | Touch | CloseSession | Speculate
 
 
 # ---------------------------------------------------------------------------- local actions

@@ -36,6 +36,7 @@ from duplex_server.protocol.commands import (
     ProcessAudio,
     PurgeAudio,
     Send,
+    Speculate,
     Touch,
     Update,
 )
@@ -72,7 +73,21 @@ class VadStop:
     audio_end_ms: float
 
 
-VadEvent = VadStart | VadStop
+@dataclass(frozen=True, slots=True)
+class VadPause:
+    """A pause inside speech, not yet long enough to end the turn."""
+
+    at_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class VadResume:
+    """Speech came back before the pause ended the turn."""
+
+    at_ms: float
+
+
+VadEvent = VadStart | VadStop | VadPause | VadResume
 
 
 @dataclass(slots=True)
@@ -474,6 +489,11 @@ class SessionCore:
                     Send(ev.SpeechStopped(audio_end_ms=int(v.audio_end_ms), item_id=item_id))
                 )
                 out += self._commit_user_audio(item_id, respond=td.create_response, event_id=None)
+            elif isinstance(v, VadPause) and self._speech_item is not None:
+                out += self._flush_ring()  # all speech so far reaches the engine first
+                out.append(Call(Speculate(self.epoch, "input.pause")))
+            elif isinstance(v, VadResume) and self._speech_item is not None:
+                out.append(Call(Speculate(self.epoch, "input.resume")))
         if self._speech_item is not None:
             out += self._flush_ring()
             out += self._maybe_barge_in(now_ms)

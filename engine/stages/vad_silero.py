@@ -115,7 +115,7 @@ class VadEvent:
     was made. ``onset_ms``: where speech really started (no padding); for a stop, where the
     silence began (= ``audio_ms``)."""
 
-    kind: Literal["speech_started", "speech_stopped"]
+    kind: Literal["speech_started", "speech_stopped", "pause", "resume"]
     audio_ms: float
     at_ms: float
     onset_ms: float
@@ -129,6 +129,10 @@ class VadSegmenter:
     Speech starts once ``min_speech_ms`` of speech has accumulated since the candidate onset
     (its ``audio_ms`` is the onset minus ``prefix_padding_ms``); it stops after
     ``silence_duration_ms`` of silence (``audio_ms`` = where the silence began).
+
+    With ``pause_ms`` set, a ``pause`` event fires once ``pause_ms`` of silence has passed
+    inside speech (the server then starts ASR speculatively), and a ``resume`` event if speech
+    returns before the stop (the speculation is dropped).
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class VadSegmenter:
         min_speech_ms: float = 64.0,
         silence_duration_ms: float = 320.0,
         prefix_padding_ms: float = 300.0,
+        pause_ms: float | None = None,
     ) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], got {threshold}")
@@ -146,11 +151,14 @@ class VadSegmenter:
         self.min_speech_ms = min_speech_ms
         self.silence_duration_ms = silence_duration_ms
         self.prefix_padding_ms = prefix_padding_ms
+        self.pause_ms = pause_ms
+        self.paused = False
         self.speaking = False
         self._onset: float | None = None
         self._silence: float | None = None
 
     def reset(self) -> None:
+        self.paused = False
         self.speaking = False
         self._onset = None
         self._silence = None
@@ -173,11 +181,21 @@ class VadSegmenter:
             return None
         if is_speech:
             self._silence = None
+            if self.paused:
+                self.paused = False
+                return VadEvent("resume", start_ms, end_ms, start_ms)
         elif is_silence:
             if self._silence is None:
                 self._silence = start_ms
             if end_ms - self._silence >= self.silence_duration_ms:
                 return self._stop(self._silence, end_ms)
+            if (
+                self.pause_ms is not None
+                and not self.paused
+                and end_ms - self._silence >= self.pause_ms
+            ):
+                self.paused = True
+                return VadEvent("pause", self._silence, end_ms, self._silence)
         return None
 
     def finish(self, end_ms: float) -> VadEvent | None:
@@ -188,6 +206,7 @@ class VadSegmenter:
         return self._stop(self._silence if self._silence is not None else end_ms, end_ms)
 
     def _stop(self, audio_ms: float, at_ms: float) -> VadEvent:
+        self.paused = False
         self.speaking = False
         self._onset = None
         self._silence = None

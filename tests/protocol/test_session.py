@@ -15,10 +15,11 @@ from duplex_server.protocol.commands import (
     ConfigureInput,
     PurgeAudio,
     Send,
+    Speculate,
     Touch,
 )
 from duplex_server.protocol.config import EffectiveSession
-from duplex_server.protocol.session import SessionCore, VadStart, VadStop
+from duplex_server.protocol.session import SessionCore, VadPause, VadResume, VadStart, VadStop
 from engine.errors import ControlError
 from engine.messages import (
     AudioChunk,
@@ -275,3 +276,21 @@ def test_transcript_that_overtakes_its_commit_reply_finds_its_item() -> None:
     assert isinstance(done, ev.InputTranscriptCompleted) and done.item_id == item_id
     commit = calls(c.on_client_event(ev.ResponseCreate(), 2))[0]
     assert commit == Commit(0, respond=True)
+
+
+def test_vad_pause_speculates_after_all_speech_is_appended_and_resume_drops_it() -> None:
+    c = core()
+    c.on_input_audio(CHUNK, [VadStart(onset_ms=0.0, audio_start_ms=0.0)], 0)
+    out = c.on_input_audio(CHUNK, [VadPause(at_ms=100.0)], 10)
+    cmds = calls(out)
+    assert [type(x).__name__ for x in cmds] == ["Append", "Speculate"]
+    assert cmds[1] == Speculate(0, "input.pause")
+    out = c.on_input_audio(CHUNK, [VadResume(at_ms=140.0)], 20)
+    assert Speculate(0, "input.resume") in calls(out)
+    # no speech in progress: a stray pause asks nothing of the engine
+    c.on_input_audio(CHUNK, [VadStop(audio_end_ms=300.0)], 30)
+    assert not [
+        x
+        for x in calls(c.on_input_audio(CHUNK, [VadPause(at_ms=400.0)], 40))
+        if isinstance(x, Speculate)
+    ]

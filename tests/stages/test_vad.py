@@ -120,3 +120,24 @@ def test_silero_detects_synthesized_speech(piper_question: bytes) -> None:
     start, stop = segments[0]
     assert 400 <= start <= 800
     assert stop - start >= 0.7 * len(piper_question) / 32
+
+
+def test_segmenter_pause_and_resume_inside_speech() -> None:
+    from engine.stages.vad_silero import VadSegmenter
+
+    seg = VadSegmenter(threshold=0.5, min_speech_ms=64, silence_duration_ms=500, pause_ms=96)
+    events = []
+    t = 0.0
+    for p in [0.9] * 5 + [0.0] * 4 + [0.9] * 2 + [0.0] * 20:  # speech, short gap, speech, end
+        ev = seg.update(p, t, t + 32)
+        if ev is not None:
+            events.append((ev.kind, ev.audio_ms))
+        t += 32
+    assert [k for k, _ in events] == [
+        "speech_started",
+        "pause",
+        "resume",
+        "pause",
+        "speech_stopped",
+    ]
+    assert events[1][1] == 160.0  # the pause is dated where the silence began
