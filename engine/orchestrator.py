@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import janus
 
+from engine.admission import BatchAdmission
 from engine.batch_jobs import run_batch
 from engine.config import EngineConfig
 from engine.duplex.control import Cancel, DuplexControl, Effects
@@ -106,6 +107,7 @@ class Orchestrator:
         self._backends = backends
         self.control = DuplexControl(config.duplex, config.default_instructions)
         self.counters = Counters()
+        self.admission = BatchAdmission()
         self.pools: dict[str, StagePool] = {}
         self._runners: dict[str, _Runner] = {}
         self._batch: dict[str, asyncio.Task[None]] = {}
@@ -154,7 +156,7 @@ class Orchestrator:
             if not self.started.done():
                 self.started.set_exception(exc)
             return
-        self.pipeline = Pipeline(self.config, self.pools)
+        self.pipeline = Pipeline(self.config, self.pools, self.admission)
         try:
             self.started.set_result(self.request_q.sync_q)
         except concurrent.futures.InvalidStateError:  # the starter gave up while models loaded
@@ -316,6 +318,8 @@ class Orchestrator:
         while (job := self.control.next_job(sid)) is not None:
             runner.job, runner.started = job, False
             session = self.control.sessions[sid]
+            if job.respond:  # batch work waits until this turn's first output is out
+                self.admission.enter_critical(job.fence.key())
             try:
                 await self._run_turn(session, job, runner)
             except asyncio.CancelledError:
@@ -326,6 +330,7 @@ class Orchestrator:
                 log.exception("turn %s failed", job.fence.key())
                 self._fail_turn(sid, job, runner, StageError(f"internal error: {exc!r}"))
             finally:
+                self.admission.leave_critical(job.fence.key())
                 if runner.job is job:
                     runner.job = None
             self.control.job_done(sid, job, time.monotonic())
@@ -366,12 +371,15 @@ class Orchestrator:
         want_audio = "audio" in cfg.output_modalities
 
         def on_text(delta: str) -> None:
+            if not want_audio:
+                self.admission.leave_critical(prefix)
             if want_text:
                 self.emit(sid, TextDelta(fence=fence, text=delta))
             if not want_audio:
                 history.append_assistant_text(turn, resp, delta)
 
         def on_chunk(chunk: SpokenChunk) -> None:
+            self.admission.leave_critical(prefix)
             history.append_assistant(
                 turn, resp, chunk.mark, chunk.audio_start_ms, chunk.duration_ms
             )

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from engine.admission import BatchAdmission
 from engine.config import EngineConfig
 from engine.errors import StageError
 from engine.messages import (
@@ -48,8 +49,14 @@ class LlmResult:
 
 
 class Pipeline:
-    def __init__(self, config: EngineConfig, pools: dict[str, StagePool]) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        pools: dict[str, StagePool],
+        admission: BatchAdmission | None = None,
+    ) -> None:
         self.config = config
+        self.admission = admission or BatchAdmission()
         self.asr = pools["asr"]
         self.llm = pools["llm"]
         self.tts = pools["tts"]
@@ -73,9 +80,10 @@ class Pipeline:
             session_id=session_id,
         )
         text = ""
-        async for out in self.asr.submit(req):
-            if isinstance(out, TranscriptOut) and out.final:
-                text = out.text
+        async with self.admission.slot(priority):
+            async for out in self.asr.submit(req):
+                if isinstance(out, TranscriptOut) and out.final:
+                    text = out.text
         return text.strip()
 
     async def speak(
@@ -107,14 +115,15 @@ class Pipeline:
             )
             n += 1
             first = True
-            async for out in self.tts.submit(req):
-                if not isinstance(out, AudioOut) or not out.pcm:
-                    continue
-                dur = len(out.pcm) / 2 / out.sample_rate * 1000.0
-                mark = out.text or (seg if first else "")
-                first = False
-                on_chunk(SpokenChunk(out, cursor, dur, mark))
-                cursor += dur
+            async with self.admission.slot(priority):
+                async for out in self.tts.submit(req):
+                    if not isinstance(out, AudioOut) or not out.pcm:
+                        continue
+                    dur = len(out.pcm) / 2 / out.sample_rate * 1000.0
+                    mark = out.text or (seg if first else "")
+                    first = False
+                    on_chunk(SpokenChunk(out, cursor, dur, mark))
+                    cursor += dur
 
         if isinstance(segments, list):
             for seg in segments:
@@ -173,17 +182,18 @@ class Pipeline:
             session_id=session_id,
         )
         try:
-            async for out in self.llm.submit(req):
-                if isinstance(out, TextOut):
-                    parts.append(out.text)
-                    on_text(out.text)
-                    if want_audio:
-                        for seg in segmenter.push(out.text):
-                            segq.put_nowait(seg)
-                elif isinstance(out, StageDone):
-                    result.tokens = out.tokens
-                    result.prompt_tokens = out.prompt_tokens
-                    result.finish_reason = out.finish_reason
+            async with self.admission.slot(priority):
+                async for out in self.llm.submit(req):
+                    if isinstance(out, TextOut):
+                        parts.append(out.text)
+                        on_text(out.text)
+                        if want_audio:
+                            for seg in segmenter.push(out.text):
+                                segq.put_nowait(seg)
+                    elif isinstance(out, StageDone):
+                        result.tokens = out.tokens
+                        result.prompt_tokens = out.prompt_tokens
+                        result.finish_reason = out.finish_reason
             if want_audio:
                 for seg in segmenter.flush():
                     segq.put_nowait(seg)

@@ -1,1 +1,23 @@
-"""Python SDK and CLI for duplex-server."""
+"""Python SDK and CLI for duplex-server: :class:`DuplexClient` (asyncio, transparent resume)
+and :class:`SyncDuplexClient` (blocking wrapper). Events are ``duplex_server.protocol.events``.
+"""
+
+from duplex_client.client import (
+    ConnectionLost,
+    DuplexClient,
+    SessionEnded,
+    SessionRefused,
+    read_wav,
+    to_pcm16,
+)
+from duplex_client.sync import SyncDuplexClient
+
+__all__ = [
+    "ConnectionLost",
+    "DuplexClient",
+    "SessionEnded",
+    "SessionRefused",
+    "SyncDuplexClient",
+    "read_wav",
+    "to_pcm16",
+]

@@ -381,3 +381,38 @@ def test_start_cancelled_while_loading_leaves_nothing_behind() -> None:
             await task
 
     run(main())
+
+
+def test_batch_work_waits_while_a_session_waits_for_its_first_audio() -> None:
+    async def main() -> None:
+        engine = await start_engine(stages(asr_delay_s=0.3))
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            await engine.append(f, gen, audio=b"\1\0" * 1600)
+            await engine.commit(f, gen)  # the turn is now in its ASR (0.3 s)
+            await asyncio.sleep(0.05)
+            order: list[str] = []
+
+            async def batch() -> None:
+                async for item in engine.generate(SpeechJob(text="batch words here")):
+                    if type(item).__name__ == "AudioOut" and "batch" not in order:
+                        order.append("batch")
+
+            async def session() -> None:
+                async for ev in engine.session_events(sid):
+                    if isinstance(ev, AudioChunk) and "session" not in order:
+                        order.append("session")
+                    if isinstance(ev, ResponseDone):
+                        return
+
+            await asyncio.wait_for(asyncio.gather(batch(), session()), 10 * UNIT)
+            assert order == ["session", "batch"]
+            orch = engine._orch
+            assert orch is not None and orch.admission.waits >= 1
+            assert orch.admission.critical == 0
+        finally:
+            await engine.shutdown()
+
+    run(main())

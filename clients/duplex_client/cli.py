@@ -1,0 +1,181 @@
+"""``duplex-client``: talk to a WAV, batch speech, or a text chat in the terminal.
+
+duplex-client talk --wav in.wav --out reply.wav     # one spoken turn; transcripts + TTFA
+duplex-client say "Hello there" --out hello.wav     # POST /v1/audio/speech
+duplex-client chat "What is a duplex session?"      # text session (no text: interactive)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import sys
+import time
+import wave
+from pathlib import Path
+
+import httpx
+import soundfile
+
+from duplex_client.client import DuplexClient, read_wav
+from duplex_server.protocol import events as ev
+
+DEFAULT_URL = os.environ.get("DUPLEX_URL", "ws://127.0.0.1:8000/v1/realtime")
+
+
+def _http_base(ws_url: str) -> str:
+    base = ws_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+    return base.split("/v1/", 1)[0]
+
+
+def _write_wav(path: Path, pcm: bytes, rate: int) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm)
+
+
+async def talk(url: str, api_key: str | None, wav: Path, out: Path | None, fast: bool) -> int:
+    """Stream a WAV as a microphone (server VAD ends the turn); print transcripts and TTFA."""
+    pcm, rate = read_wav(wav)
+    async with await DuplexClient.connect(url, api_key=api_key) as client:
+        await client.update_session(
+            {
+                "output_modalities": ["audio"],
+                "audio": {
+                    "input": {
+                        "format": {"type": "audio/pcm", "rate": 16000},
+                        "turn_detection": {"type": "server_vad"},
+                    }
+                },
+            }
+        )
+        while not isinstance(await client.next_event(10.0), ev.SessionUpdated):
+            pass
+        # the WAV, then a second of silence so the VAD hears the end of the turn
+        await client.send_audio(pcm, rate, realtime=not fast)
+        sender = asyncio.create_task(
+            client.send_audio(b"\0\0" * 16000, 16000, realtime=not fast), name="silence"
+        )
+        reply: list[bytes] = []
+        stopped_at: float | None = None
+        first_audio: float | None = None
+        async for event in client.events():
+            now = time.monotonic()
+            if isinstance(event, ev.SpeechStopped):
+                stopped_at = now
+            elif isinstance(event, ev.InputTranscriptCompleted):
+                print(f"you:       {event.transcript}")
+            elif isinstance(event, ev.AudioDelta):
+                if first_audio is None:
+                    first_audio = now
+                reply.append(base64.b64decode(event.delta))
+            elif isinstance(event, ev.TranscriptDone):
+                print(f"assistant: {event.transcript}")
+            elif isinstance(event, ev.Error):
+                print(f"error: {event.error.code}: {event.error.message}", file=sys.stderr)
+            elif isinstance(event, ev.ResponseDone):
+                break
+        await sender
+        if stopped_at is not None and first_audio is not None:
+            print(f"TTFA: {(first_audio - stopped_at) * 1000:.0f} ms (speech_stopped -> audio)")
+        if out is not None:
+            _write_wav(out, b"".join(reply), 24000)
+            print(f"wrote {out} ({sum(map(len, reply)) / 48000:.2f} s)")
+    return 0
+
+
+async def chat(url: str, api_key: str | None, text: str | None) -> int:
+    async with await DuplexClient.connect(url, api_key=api_key) as client:
+        await client.update_session(
+            {"output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
+        )
+        lines = [text] if text else None
+        while True:
+            if lines is not None:
+                if not lines:
+                    return 0
+                line = lines.pop()
+            else:
+                try:
+                    line = await asyncio.to_thread(input, "you> ")
+                except EOFError:
+                    return 0
+            if not line.strip():
+                continue
+            await client.send_text(line)
+            print("assistant> ", end="", flush=True)
+            async for event in client.events():
+                if isinstance(event, ev.TextDelta | ev.TranscriptDelta):
+                    print(event.delta, end="", flush=True)
+                elif isinstance(event, ev.Error):
+                    print(f"\nerror: {event.error.code}: {event.error.message}", file=sys.stderr)
+                elif isinstance(event, ev.ResponseDone):
+                    print()
+                    break
+
+
+def say(base: str, api_key: str | None, text: str, out: Path, fmt: str, voice: str) -> int:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"model": "duplex", "input": text, "voice": voice, "response_format": fmt}
+    started = time.monotonic()
+    first: float | None = None
+    with (
+        httpx.stream(
+            "POST", f"{base}/v1/audio/speech", json=body, headers=headers, timeout=120.0
+        ) as resp,
+        out.open("wb") as f,
+    ):
+        if resp.status_code != 200:
+            resp.read()
+            print(f"error: HTTP {resp.status_code}: {resp.text}", file=sys.stderr)
+            return 1
+        for chunk in resp.iter_bytes():
+            if first is None:
+                first = time.monotonic()
+            f.write(chunk)
+    if fmt == "wav":  # a streamed WAV says "length unknown"; rewrite it with exact sizes
+        samples, rate = soundfile.read(out, dtype="int16")
+        soundfile.write(out, samples, rate, subtype="PCM_16")
+    took = time.monotonic() - started
+    ttfb = (first - started) * 1000 if first is not None else float("nan")
+    print(f"wrote {out} ({out.stat().st_size} bytes); first byte {ttfb:.0f} ms, total {took:.2f} s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="duplex-client", description=__doc__.split("\n")[0])
+    parser.add_argument("--url", default=DEFAULT_URL, help="WebSocket URL (env DUPLEX_URL)")
+    parser.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_talk = sub.add_parser("talk", help="speak a WAV file, save the spoken reply")
+    p_talk.add_argument("--wav", type=Path, required=True, help="mono 16-bit WAV")
+    p_talk.add_argument("--out", type=Path, help="write the reply here (24 kHz WAV)")
+    p_talk.add_argument("--fast", action="store_true", help="send faster than real time")
+    p_say = sub.add_parser("say", help="batch speech (POST /v1/audio/speech)")
+    p_say.add_argument("text")
+    p_say.add_argument("--out", type=Path, required=True)
+    p_say.add_argument("--format", default="wav", choices=["wav", "pcm", "flac", "mp3", "opus"])
+    p_say.add_argument("--voice", default="alloy")
+    p_chat = sub.add_parser("chat", help="text session in the terminal")
+    p_chat.add_argument("text", nargs="?", help="one message (default: interactive)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "talk":
+            return asyncio.run(talk(args.url, args.api_key, args.wav, args.out, args.fast))
+        if args.command == "say":
+            base = _http_base(args.url)
+            return say(base, args.api_key, args.text, args.out, args.format, args.voice)
+        return asyncio.run(chat(args.url, args.api_key, args.text))
+    except (OSError, ConnectionError) as exc:
+        print(f"duplex-client: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+// duplex-server browser client: no dependencies, no build step.
+// Mic (AudioWorklet, 16 kHz PCM16 binary frames) -> /v1/realtime (server VAD) -> 24 kHz
+// audio deltas -> jitter buffer -> speakers. Barge-in flushes the local player; a dropped
+// socket is resumed (session.resume with the last seen server_event_seq, duplicates skipped).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const OUT_RATE = 24000;
+const IN_RATE = 16000;
+const JITTER_S = 0.08; // playback starts this far behind the first chunk of a burst
+
+// Exposed for tests and curious users (read-only view of what happened).
+const state = (window.duplexState = {
+  connected: false, sessionId: null, userTranscripts: [], assistantTranscripts: [],
+  ttfaMs: [], responses: [], flushes: 0, resumes: 0, framesSent: 0,
+});
+
+// ------------------------------------------------------------------ player (jitter buffer)
+class Player {
+  constructor() {
+    this.ctx = new AudioContext({ sampleRate: OUT_RATE, latencyHint: "interactive" });
+    this.sources = new Set();
+    this.nextTime = 0;
+    this.itemId = null;
+    this.itemStart = 0; // ctx time where the current item's audio started
+    this.scheduledMs = 0;
+  }
+  push(itemId, pcmBytes) {
+    const pcm = new Int16Array(pcmBytes.buffer, pcmBytes.byteOffset, pcmBytes.byteLength >> 1);
+    const buf = this.ctx.createBuffer(1, pcm.length, OUT_RATE);
+    const ch = buf.getChannelData(0);
+    for (let i = 0; i < pcm.length; i++) ch[i] = pcm[i] / 32768;
+    const now = this.ctx.currentTime;
+    if (this.nextTime < now) this.nextTime = now + JITTER_S; // underrun: re-buffer
+    if (itemId !== this.itemId) {
+      this.itemId = itemId;
+      this.itemStart = this.nextTime;
+      this.scheduledMs = 0;
+    }
+    const src = this.ctx.createBufferSource();
+    src.buffer = buf;
+    src.connect(this.ctx.destination);
+    src.start(this.nextTime);
+    src.onended = () => this.sources.delete(src);
+    this.sources.add(src);
+    this.nextTime += buf.duration;
+    this.scheduledMs += buf.duration * 1000;
+  }
+  playedMs() {
+    if (this.itemId === null) return 0;
+    const played = (this.ctx.currentTime - this.itemStart) * 1000;
+    return Math.max(0, Math.min(played, this.scheduledMs));
+  }
+  flush() {
+    const played = { itemId: this.itemId, ms: this.playedMs() };
+    for (const src of this.sources) { try { src.stop(); } catch (e) { /* already ended */ } }
+    this.sources.clear();
+    this.nextTime = 0;
+    this.itemId = null;
+    return played;
+  }
+}
+
+// ------------------------------------------------------------------ session
+class Session {
+  constructor(url, key) {
+    this.url = url;
+    this.key = key;
+    this.lastSeq = 0;
+    this.token = null;
+    this.closing = false;
+    this.player = new Player();
+    this.speechStoppedAt = null;
+    this.awaitingFirstAudio = false;
+    this.assistantLine = null;
+    this.muted = false;
+  }
+  protocols() {
+    const p = ["realtime"];
+    if (this.key) p.push("openai-insecure-api-key." + this.key);
+    return p;
+  }
+  open(resume) {
+    const url = resume ? this.url + (this.url.includes("?") ? "&" : "?") + "intent=resume" : this.url;
+    const ws = new WebSocket(url, this.protocols());
+    ws.binaryType = "arraybuffer";
+    this.ws = ws;
+    ws.onopen = () => {
+      if (resume) {
+        ws.send(JSON.stringify({ type: "session.resume", session_id: state.sessionId,
+          resume_token: this.token, last_received_server_event_seq: this.lastSeq }));
+      }
+    };
+    ws.onmessage = (m) => this.onEvent(JSON.parse(m.data));
+    ws.onclose = (e) => this.onClose(e);
+  }
+  send(obj) {
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(obj));
+  }
+  sendAudio(buf) {
+    if (this.muted || !state.connected || this.ws.readyState !== WebSocket.OPEN) return;
+    this.ws.send(buf);
+    state.framesSent++;
+  }
+  onClose(e) {
+    state.connected = false;
+    if (this.closing || !this.token) { setStatus("disconnected"); return; }
+    setStatus("reconnecting", "reconnecting");
+    this.retries = (this.retries || 0) + 1;
+    if (this.retries > 6) { setStatus("connection lost"); return; }
+    setTimeout(() => this.open(true), Math.min(200 * 2 ** this.retries, 4000));
+  }
+  close() {
+    this.closing = true;
+    this.send({ type: "session.close" });
+    setTimeout(() => this.ws.close(), 300);
+    this.player.flush();
+  }
+  flushPlayer() {
+    const played = this.player.flush();
+    state.flushes++;
+    if (played.itemId) this.send({ type: "playback.ack", item_id: played.itemId, played_ms: played.ms });
+  }
+  onEvent(ev) {
+    const seq = ev.server_event_seq || 0;
+    if (seq && seq <= this.lastSeq) return; // replayed after a resume: already handled
+    if (seq) this.lastSeq = seq;
+    switch (ev.type) {
+      case "session.created":
+        state.sessionId = ev.session.id;
+        this.token = ev.resume_token;
+        $("session").textContent = ev.session.id;
+        this.send({ type: "session.update", session: {
+          output_modalities: ["audio"],
+          audio: {
+            input: { format: { type: "audio/pcm", rate: IN_RATE }, turn_detection: { type: "server_vad" } },
+            output: { format: { type: "audio/pcm", rate: OUT_RATE } },
+          },
+        } });
+        break;
+      case "session.updated":
+        state.connected = true;
+        this.retries = 0;
+        setStatus("live", "live");
+        break;
+      case "session.resumed":
+        this.token = ev.resume_token;
+        state.connected = true;
+        state.resumes++;
+        this.retries = 0;
+        setStatus("live", "live");
+        addLine("system", "reconnected (" + ev.replayed + " events replayed)");
+        break;
+      case "input_audio_buffer.speech_started":
+        // Barge-in: stop local playback at once; the server cancels the response too.
+        if (this.player.sources.size) this.flushPlayer();
+        break;
+      case "input_audio_buffer.speech_stopped":
+        this.speechStoppedAt = performance.now();
+        this.awaitingFirstAudio = true;
+        break;
+      case "conversation.item.input_audio_transcription.completed":
+        if (ev.transcript) { state.userTranscripts.push(ev.transcript); addLine("user", ev.transcript); }
+        break;
+      case "response.created":
+        this.assistantLine = addLine("assistant", "");
+        break;
+      case "response.output_audio.delta": {
+        if (this.awaitingFirstAudio && this.speechStoppedAt !== null) {
+          const ms = performance.now() - this.speechStoppedAt;
+          state.ttfaMs.push(ms);
+          $("ttfa").textContent = Math.round(ms) + " ms";
+          this.awaitingFirstAudio = false;
+        }
+        const bin = atob(ev.delta);
+        const bytes = new Uint8Array(bin.length);
+        for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+        this.player.push(ev.item_id, bytes);
+        break;
+      }
+      case "response.output_audio_transcript.delta":
+      case "response.output_text.delta":
+        if (this.assistantLine) this.assistantLine.firstChild.textContent += ev.delta;
+        break;
+      case "output_audio_buffer.cleared":
+        this.flushPlayer();
+        break;
+      case "response.done": {
+        const r = ev.response;
+        state.responses.push(r.status);
+        $("turns").textContent = state.responses.length;
+        if (this.assistantLine) {
+          const text = this.assistantLine.firstChild.textContent;
+          if (text) state.assistantTranscripts.push(text);
+          if (r.status === "cancelled") {
+            this.assistantLine.classList.add("cancelled");
+            $("interrupts").textContent = state.responses.filter((s) => s === "cancelled").length;
+          }
+        }
+        this.assistantLine = null;
+        break;
+      }
+      case "error":
+        addLine("system", "error " + ev.error.code + ": " + ev.error.message);
+        break;
+      case "session.expired":
+      case "session.closed":
+      case "session.replaced":
+      case "session.resync_required":
+        addLine("system", ev.type + (ev.reason ? ": " + ev.reason : ""));
+        this.closing = true;
+        break;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ mic
+async function startMic(session) {
+  const stream = await navigator.mediaDevices.getUserMedia({
+    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+  });
+  const ctx = new AudioContext({ sampleRate: IN_RATE, latencyHint: "interactive" });
+  await ctx.audioWorklet.addModule("worklet.js");
+  const node = new AudioWorkletNode(ctx, "pcm16-capture");
+  node.port.onmessage = (m) => {
+    $("level").value = m.data.level;
+    session.sendAudio(m.data.pcm);
+  };
+  ctx.createMediaStreamSource(stream).connect(node);
+  return { stop: () => { stream.getTracks().forEach((t) => t.stop()); ctx.close(); } };
+}
+
+// ------------------------------------------------------------------ UI
+function setStatus(text, cls) {
+  const el = $("status");
+  el.textContent = text;
+  el.className = "status " + (cls || "");
+}
+
+function addLine(who, text) {
+  const li = document.createElement("li");
+  li.className = who;
+  li.appendChild(document.createTextNode(text));
+  $("log").appendChild(li);
+  li.scrollIntoView({ block: "end" });
+  return li;
+}
+
+let session = null;
+let mic = null;
+
+$("url").value = (location.protocol === "https:" ? "wss://" : "ws://") + (location.host || "127.0.0.1:8000") + "/v1/realtime";
+
+$("connect").onclick = async () => {
+  if (session) {
+    session.close();
+    if (mic) mic.stop();
+    session = mic = null;
+    $("connect").textContent = "Connect";
+    $("mute").disabled = true;
+    return;
+  }
+  session = new Session($("url").value, $("key").value.trim());
+  await session.player.ctx.resume(); // user gesture: allow audio output
+  setStatus("connecting");
+  session.open(false);
+  try {
+    mic = await startMic(session);
+  } catch (err) {
+    addLine("system", "microphone unavailable: " + err.message);
+  }
+  $("connect").textContent = "Disconnect";
+  $("mute").disabled = false;
+};
+
+$("mute").onclick = () => {
+  if (!session) return;
+  session.muted = !session.muted;
+  $("mute").textContent = session.muted ? "Unmute mic" : "Mute mic";
+};

@@ -1,0 +1,130 @@
+"""The browser client in headless Chromium (Debian ``chromium`` + ``chromium-driver``, driven
+by Selenium) against the real server: a fake microphone plays a WAV; the page completes a
+spoken turn, shows both transcripts and its TTFA, and a second utterance during playback
+interrupts the reply (the local player is flushed). Screenshot: artifacts/web-client.png.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.server.harness import REALTIME_TTS, UNIT, running_server, write_config
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)),
+        reason=f"needs {CHROMIUM} and {CHROMEDRIVER} (Debian: apt-get install -y chromium "
+        "chromium-driver; `make test` installs them); set CHROMIUM/CHROMEDRIVER to override",
+    ),
+]
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+
+
+def _speech(ms: int, rate: int) -> np.ndarray:
+    """A voiced, syllable-like signal (harmonics, 4 Hz amplitude modulation)."""
+    t = np.arange(int(rate * ms / 1000)) / rate
+    voice = sum(np.sin(2 * np.pi * f * t) / k for k, f in enumerate((180, 360, 540, 900), 1))
+    envelope = 0.55 + 0.45 * np.sin(2 * np.pi * 4 * t)
+    return np.asarray(voice * envelope * 0.25)
+
+
+def _mic_wav(path: Path, rate: int = 16000) -> None:
+    def gap(ms: int) -> np.ndarray:
+        return np.zeros(int(rate * ms / 1000))
+
+    # turn 1; a second utterance while the 3.5 s reply plays (barge-in); then quiet so the
+    # answer to the second one completes before the file loops
+    signal = np.concatenate(
+        [gap(500), _speech(800, rate), gap(3000), _speech(800, rate), gap(7000)]
+    )
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((signal * 32767).astype("<i2").tobytes())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    path = write_config(tmp_path_factory.mktemp("web"), engine=REALTIME_TTS)
+    with running_server(Path(path)) as addr:
+        yield addr
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    wav = tmp_path / "mic.wav"
+    _mic_wav(wav)
+    opts = Options()
+    opts.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--autoplay-policy=no-user-gesture-required",
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}",
+        "--window-size=1000,800",
+    ):
+        opts.add_argument(arg)
+    os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must never download
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _state(driver: Any) -> dict[str, Any]:
+    result: dict[str, Any] = driver.execute_script("return window.duplexState")
+    return result
+
+
+def test_spoken_turn_transcripts_and_barge_in(server: str, browser: Any) -> None:
+    browser.get(f"http://{server}/")
+    assert browser.title == "duplex-server"
+    browser.find_element("id", "connect").click()
+    deadline = time.monotonic() + 40 * UNIT
+    state = _state(browser)
+    while time.monotonic() < deadline:
+        state = _state(browser)
+        done = state["responses"]
+        if "cancelled" in done and "completed" in done[done.index("cancelled") :]:
+            break
+        time.sleep(0.2)
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "web-client.png"))
+    assert state["connected"] and state["sessionId"].startswith("sess_")
+    assert state["framesSent"] > 100  # 20 ms binary frames from the AudioWorklet
+    assert "cancelled" in state["responses"], state  # the second utterance interrupted
+    assert "completed" in state["responses"], state  # ... and its own answer completed
+    assert state["flushes"] >= 1  # the local player was flushed on barge-in
+    assert state["userTranscripts"][:2] == ["what is the weather like today"] * 2
+    assert any(t.startswith("Hello there.") for t in state["assistantTranscripts"])
+    assert state["ttfaMs"] and 0 < state["ttfaMs"][0] < 5000
+    page = browser.find_element("id", "log").text
+    assert "what is the weather like today" in page and "Hello there." in page
+    assert browser.find_element("id", "ttfa").text.endswith(" ms")
