@@ -3,7 +3,8 @@
 Both run in the same process on the same models (configs/cpu.yaml by default). TTFA is
 measured from the commit (the VAD's end of speech) to the first audio byte out of the engine.
 
-* streaming: the user audio is appended; when the pause begins the engine starts ASR
+* streaming: the user audio is appended in real time (20 ms chunks, as a microphone
+  would; live partial transcripts run meanwhile); when the pause begins the engine starts ASR
   speculatively (``input.pause``); after the silence window the turn is committed; LLM
   tokens stream into the segmenter and TTS starts on the first clause.
 * naive: after the same silence window, full ASR, then the full LLM reply, then TTS of the
@@ -63,8 +64,11 @@ async def streaming_turn(engine: AsyncEngine, audio: bytes, silence_s: float) ->
     res = await engine.open(SessionConfig(output_modalities=("audio",)))
     assert res.session_id and res.accepted_fence
     sid, fence, gen = res.session_id, res.accepted_fence, res.lease_generation
-    for i in range(0, len(audio), CHUNK * 25):  # as fast as allowed, 0.5 s per append
-        await engine.append(fence, gen, audio=audio[i : i + CHUNK * 25])
+    t = time.perf_counter()
+    for i in range(0, len(audio), CHUNK):  # a microphone: 20 ms chunks in real time
+        await engine.append(fence, gen, audio=audio[i : i + CHUNK])
+        t += 0.02
+        await asyncio.sleep(max(0.0, t - time.perf_counter()))
     await engine.signal(fence, gen, "input.pause")  # the VAD saw the pause begin
     silence = b"\0\0" * int(16000 * silence_s)
     await asyncio.sleep(silence_s)  # the silence window passes in real time
