@@ -6,13 +6,19 @@ real time, then drives it with real WebSocket clients:
 1. barge-in: a client starts a response, and after its second audio delta sends
    ``response.cancel``; latency = cancel sent -> ``response.done{cancelled}`` received;
    stale bytes = audio bytes of that response received after it (must be 0).
-2. load: N clients each stream audio in real time (40 ms base64 appends, server VAD on) and
-   keep a spoken response running; the server-added latency per audio chunk (engine chunk
-   received by the server -> frame written to the socket) is read from the server's own
-   ``duplex_chunk_overhead_seconds`` histogram over that step. The largest N whose p99 stays
-   <= 10 ms with every client healthy is ``max_sessions_realtime``.
+2. load: N clients each stream audio in real time (40 ms base64 appends by default;
+   ``--chunk-ms`` and ``--binary`` pick the chunk size and raw binary frames), server VAD
+   on, and keep a spoken response running; at the end each sends ``session.close``. The
+   server-added latency per audio chunk (engine chunk received by the server -> frame
+   written to the socket) is read from the server's own ``duplex_chunk_overhead_seconds``
+   histogram over that step. The largest N whose p99 stays <= 10 ms with every client
+   healthy is ``max_sessions_realtime``. Each step also reports the server's and the
+   client's CPU use and the 1-minute load average (the machine is shared: read figures
+   with it). The load clients are minimal RFC 6455 clients on raw asyncio transports (no
+   task or await per frame), so that hundreds of them fit beside the server on 2 cores.
 
-Usage: ``python bench/realtime.py [--sessions N] [--quick] [--json PATH]``
+Usage: ``python bench/realtime.py [--sessions N] [--quick] [--json PATH] [--chunk-ms MS]
+[--binary]``
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import base64
 import contextlib
 import json
 import os
+import random
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -35,10 +43,11 @@ from typing import Any
 
 import websockets
 import yaml
+from websockets.speedups import apply_mask
+from websockets.utils import accept_key
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK_MS = 40
-SILENCE = base64.b64encode(b"\x00\x00" * (24000 * CHUNK_MS // 1000)).decode()
 HIST = "duplex_chunk_overhead_seconds"
 
 
@@ -84,10 +93,18 @@ def server_process(config: Path) -> Any:
             time.sleep(0.1)
         else:
             raise RuntimeError("server did not become ready")
-        yield addr
+        yield addr, proc.pid
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    with contextlib.suppress(OSError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return float("nan")
 
 
 def scrape(addr: str) -> dict[float, float]:
@@ -154,61 +171,217 @@ async def one_bargein(addr: str) -> tuple[float, int]:
         return (t1 - t0) * 1000.0, stale
 
 
-async def load_client(addr: str, seconds: float, stats: dict[str, int]) -> None:
+def _frame(opcode: int, payload: bytes) -> bytes:
+    """One client frame (FIN set), masked with a fresh random key as RFC 6455 requires."""
+    n = len(payload)
+    if n < 126:
+        head = struct.pack("!BB", 0x80 | opcode, 0x80 | n)
+    elif n < 65536:
+        head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n)
+    else:
+        head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
+    mask = random.randbytes(4)
+    return head + mask + apply_mask(payload, mask)
+
+
+def _text(event: dict[str, Any]) -> bytes:
+    return _frame(0x1, json.dumps(event).encode())
+
+
+_START = [
+    _text(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "go"}],
+            },
+        }
+    ),
+    _text({"type": "response.create"}),
+]
+_CLOSE_SESSION = {"type": "session.close"}
+_AUDIO_DELTA = b'{"type":"response.output_audio.delta"'
+_DONE = b'{"type":"response.done"'
+_CREATED = b'{"type":"session.created"'
+_ERROR = b'{"type":"error"'
+
+
+class LoadClient(asyncio.Protocol):
+    """A minimal RFC 6455 client on a raw asyncio transport, cheap enough to run hundreds
+    beside the server on the same 2 cores: no task and no await per frame. Server events are
+    told apart by their leading ``{"type":...`` (the server always writes ``type`` first); it
+    answers pings, keeps one response running, and counts audio deltas and errors."""
+
+    def __init__(self, stats: dict[str, int], opened: asyncio.Future[None]) -> None:
+        self.stats = stats
+        self.opened = opened
+        self.closed = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+        self.key = base64.b64encode(os.urandom(16)).decode()
+        self.buf = bytearray()
+        self.upgraded = False
+        self.ending = False  # we sent session.close
+        self.broken = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def send(self, frame: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frame)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.upgraded:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self.buf[:end]).decode("latin-1")
+            del self.buf[: end + 4]
+            if " 101 " not in head.split("\r\n", 1)[0] or accept_key(self.key) not in head:
+                self._fail()
+                return
+            self.upgraded = True
+        buf = self.buf
+        while len(buf) >= 2:
+            opcode, n, pos = buf[0] & 0x0F, buf[1] & 0x7F, 2
+            if n == 126:
+                if len(buf) < 4:
+                    return
+                n, pos = struct.unpack_from("!H", buf, 2)[0], 4
+            elif n == 127:
+                if len(buf) < 10:
+                    return
+                n, pos = struct.unpack_from("!Q", buf, 2)[0], 10
+            if len(buf) < pos + n:
+                return
+            payload = bytes(buf[pos : pos + n])
+            del buf[: pos + n]
+            self._on_frame(opcode, payload)
+
+    def _on_frame(self, opcode: int, payload: bytes) -> None:
+        if opcode == 0x1:
+            if payload.startswith(_AUDIO_DELTA):
+                self.stats["audio"] += 1
+            elif payload.startswith(_DONE):
+                if not self.ending:
+                    for frame in _START:
+                        self.send(frame)
+            elif payload.startswith(_ERROR):
+                self.stats["errors"] += 1
+            elif payload.startswith(_CREATED) and not self.opened.done():
+                for frame in _START:
+                    self.send(frame)
+                self.opened.set_result(None)
+        elif opcode == 0x9:
+            self.send(_frame(0xA, payload))
+        elif opcode == 0x8:
+            if not self.ending:
+                self._fail()
+            self.send(_frame(0x8, payload[:2]))
+            if self.transport is not None:
+                self.transport.close()
+
+    def _fail(self) -> None:
+        self.broken = True
+        if not self.opened.done():
+            self.opened.set_exception(ConnectionError("handshake refused"))
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.ending:
+            self.broken = True
+        if not self.opened.done():
+            self.opened.set_exception(ConnectionError("connection lost"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def load_client(
+    addr: str, seconds: float, chunk: bytes, chunk_ms: int, stats: dict[str, int]
+) -> None:
+    """One session: connect, keep a response running, stream ``chunk`` in real time."""
+    loop = asyncio.get_running_loop()
+    host, port = addr.rsplit(":", 1)
+    opened: asyncio.Future[None] = loop.create_future()
     try:
-        async with websockets.connect(f"ws://{addr}/v1/realtime", max_size=None) as ws:
-            await ws.recv()
-            await start_response(ws)
-
-            async def reader() -> None:
-                async for data in ws:
-                    ev = json.loads(data)
-                    if ev["type"] == "response.output_audio.delta":
-                        stats["audio"] += 1
-                    elif ev["type"] == "response.done":
-                        await start_response(ws)
-                    elif ev["type"] == "error":
-                        stats["errors"] += 1
-
-            task = asyncio.create_task(reader())
-            start = time.perf_counter()
-            n = 0
-            while (elapsed := time.perf_counter() - start) < seconds:
-                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": SILENCE}))
-                n += 1
-                await asyncio.sleep(max(0.0, n * CHUNK_MS / 1000 - elapsed))
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            stats["ok"] += 1
-    except (OSError, websockets.WebSocketException):
+        _, proto = await loop.create_connection(lambda: LoadClient(stats, opened), host, int(port))
+        proto.send(
+            (
+                f"GET /v1/realtime HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {proto.key}\r\n"
+                "Sec-WebSocket-Version: 13\r\n\r\n"  # no compression offered (not implemented)
+            ).encode()
+        )
+        async with asyncio.timeout(10):
+            await opened
+    except (OSError, TimeoutError):
         stats["failed"] += 1
+        return
+    start = time.perf_counter()
+    n = 0
+    # real time: chunk n leaves at start + n * chunk_ms (each client has its own phase)
+    while (elapsed := time.perf_counter() - start) < seconds and not proto.broken:
+        proto.send(_frame(chunk[0], chunk[1:]))
+        n += 1
+        await asyncio.sleep(max(0.0, n * chunk_ms / 1000 - elapsed))
+    proto.ending = True
+    proto.send(_text(_CLOSE_SESSION))
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(5):
+            await proto.closed
+    if proto.transport is not None:
+        proto.transport.close()
+    stats["failed" if proto.broken else "ok"] += 1
 
 
-async def load_step(addr: str, n: int, seconds: float) -> dict[str, Any]:
+def audio_chunk(chunk_ms: int, binary: bool) -> bytes:
+    """The opcode byte + payload of one input chunk of silence (24 kHz PCM16)."""
+    pcm = b"\x00\x00" * (24000 * chunk_ms // 1000)
+    if binary:
+        return b"\x02" + pcm
+    event = {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}
+    return b"\x01" + json.dumps(event).encode()
+
+
+async def load_step(
+    addr: str, pid: int, n: int, seconds: float, chunk_ms: int = CHUNK_MS, binary: bool = False
+) -> dict[str, Any]:
     stats = {"ok": 0, "failed": 0, "errors": 0, "audio": 0}
+    chunk = audio_chunk(chunk_ms, binary)
     before = scrape(addr)
+    t0, cpu0, own0 = time.perf_counter(), cpu_seconds(pid), time.process_time()
     clients = []
     for _ in range(n):  # ramp: ~200 connects per second
-        clients.append(asyncio.create_task(load_client(addr, seconds, stats)))
+        clients.append(asyncio.create_task(load_client(addr, seconds, chunk, chunk_ms, stats)))
         await asyncio.sleep(0.005)
     await asyncio.gather(*clients)
+    wall = time.perf_counter() - t0
     after = scrape(addr)
     return {
         "sessions": n,
         "p50_ms": quantile(before, after, 0.5) * 1000,
         "p99_ms": quantile(before, after, 0.99) * 1000,
         **stats,
+        "server_cpu_pct": round(100 * (cpu_seconds(pid) - cpu0) / wall, 1),
+        "client_cpu_pct": round(100 * (time.process_time() - own0) / wall, 1),
+        "loadavg_1m": os.getloadavg()[0],
     }
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     quick = args.quick
-    steps = [25, 50, 100, 200] if quick else [50, 100, 200, 300, 400, 500, 600, 800]
+    steps = [25, 50, 100, 200, 300, 400, 500] if quick else [50, 100, 200, 300, 400, 500, 600, 800]
     if args.sessions:
         steps = [s for s in steps if s < args.sessions] + [args.sessions]
     with tempfile.TemporaryDirectory() as tmp:
-        config = write_config(Path(tmp), max(steps) + 50)
-        with server_process(config) as addr:
+        # sessions of a finished step may still hold their slot while the engine closes them
+        config = write_config(Path(tmp), sum(steps) + 50)
+        with server_process(config) as (addr, pid):
             trials = [await one_bargein(addr) for _ in range(10 if quick else 40)]
             lat = sorted(t[0] for t in trials)
             result: dict[str, Any] = {
@@ -216,17 +389,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "bargein_ms_p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
                 "stale_bytes": sum(t[1] for t in trials),
                 "bargein_trials": len(trials),
+                "client_audio": "binary frames" if args.binary else "base64 JSON appends",
+                "chunk_ms": args.chunk_ms,
             }
             seconds = 3.0 if quick else 8.0
             table = []
             best = 0
             for n in steps:
-                row = await load_step(addr, n, seconds)
+                row = await load_step(addr, pid, n, seconds, args.chunk_ms, args.binary)
                 table.append(row)
                 print(
                     f"  {n:4d} sessions: chunk overhead p50 {row['p50_ms']:.2f} ms"
                     f" p99 {row['p99_ms']:.2f} ms, ok {row['ok']}, failed {row['failed']},"
-                    f" errors {row['errors']}, audio deltas {row['audio']}",
+                    f" errors {row['errors']}, audio deltas {row['audio']};"
+                    f" cpu server {row['server_cpu_pct']}% client {row['client_cpu_pct']}%,"
+                    f" load {row['loadavg_1m']:.2f}",
                     flush=True,
                 )
                 healthy = row["failed"] == 0 and row["errors"] == 0 and row["ok"] == n
@@ -250,6 +427,12 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=0, help="largest load step to try")
     parser.add_argument("--quick", action="store_true", help="fewer trials, shorter steps")
     parser.add_argument("--json", type=Path, default=None, help="write results here")
+    parser.add_argument(
+        "--chunk-ms", type=int, default=CHUNK_MS, help="input audio per client frame (ms)"
+    )
+    parser.add_argument(
+        "--binary", action="store_true", help="send input audio as binary frames (raw PCM16)"
+    )
     args = parser.parse_args()
     result = asyncio.run(run(args))
     print(f"barge-in stop latency p50 {result['bargein_ms_p50']:.2f} ms")

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         ws_max_size=config.server.max_frame_bytes + 1024 * 1024,
         ws_ping_interval=20.0,
         ws_ping_timeout=20.0,
+        ws_per_message_deflate=config.server.ws_per_message_deflate,
         timeout_graceful_shutdown=int(config.server.shutdown_grace_s) + 1,
     )
     return 0

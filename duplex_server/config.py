@@ -36,6 +36,10 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model_name: str = "duplex"
     shutdown_grace_s: PositiveFloat = 5.0
     static_dir: str = "clients/web"
+    #: negotiate permessage-deflate (RFC 7692) when a client offers it. Off by default: base64
+    #: audio barely compresses, and each compressed socket costs zlib CPU per frame and two
+    #: zlib contexts of memory for its lifetime.
+    ws_per_message_deflate: bool = False
 
     def keys(self) -> frozenset[str]:
         env = os.environ.get(self.api_keys_env, "") if self.api_keys_env else ""

@@ -1,14 +1,16 @@
 """The WebSocket adapter: socket <-> protocol core <-> engine. No protocol decisions here.
 
-One :class:`Connection` per socket runs one TaskGroup with three named tasks: ``reader``
-(frames -> core), ``writer`` (outbound queue -> socket, stamping and journaling each event)
-and ``input`` (the session's input lane: decode, resample, VAD in a worker thread). The
-engine pump and the ordered call mailbox belong to the session
+One :class:`Connection` per socket runs one TaskGroup with two named tasks: ``reader``
+(frames -> core) and ``writer`` (outbound queue -> socket, stamping and journaling each
+event). Its input lane (decode, resample, VAD in a worker thread) is run by the hub's
+:class:`~duplex_server.turns.InputScheduler`, which batches the lanes of all sockets into
+few executor jobs. The engine pump and the ordered call mailbox belong to the session
 (:class:`~duplex_server.session_runtime.LiveSession`), which outlives its sockets.
 
 Slow-client policy: each socket has a bounded outbound queue (``output_buffer_bytes``) and
 a per-frame send timeout (``send_timeout_s``). A client that overflows the queue or stalls a
-send loses its session: the queue is dropped, ``error{code: client_too_slow}`` and
+send loses its session (one hub watchdog checks every writer's send in progress, so no
+timer is armed per frame): the queue is dropped, ``error{code: client_too_slow}`` and
 ``session.closed`` are sent best-effort, the engine session is closed, and the socket closes
 with 1008. Server memory never grows without bound because of one client.
 """
@@ -37,12 +39,12 @@ from duplex_server.protocol.codec import (
     decode_client_event,
     encode_server_event,
 )
-from duplex_server.protocol.commands import Call, Send
+from duplex_server.protocol.commands import Call, CloseSocket, Send
 from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
 from duplex_server.protocol.session import SessionCore
 from duplex_server.session_runtime import LiveSession, now_ms
-from duplex_server.turns import InputLane
+from duplex_server.turns import InputLane, InputScheduler
 from engine.client import AsyncEngine
 from engine.errors import EngineError
 from engine.messages import SessionConfig
@@ -64,6 +66,8 @@ class Hub:
         self.closing = False
         self.keys = config.server.keys()
         self.no_connections = asyncio.Event()
+        self.inputs = InputScheduler(executor, config.server.vad_threads)
+        self._watchdog: asyncio.Task[None] | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=name)
@@ -84,6 +88,23 @@ class Hub:
             journal_max_bytes=s.journal_max_bytes,
             journal_max_age_s=s.journal_max_age_s,
         )
+
+    def ensure_watchdog(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = self.spawn(self._watch_sends(), "send-watchdog")
+
+    async def _watch_sends(self) -> None:
+        """Slow-client policy: a frame whose send has not finished in ``send_timeout_s``."""
+        timeout = self.config.server.send_timeout_s
+        interval = min(1.0, timeout / 5)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            for conn in list(self.connections):
+                since = conn.send_since
+                if since is not None and now - since > timeout:
+                    conn.send_stalled()
 
     def _ended(self, session: LiveSession) -> None:
         self.sessions.pop(session.session_id, None)
@@ -202,8 +223,14 @@ class Connection:
         self.session: LiveSession | None = None
         self._close: tuple[int, str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._writer_task: asyncio.Task[None] | None = None
+        self._stalled = False
+        #: loop time when the frame being written started (None: not in a send)
+        self.send_since: float | None = None
         vad_backend = hub.config.engine.vad.backend
-        self.lane = InputLane(hub.executor, vad_backend, s.input_backlog_bytes, self._processed)
+        self.lane = InputLane(
+            hub.inputs, vad_backend, s.input_backlog_bytes, self._processed, self._input_failed
+        )
 
     # ------------------------------------------------------------------ called by the session
     def close_after_flush(self, code: int, reason: str) -> None:
@@ -237,10 +264,24 @@ class Connection:
         self.outbox.put_raw(data)
         self.close_after_flush(CloseCode.NORMAL, "replaced")
 
+    def send_stalled(self) -> None:
+        """The watchdog saw a send outlast ``send_timeout_s``: stop the writer (too slow)."""
+        task = self._writer_task
+        if task is not None and not task.done() and not self._stalled:
+            self._stalled = True
+            task.cancel()
+
     def _processed(self, pcm: bytes, vad: list[Any]) -> None:
         session = self.session
         if session is not None:
             session.apply(session.core.on_input_audio(pcm, vad, now_ms()))
+
+    def _input_failed(self, exc: BaseException) -> None:
+        log.error("input processing failed", exc_info=exc)
+        session = self.session
+        if session is not None:
+            close = CloseSocket(CloseCode.INTERNAL, "server_error")
+            session.apply([*session.core.error(exc), close])
 
     # ------------------------------------------------------------------ tasks
     def _stop(self) -> None:
@@ -248,12 +289,13 @@ class Connection:
             task.cancel()
 
     async def serve(self) -> None:
-        async with asyncio.TaskGroup() as tg:
-            self._tasks = [
-                tg.create_task(self._reader(), name="reader"),
-                tg.create_task(self._writer(), name="writer"),
-                tg.create_task(self.lane.run(), name="input"),
-            ]
+        self.hub.ensure_watchdog()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._writer_task = tg.create_task(self._writer(), name="writer")
+                self._tasks = [tg.create_task(self._reader(), name="reader"), self._writer_task]
+        finally:
+            self.lane.close()
 
     async def _reader(self) -> None:
         try:
@@ -302,12 +344,22 @@ class Connection:
     async def _writer(self) -> None:
         try:
             await self._write_loop()
+        except WebSocketDisconnect:
+            pass  # the client went away mid-send: nothing more to write (it can resume)
+        except asyncio.CancelledError:
+            if not self._stalled:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            self.too_slow()  # cancelled by the send watchdog: the client reads too slowly
         finally:
             self._stop()
 
     async def _write_loop(self) -> None:
         metrics = self.hub.metrics
-        timeout = self.hub.config.server.send_timeout_s
+        loop = asyncio.get_running_loop()
+        send = self.ws.send_text
         while True:
             item = self.outbox.pop()
             if item is None:
@@ -326,12 +378,11 @@ class Connection:
                     metrics.stale_dropped.labels("writer").inc()
                     continue  # third drop: never a byte of a cancelled response
                 data = session.stamper.stamp(item.event, time.monotonic())
+            self.send_since = loop.time()  # the hub watchdog enforces send_timeout_s
             try:
-                async with asyncio.timeout(timeout):  # no extra task per frame (vs wait_for)
-                    await self.ws.send_text(data.decode())
-            except TimeoutError:
-                self.too_slow()
-                return
+                await send(data.decode())
+            finally:
+                self.send_since = None
             if item.event is not None and session is not None:
                 self._observe(session, item.event, item.t_in)
         code, reason = self._close or (CloseCode.NORMAL, "")

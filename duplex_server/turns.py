@@ -1,5 +1,6 @@
 """The input lane of a session: decode the wire format, resample to 16 kHz (soxr), run the
-VAD, all in a worker thread (never on the event loop), one chunk batch at a time in order.
+VAD, all in a worker thread (never on the event loop), in order per session; the lanes of all
+sessions share one scheduler that batches them into few executor jobs.
 
 The lane turns raw client audio into ``(pcm16 16 kHz, [VadStart | VadStop])`` for the
 protocol core, which owns the barge-in policy (minimum speech before interrupting, the
@@ -84,31 +85,42 @@ class InputProcessor:
 
 
 Processed = Callable[[bytes, list[VadEvent]], None]
+Failed = Callable[[BaseException], None]
+_Config = tuple[AudioFormat, TurnDetection | None]
+_Result = list[tuple[bytes, list[VadEvent]]] | BaseException
 
 
 class InputLane:
-    """Feeds one session's audio through an :class:`InputProcessor` in an executor, in order.
+    """One session's input audio, processed by an :class:`InputProcessor` off the loop, in order.
 
     ``put`` queues raw bytes (False when the backlog is full); ``configure`` swaps the
-    processor after the queued audio. ``run`` is the lane's task; it delivers results with
-    ``on_processed`` on the event loop.
+    processor after the queued audio. The lane has no task of its own: the hub's
+    :class:`InputScheduler` processes every lane with queued work in one worker-thread job
+    (one executor hop per batch of lanes, not per chunk) and delivers the results on the event
+    loop with ``on_processed``, in order. A lane is never in two jobs at once.
     """
 
     def __init__(
         self,
-        executor: Executor,
+        scheduler: InputScheduler,
         vad_backend: Literal["silero", "energy"],
         max_backlog: int,
         on_processed: Processed,
+        on_failed: Failed,
     ) -> None:
-        self._executor = executor
+        self._scheduler = scheduler
         self._vad_backend = vad_backend
+        #: the energy VAD is an RMS level (no model): it and the resampling (a few us per
+        #: chunk) run on the loop, cheaper than any thread hop. Silero runs in worker threads.
+        self.inline = vad_backend == "energy"
         self._max_backlog = max_backlog
         self._on_processed = on_processed
-        self._queue: deque[bytes | tuple[AudioFormat, TurnDetection | None]] = deque()
+        self._on_failed = on_failed
+        self._queue: deque[bytes | _Config] = deque()
         self._backlog = 0
-        self._wake = asyncio.Event()
-        self._processor: InputProcessor | None = None
+        self._busy = False  # in a worker job now
+        self._closed = False
+        self._processor: InputProcessor | None = None  # touched only by the job that owns it
         self._origin_ms = 0.0  # session audio time where the current processor started
         self._fed_ms = 0.0
 
@@ -121,44 +133,152 @@ class InputLane:
             return False
         self._queue.append(data)
         self._backlog += len(data)
-        self._wake.set()
+        if not self._busy:
+            self._scheduler.ready(self)
         return True
 
     def configure(self, fmt: AudioFormat, turn_detection: TurnDetection | None) -> None:
         self._queue.append((fmt, turn_detection))
-        self._wake.set()
+        if not self._busy:
+            self._scheduler.ready(self)
 
-    def _take_batch(self) -> bytes | tuple[AudioFormat, TurnDetection | None]:
-        head = self._queue.popleft()
-        if not isinstance(head, bytes):
-            return head
-        parts = [head]
-        while self._queue and isinstance(self._queue[0], bytes):
-            parts.append(self._queue.popleft())  # type: ignore[arg-type]
-        data = b"".join(parts)
-        self._backlog -= len(data)
-        return data
+    def close(self) -> None:
+        """The socket is gone: drop queued audio; a job in flight delivers nothing."""
+        self._closed = True
+        self._queue.clear()
+        self._backlog = 0
 
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._queue:
-                self._wake.clear()
-                await self._wake.wait()
+    # ------------------------------------------------------------------ scheduler side
+    def _take(self) -> list[bytes | _Config]:
+        """Everything queued, consecutive audio joined (called on the loop)."""
+        items: list[bytes | _Config] = []
+        parts: list[bytes] = []
+        for item in self._queue:
+            if isinstance(item, bytes):
+                parts.append(item)
                 continue
-            item = self._take_batch()
-            if not isinstance(item, bytes):
-                fmt, td = item
-                self._processor = await loop.run_in_executor(
-                    self._executor, InputProcessor, fmt, td, self._vad_backend
-                )
-                self._origin_ms = self._fed_ms
-                continue
-            proc = self._processor
-            if proc is None:
-                continue  # no format configured yet: cannot interpret the bytes
-            pcm, vad = await loop.run_in_executor(
-                self._executor, proc.process, item, self._origin_ms
-            )
-            self._fed_ms += len(pcm) / 32.0
+            if parts:
+                items.append(b"".join(parts))
+                parts = []
+            items.append(item)
+        if parts:
+            items.append(parts[0] if len(parts) == 1 else b"".join(parts))
+        self._queue.clear()
+        self._backlog = 0
+        return items
+
+    def _work(self, items: list[bytes | _Config]) -> _Result:
+        """Worker thread: configure and process ``items`` in order."""
+        out: list[tuple[bytes, list[VadEvent]]] = []
+        try:
+            for item in items:
+                if not isinstance(item, bytes):
+                    self._processor = InputProcessor(item[0], item[1], self._vad_backend)
+                    self._origin_ms = self._fed_ms
+                    continue
+                proc = self._processor
+                if proc is None:
+                    continue  # no format configured yet: cannot interpret the bytes
+                pcm, vad = proc.process(item, self._origin_ms)
+                self._fed_ms += len(pcm) / 32.0
+                out.append((pcm, vad))
+        except Exception as exc:  # reported to this lane's session only
+            return exc
+        return out
+
+    def _deliver(self, result: _Result) -> None:
+        """Event loop: hand the job's results to the session, in order."""
+        self._busy = False
+        if self._closed:
+            return
+        if isinstance(result, BaseException):
+            self._closed = True
+            self._queue.clear()
+            self._on_failed(result)
+            return
+        for pcm, vad in result:
             self._on_processed(pcm, vad)
+        if self._queue and not self._closed:
+            self._scheduler.ready(self)
+
+
+def _deliver(lane: InputLane, result: _Result) -> None:
+    try:
+        lane._deliver(result)
+    except Exception:  # one session's failure never stops the others' delivery
+        log.exception("input delivery failed")
+
+
+def _run_jobs(jobs: list[tuple[InputLane, list[bytes | _Config]]]) -> list[_Result]:
+    return [lane._work(items) for lane, items in jobs]
+
+
+class InputScheduler:
+    """Runs the queued input of all lanes in worker threads, batched.
+
+    Lanes that get work in one event-loop iteration are collected (``call_soon``) and handed
+    to the executor as one job; at most ``max_jobs`` jobs run at once, and lanes that get more
+    audio meanwhile wait for the next job. Under load the batches grow instead of the number
+    of thread hops.
+    """
+
+    def __init__(self, executor: Executor, max_jobs: int) -> None:
+        self._executor = executor
+        self._max_jobs = max(1, max_jobs)
+        self._ready: dict[InputLane, None] = {}  # insertion-ordered set
+        self._running = 0
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def ready(self, lane: InputLane) -> None:
+        self._ready[lane] = None
+        if not self._scheduled and (lane.inline or self._running < self._max_jobs):
+            self._scheduled = True
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self._kick)
+
+    def _kick(self) -> None:
+        self._scheduled = False
+        if not self._ready:
+            return
+        lanes = list(self._ready)
+        self._ready.clear()
+        jobs: list[tuple[InputLane, list[bytes | _Config]]] = []
+        full = self._running >= self._max_jobs
+        for lane in lanes:
+            if lane._busy or lane._closed or not lane._queue:
+                continue
+            if lane.inline:
+                _deliver(lane, lane._work(lane._take()))
+            elif full:
+                self._ready[lane] = None  # the next free job takes it
+            else:
+                lane._busy = True
+                jobs.append((lane, lane._take()))
+        if not jobs:
+            return
+        self._running += 1
+        loop = self._loop
+        assert loop is not None
+        fut = loop.run_in_executor(self._executor, _run_jobs, jobs)
+        fut.add_done_callback(lambda f: self._done(jobs, f))
+
+    def _done(
+        self,
+        jobs: list[tuple[InputLane, list[bytes | _Config]]],
+        fut: asyncio.Future[list[_Result]],
+    ) -> None:
+        self._running -= 1
+        if fut.cancelled():
+            results: list[_Result] = [RuntimeError("input job cancelled")] * len(jobs)
+        elif (exc := fut.exception()) is not None:
+            results = [exc] * len(jobs)
+        else:
+            results = fut.result()
+        for (lane, _), result in zip(jobs, results, strict=True):
+            _deliver(lane, result)
+        if self._ready and not self._scheduled:
+            self._scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._kick)
