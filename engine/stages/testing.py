@@ -50,6 +50,42 @@ class TestStageOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     load_delay_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class _Abort:
+    """An abort flag with a cheap interruptible sleep (one timer, no task per sleep)."""
+
+    __slots__ = ("flag", "waiter")
+
+    def __init__(self) -> None:
+        self.flag = False
+        self.waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self.flag = True
+        if self.waiter is not None:
+            _resolve(self.waiter)
+
+    def is_set(self) -> bool:
+        return self.flag
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0 or self.flag:
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self.waiter = fut
+        handle = loop.call_later(seconds, _resolve, fut)
+        try:
+            await fut
+        finally:
+            handle.cancel()
+            self.waiter = None
+
+
 class TestStage:
     """Implements the StageBackend protocol for ASR, LLM and TTS requests."""
 
@@ -59,7 +95,7 @@ class TestStage:
     def __init__(self, options: TestStageOptions, name: str) -> None:
         self.options = options
         self.name = name
-        self._cancelled: dict[str, asyncio.Event] = {}
+        self._cancelled: dict[str, _Abort] = {}
         self.restarts = 0
         self.submitted: list[str] = []
         self._rng = np.random.default_rng(1234)
@@ -78,9 +114,10 @@ class TestStage:
             if ev is not None:
                 ev.set()
 
-    async def _maybe_hang(self, text: str, cancelled: asyncio.Event) -> None:
+    async def _maybe_hang(self, text: str, cancelled: _Abort) -> None:
         if self.options.hang_on and self.options.hang_on in text:
-            await cancelled.wait()
+            while not cancelled.is_set():
+                await cancelled.sleep(3600.0)
 
     def _check_faults(self, text: str) -> None:
         if self.options.fail_on and self.options.fail_on in text:
@@ -90,7 +127,7 @@ class TestStage:
             raise StageError(f"{self.name}: worker died: injected crash", code="worker_died")
 
     async def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        cancelled = asyncio.Event()
+        cancelled = _Abort()
         self._cancelled[request.request_id] = cancelled
         self.submitted.append(request.request_id)
         try:
@@ -109,15 +146,10 @@ class TestStage:
         finally:
             self._cancelled.pop(request.request_id, None)
 
-    async def _sleep(self, seconds: float, cancelled: asyncio.Event) -> None:
-        if seconds <= 0:
-            return
-        try:
-            await asyncio.wait_for(cancelled.wait(), seconds)
-        except TimeoutError:
-            pass
+    async def _sleep(self, seconds: float, cancelled: _Abort) -> None:
+        await cancelled.sleep(seconds)
 
-    async def _asr(self, req: AsrRequest, cancelled: asyncio.Event) -> AsyncIterator[StageOutput]:
+    async def _asr(self, req: AsrRequest, cancelled: _Abort) -> AsyncIterator[StageOutput]:
         await self._sleep(self.options.asr_delay_s, cancelled)
         ms = len(req.audio) / 2 / req.sample_rate * 1000
         text = self.options.transcript or f"user audio of {ms:.0f} milliseconds"
@@ -125,7 +157,7 @@ class TestStage:
         yield TranscriptOut(request_id=req.request_id, text=text, final=True)
         yield StageDone(request_id=req.request_id)
 
-    async def _llm(self, req: LlmRequest, cancelled: asyncio.Event) -> AsyncIterator[StageOutput]:
+    async def _llm(self, req: LlmRequest, cancelled: _Abort) -> AsyncIterator[StageOutput]:
         last_user = next((m.content for m in reversed(req.messages) if m.role == "user"), "")
         self._check_faults(last_user)
         await self._maybe_hang(last_user, cancelled)
@@ -152,7 +184,7 @@ class TestStage:
             data = (np.sin(2 * math.pi * self.options.tone_hz * t) * 8000).astype(np.int16)
         return data.tobytes()
 
-    async def _tts(self, req: TtsRequest, cancelled: asyncio.Event) -> AsyncIterator[StageOutput]:
+    async def _tts(self, req: TtsRequest, cancelled: _Abort) -> AsyncIterator[StageOutput]:
         self._check_faults(req.text)
         words = max(1, len(req.text.split()))
         total_ms = words * self.options.ms_per_word / req.speed
