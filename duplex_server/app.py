@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from duplex_server import batch
 from duplex_server.config import AppConfig
 from duplex_server.metrics import Metrics
 from duplex_server.realtime import Hub, realtime_endpoint
@@ -37,19 +37,6 @@ class EngineHandle:
 
     def get(self) -> AsyncEngine | None:
         return self.engine
-
-
-def _batch_routes(handle: EngineHandle) -> list[BaseRoute]:
-    # The batch HTTP routes live in duplex_server/batch.py (another change). Until that module
-    # exists the app simply has no batch routes; any other import error is a real bug.
-    try:
-        batch = importlib.import_module("duplex_server.batch")
-    except ModuleNotFoundError as exc:
-        if exc.name != "duplex_server.batch":
-            raise
-        return []
-    routes: list[BaseRoute] = batch.routes(handle.get)
-    return routes
 
 
 def create_app(config: AppConfig) -> Starlette:
@@ -100,7 +87,7 @@ def create_app(config: AppConfig) -> Starlette:
         Route("/metrics", metrics_route),
         WebSocketRoute("/v1/realtime", realtime_endpoint),
         WebSocketRoute("/v1/duplex", realtime_endpoint),
-        *_batch_routes(handle),
+        *batch.routes(handle.get, config.server.batch, config.server.model_name),
     ]
     static = Path(config.server.static_dir)
     if (static / "index.html").is_file():

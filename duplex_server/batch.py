@@ -38,6 +38,7 @@ from duplex_server.codecs import (
     StreamEncoder,
     decode_audio,
 )
+from duplex_server.config import BatchConfig
 from engine.client import AsyncEngine
 from engine.errors import EngineDeadError, EngineError
 from engine.messages import (
@@ -54,23 +55,13 @@ from engine.messages import (
 )
 
 log = logging.getLogger(__name__)
-__all__ = ["BatchConfig", "routes"]
+__all__ = ["BatchConfig", "routes"]  # BatchConfig lives in duplex_server.config
 
 OUTPUT_RATE = 24000
 ENGINE_INPUT_RATE = 16000
 
 T = TypeVar("T")
 MiB = 1024 * 1024
-
-
-class BatchConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Knobs of the batch routes."""
-
-    model_name: str = "duplex"
-    #: extra ids listed by /v1/models (any model id is accepted: there is one engine)
-    model_aliases: tuple[str, ...] = ()
-    #: request bodies larger than this are refused with 413 (OpenAI's upload limit)
-    max_body_bytes: int = 25 * MiB
 
 
 # ============================================================================ errors
@@ -344,6 +335,7 @@ def sse(obj: object) -> bytes:
 class _Api:
     get_engine: Callable[[], AsyncEngine | None]
     config: BatchConfig
+    model_name: str
 
     def engine(self) -> AsyncEngine:
         engine = self.get_engine()
@@ -366,7 +358,7 @@ class _Api:
 
     # ---------------------------------------------------------------- routes
     async def models(self, request: Request) -> Response:
-        names = [self.config.model_name, *self.config.model_aliases]
+        names = [self.model_name, *self.config.model_aliases]
         data = [
             {"id": n, "object": "model", "created": 0, "owned_by": "duplex-server"} for n in names
         ]
@@ -600,10 +592,12 @@ async def _speech_sse(
 
 
 def routes(
-    get_engine: Callable[[], AsyncEngine | None], config: BatchConfig | None = None
+    get_engine: Callable[[], AsyncEngine | None],
+    config: BatchConfig | None = None,
+    model_name: str = "duplex",
 ) -> list[BaseRoute]:
     """The batch routes. ``get_engine`` returns the app's engine (None while it starts)."""
-    api = _Api(get_engine, config or BatchConfig())
+    api = _Api(get_engine, config or BatchConfig(), model_name)
 
     def guarded(
         handler: Callable[[Request], Awaitable[Response]],

@@ -19,6 +19,15 @@ PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 MiB = 1024 * 1024
 
 
+class BatchConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Knobs of the batch HTTP routes (``server.batch``)."""
+
+    #: extra ids listed by /v1/models (any model id is accepted: there is one engine)
+    model_aliases: tuple[str, ...] = ()
+    #: request bodies larger than this are refused with 413 (OpenAI's upload limit)
+    max_body_bytes: PositiveInt = 25 * MiB
+
+
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_keys: list[str] = []
     #: comma-separated keys read from this environment variable at start-up (added to api_keys)
@@ -40,6 +49,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: audio barely compresses, and each compressed socket costs zlib CPU per frame and two
     #: zlib contexts of memory for its lifetime.
     ws_per_message_deflate: bool = False
+    batch: BatchConfig = BatchConfig()
 
     def keys(self) -> frozenset[str]:
         env = os.environ.get(self.api_keys_env, "") if self.api_keys_env else ""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.server.harness import UNIT
+from tests.server.harness import UNIT, running_server, write_config
 
 BECKETT = Path(__file__).resolve().parents[1] / "data" / "beckett.wav"
 TEST_TRANSCRIPT = "what is the weather like today"  # configs/test.yaml's ASR
@@ -303,3 +305,23 @@ def test_openai_sdk_against_the_server(server: str) -> None:
             response_format="aac",  # not one of ours
         )
     assert info.value.param == "response_format"
+
+
+def test_configured_body_limit_and_model_aliases(tmp_path: Path) -> None:
+    """``server.batch`` in the YAML reaches the routes: body limit (413) and /v1/models."""
+    cfg = write_config(
+        tmp_path, server={"batch": {"max_body_bytes": 1000, "model_aliases": ["tts-1"]}}
+    )
+    with running_server(cfg) as addr:
+        big = json.dumps({"model": "tts-1", "input": "x" * 2000, "voice": "alloy"}).encode()
+        req = urllib.request.Request(
+            f"http://{addr}/v1/audio/speech", data=big, headers={"Content-Type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=10)
+        assert info.value.code == 413
+        body = json.loads(info.value.read())
+        assert body["error"]["type"] == "invalid_request_error"
+        with urllib.request.urlopen(f"http://{addr}/v1/models", timeout=10) as r:
+            ids = [m["id"] for m in json.loads(r.read())["data"]]
+        assert ids == ["duplex", "tts-1"]
