@@ -443,7 +443,14 @@ async def _handshake(hub: Hub, conn: Connection, ok: bool, code: str, message: s
                 "engine_unavailable", "the engine is not ready", close_code=CloseCode.TRY_AGAIN
             )
         if conn.ws.query_params.get("intent") == "resume":
-            first = await asyncio.wait_for(conn.ws.receive_text(), hub.config.server.resume_wait_s)
+            msg = await asyncio.wait_for(conn.ws.receive(), hub.config.server.resume_wait_s)
+            if msg["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(msg.get("code", 1000))
+            first = msg.get("text")
+            if first is None:
+                raise SessionFatal(
+                    "invalid_state", "expected session.resume as a text frame", close_code=1008
+                )
             event = decode_client_event(first)
             if not isinstance(event, ev.SessionResume):
                 raise SessionFatal("invalid_state", "expected session.resume", close_code=1008)

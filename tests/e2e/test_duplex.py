@@ -234,3 +234,14 @@ def test_idle_lease_expiry_warns_then_closes(tmp_path: Path) -> None:
                 assert await a.closed() == 1000
 
         asyncio.run(run())
+
+
+def test_resume_handshake_refuses_a_binary_first_frame(rt_server: str) -> None:
+    async def run() -> None:
+        async with Client.connect(rt_server, "?intent=resume") as b:
+            await b.ws.send(b"\x00\x01")
+            err = await b.until("error")
+            assert err["error"]["code"] == "invalid_state"
+            assert await b.closed() == 1008
+
+    asyncio.run(run())
