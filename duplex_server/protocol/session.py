@@ -522,10 +522,10 @@ class SessionCore:
 
     def _maybe_barge_in(self, now_ms: float) -> list[Action]:
         td = self.config.turn_detection
-        # Only a response that has started is interrupted by voice: a pending one (its user
-        # turn still being transcribed) is left alone, so a pause inside a sentence never
-        # throws the first half of the sentence away.
-        if td is None or not td.interrupt_response or self._response is None:
+        # A pending response (its user turn still being transcribed) is interrupted too: the
+        # engine keeps that turn's words in the conversation (transcribed, not answered), so a
+        # pause inside a sentence ends in one answer to the whole sentence, not two.
+        if td is None or not td.interrupt_response or not self.response_active:
             return []
         assert self._speech_onset_ms is not None
         if self._input_ms - self._speech_onset_ms < td.min_interrupt_speech_ms:

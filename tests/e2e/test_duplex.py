@@ -245,3 +245,34 @@ def test_resume_handshake_refuses_a_binary_first_frame(rt_server: str) -> None:
             assert await b.closed() == 1008
 
     asyncio.run(run())
+
+
+def test_a_pause_inside_a_sentence_gives_one_answer(tmp_path: Path) -> None:
+    """Speech, a pause long enough to commit, more speech while the first turn is still being
+    transcribed: the pending response is dropped, both halves are heard, one answer follows."""
+    engine = {
+        "stages": {
+            "asr": {
+                "backend": "test",
+                "options": {"transcript": "half of a question", "asr_delay_s": 1.0},
+            }
+        }
+    }
+    with running_server(write_config(tmp_path, engine=engine)) as addr:
+
+        async def run() -> None:
+            async with Client.connect(addr) as c:
+                await c.until("session.created")
+                await send_audio(c, silence(200) + tone(500) + silence(700))
+                await c.until("input_audio_buffer.committed")
+                await send_audio(c, tone(500) + silence(900))
+                done = await c.until("response.done", within=10)
+                assert done["response"]["status"] == "completed"
+                await asyncio.sleep(0.3)
+                kinds = [e["type"] for e in c.events]
+                assert kinds.count("input_audio_buffer.committed") == 2
+                assert kinds.count("conversation.item.input_audio_transcription.completed") == 2
+                assert kinds.count("response.created") == 1
+                assert kinds.count("response.done") == 1
+
+        asyncio.run(run())

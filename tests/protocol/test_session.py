@@ -294,3 +294,16 @@ def test_vad_pause_speculates_after_all_speech_is_appended_and_resume_drops_it()
         for x in calls(c.on_input_audio(CHUNK, [VadPause(at_ms=400.0)], 40))
         if isinstance(x, Speculate)
     ]
+
+
+def test_voice_interrupts_a_pending_response_silently() -> None:
+    c = core()
+    c.on_input_audio(CHUNK, [VadStart(onset_ms=0.0, audio_start_ms=0.0)], 0)
+    out = c.on_input_audio(CHUNK, [VadStop(audio_end_ms=40.0)], 10)
+    commit = calls(out)[-1]
+    assert isinstance(commit, Commit) and commit.respond
+    assert c.response_active  # committed, its transcript and response not started yet
+    out = _speak(c, 200, now=100)  # the user goes on after a short pause
+    assert Cancel(0, "barge_in") in calls(out)
+    assert "response.done" not in types(out)  # nothing had started: nothing to end
+    assert not c.response_active and c.epoch == 1
