@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -67,7 +68,7 @@ class LiveSession:
         self.metrics = metrics
         self.token, self.token_hash = new_resume_token()
         self.conn: Connection | None = None
-        self._calls: asyncio.Queue[EngineCommand] = asyncio.Queue()
+        self._calls = _CallQueue()
         self._on_end = on_end
         self.tasks: list[asyncio.Task[None]] = []
         self.cancel_t: float | None = None
@@ -162,7 +163,7 @@ class LiveSession:
 
     async def _caller(self) -> None:
         while True:
-            cmd = await self._calls.get()
+            cmd = self._merge_appends(await self._calls.get())
             try:
                 res_fence = await self._execute(cmd)
             except Exception as exc:  # every engine error is reported to the client
@@ -174,6 +175,24 @@ class LiveSession:
                     return
                 continue
             self.core.on_result(cmd, res_fence)
+
+    def _merge_appends(self, cmd: EngineCommand) -> EngineCommand:
+        """Audio appends queued behind this one (same epoch) go to the engine as one call.
+
+        Under load the engine round trip can lag the microphone; merging keeps the queue
+        short, so a barge-in or commit queued behind audio is not delayed by it.
+        """
+        if not isinstance(cmd, Append) or cmd.text is not None or not cmd.audio:
+            return cmd
+        parts = [cmd.audio]
+        while isinstance(nxt := self._calls.peek(), Append):
+            if nxt.epoch != cmd.epoch or nxt.text is not None or not nxt.audio:
+                break
+            self._calls.get_nowait()
+            parts.append(nxt.audio)
+        if len(parts) == 1:
+            return cmd
+        return Append(cmd.epoch, audio=b"".join(parts), event_id=cmd.event_id)
 
     async def _execute(self, cmd: EngineCommand) -> Fence | None:
         core, eng = self.core, self.engine
@@ -216,3 +235,27 @@ def _backpressure() -> Exception:
         "input audio backlog is full; the audio was dropped (send slower)",
         error_type="rate_limit_error",
     )
+
+
+class _CallQueue:
+    """The session's ordered engine calls (FIFO, unbounded: its producers are bounded)."""
+
+    def __init__(self) -> None:
+        self._items: deque[EngineCommand] = deque()
+        self._ready = asyncio.Event()
+
+    def put_nowait(self, cmd: EngineCommand) -> None:
+        self._items.append(cmd)
+        self._ready.set()
+
+    async def get(self) -> EngineCommand:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+    def peek(self) -> EngineCommand | None:
+        return self._items[0] if self._items else None
+
+    def get_nowait(self) -> EngineCommand:
+        return self._items.popleft()
