@@ -12,6 +12,8 @@ sample sent (the clip is trimmed to its speech onset):
 * audio bytes of the cancelled response received after that done (must be 0).
 
     python bench/bargein.py [--config PATH] [--trials N] [--json PATH]
+
+BARGEIN_TRACE=1 prints every server event after the onset with its time.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ async def trial(addr: str, clip: bytes) -> dict[str, float | int]:
         marks: dict[str, float] = {}
         state = {"talking": False, "done": False, "after": 0}
         first_audio = asyncio.get_running_loop().create_future()
+        onset_at: list[float] = []
 
         async def reader() -> None:
             async for raw in ws:
@@ -132,6 +135,8 @@ async def trial(addr: str, clip: bytes) -> dict[str, float | int]:
                 ev = json.loads(raw)
                 kind = ev["type"]
                 now = time.perf_counter()
+                if state["talking"] and os.environ.get("BARGEIN_TRACE"):
+                    print(f"{(now - onset_at[0]) * 1000:8.1f} {kind}")
                 if kind in ("response.output_audio.delta", "response.audio.delta"):
                     if not first_audio.done():
                         first_audio.set_result(now)
@@ -157,8 +162,9 @@ async def trial(addr: str, clip: bytes) -> dict[str, float | int]:
             await ws.send(silence)
             t += 0.02
             await asyncio.sleep(max(0.0, t - time.perf_counter()))
-        state["talking"] = True
         onset = time.perf_counter()
+        onset_at.append(onset)
+        state["talking"] = True
         t = onset
         for i in range(0, len(clip), FRAME * 2):
             if task.done():
