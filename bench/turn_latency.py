@@ -77,16 +77,24 @@ async def streaming_turn(engine: AsyncEngine, audio: bytes, silence_s: float) ->
     fence = (await engine.commit(fence, gen)).accepted_fence or fence
     ttfa = None
     transcript = ""
+    heard_ms = float("nan")
     async for ev in engine.session_events(sid):
-        if isinstance(ev, UserTranscript):
+        if isinstance(ev, UserTranscript) and ev.final:
             transcript = ev.text
+            heard_ms = (time.perf_counter() - t0) * 1000
         elif isinstance(ev, AudioChunk) and ttfa is None:
             ttfa = (time.perf_counter() - t0) * 1000
         elif isinstance(ev, ResponseDone):
             reply, total = ev.text, (time.perf_counter() - t0) * 1000
             break
     await engine.close(fence, gen)
-    return {"ttfa_ms": ttfa, "total_ms": total, "transcript": transcript, "reply": reply}
+    return {
+        "ttfa_ms": ttfa,
+        "transcript_ms": heard_ms,  # commit -> final user transcript (0 if speculation won)
+        "total_ms": total,
+        "transcript": transcript,
+        "reply": reply,
+    }
 
 
 async def naive_turn(engine: AsyncEngine, audio: bytes, silence_s: float) -> dict[str, object]:
@@ -165,7 +173,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     out = asyncio.run(main_async(args))
-    print(f"{'turn':<42} {'TTFA ms':>9} {'naive ms':>9}  heard / reply")
+    print(f"{'turn':<42} {'TTFA ms':>9} {'ASR ms':>7} {'naive ms':>9}  heard / reply")
     for r in out["rows"]:  # type: ignore[attr-defined]
         s, n = r["streaming"], r["naive"]
         print(
