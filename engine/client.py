@@ -83,7 +83,7 @@ class AsyncEngine:
         self._ready = False
         self._req: janus.SyncQueue[EngineRequest] | None = None
         # the orchestrator puts single items or lists of them (one per loop iteration)
-        self._out: janus.Queue[EngineOutput | list[EngineOutput]] | None = None
+        self._out: janus.Queue[EngineOutput] | None = None
         self._rpc: janus.Queue[Any] | None = None
         self._orch: Orchestrator | None = None
         self._thread: threading.Thread | None = None
@@ -187,36 +187,34 @@ class AsyncEngine:
         assert self._rpc is not None
         q = self._rpc.async_q
         while True:
-            got = await q.get()
-            for msg in got if isinstance(got, list) else (got,):
-                if isinstance(msg, EngineFatal):
-                    self._die(EngineDeadError(msg.error.message))
-                    continue
-                fut = self._waiters.pop(msg.control_id, None)
-                if fut is None or fut.done():
-                    self.late_replies += 1
-                    log.info("dropped late control reply %s", msg.control_id)
-                    continue
-                fut.set_result(msg)
+            msg = await q.get()
+            if isinstance(msg, EngineFatal):
+                self._die(EngineDeadError(msg.error.message))
+                continue
+            fut = self._waiters.pop(msg.control_id, None)
+            if fut is None or fut.done():
+                self.late_replies += 1
+                log.info("dropped late control reply %s", msg.control_id)
+                continue
+            fut.set_result(msg)
 
     async def _route_outputs(self) -> None:
         assert self._out is not None
         q = self._out.async_q
         while True:
-            got = await q.get()
-            for msg in got if isinstance(got, list) else (got,):
-                if isinstance(msg, EngineFatal):
-                    self._die(EngineDeadError(msg.error.message))
-                elif isinstance(msg, BatchOutput):
-                    bq = self._batches.get(msg.request_id)
-                    if bq is not None:
-                        bq.put_nowait(msg)
-                else:
-                    mailbox = self._mailbox(msg.session_id)
-                    mailbox.put_nowait(msg.event)
-                    ev = msg.event
-                    if isinstance(ev, SessionLifecycle) and ev.state == "closed":
-                        mailbox.put_nowait(_END)
+            msg = await q.get()
+            if isinstance(msg, EngineFatal):
+                self._die(EngineDeadError(msg.error.message))
+            elif isinstance(msg, BatchOutput):
+                bq = self._batches.get(msg.request_id)
+                if bq is not None:
+                    bq.put_nowait(msg)
+            else:
+                mailbox = self._mailbox(msg.session_id)
+                mailbox.put_nowait(msg.event)
+                ev = msg.event
+                if isinstance(ev, SessionLifecycle) and ev.state == "closed":
+                    mailbox.put_nowait(_END)
 
     def _mailbox(self, sid: str) -> asyncio.Queue[Any]:
         box = self._sessions.get(sid)

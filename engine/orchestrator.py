@@ -77,36 +77,6 @@ class Counters:
                 del self.stage_latency[:5_000]
 
 
-class _Outlet:
-    """The orchestrator's side of an output queue, batched per loop iteration.
-
-    ``put_nowait`` on the orchestrator loop buffers the item; one callback at the end of the
-    loop iteration puts the whole buffer as one list. A janus put that wakes the server's
-    loop costs a thread-safe wake-up and a task there, so one per iteration instead of one per
-    item. Order is kept; off the loop (the thread is ending) items go out at once.
-    """
-
-    def __init__(self, q: janus.SyncQueue[Any]) -> None:
-        self.q = q
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._buf: list[Any] = []
-
-    def put_nowait(self, item: Any) -> None:
-        loop = self.loop
-        if loop is None or loop.is_closed():
-            self.flush()
-            self.q.put_nowait(item)
-            return
-        if not self._buf:
-            loop.call_soon(self.flush)
-        self._buf.append(item)
-
-    def flush(self) -> None:
-        if self._buf:
-            buf, self._buf = self._buf, []
-            self.q.put_nowait(buf)
-
-
 @dataclass
 class _Runner:
     task: asyncio.Task[None]
@@ -127,14 +97,15 @@ class Orchestrator:
     def __init__(
         self,
         config: EngineConfig,
-        out_q: janus.SyncQueue[EngineOutput | list[EngineOutput]],
+        out_q: janus.SyncQueue[EngineOutput],
         rpc_q: janus.SyncQueue[Any],
         backends: dict[str, list[StageBackend]] | None = None,
     ) -> None:
         self.config = config
-        # both carry single items or lists of them (see _Outlet)
-        self._out = _Outlet(out_q)
-        self._rpc = _Outlet(rpc_q)
+        # One put per item: batching per loop iteration was measured to raise the per-chunk
+        # latency (p50 0.38 -> 0.55 ms at 32 sessions) without raising server capacity.
+        self._out = out_q
+        self._rpc = rpc_q
         self._backends = backends
         self.control = DuplexControl(config.duplex, config.default_instructions)
         self.counters = Counters()
@@ -161,9 +132,6 @@ class Orchestrator:
         """Thread entry point."""
         try:
             asyncio.run(self._main())
-            self._out.loop = self._rpc.loop = None
-            self._out.flush()  # what the last loop iteration buffered
-            self._rpc.flush()
         except BaseException as exc:  # the engine is dead: tell everyone, then exit the thread
             log.exception("orchestrator died")
             self._fatal(f"orchestrator died: {exc!r}")
@@ -172,7 +140,6 @@ class Orchestrator:
 
     def _fatal(self, message: str) -> None:
         info = ErrorInfo.from_exc(EngineDeadError(message))
-        self._out.loop = self._rpc.loop = None  # the thread's loop is gone: put directly
         try:
             self._out.put_nowait(EngineFatal(error=info))
             self._rpc.put_nowait(EngineFatal(error=info))
@@ -181,7 +148,6 @@ class Orchestrator:
 
     async def _main(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self._out.loop = self._rpc.loop = self.loop
         self.request_q = janus.Queue()
         try:
             await self._start_stages()
