@@ -23,13 +23,8 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,45 +32,10 @@ import numpy as np
 import soundfile as sf
 import soxr
 import websockets
+from serverproc import ROOT, running_server
 
-ROOT = Path(__file__).resolve().parents[1]
 RATE = 24000
 FRAME = RATE // 50  # 20 ms
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def server(config: Path) -> Iterator[str]:
-    port = free_port()
-    exe = Path(sys.executable).with_name("duplex-server")
-    cmd = [str(exe), "serve", "--config", str(config), "--port", str(port)]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    addr = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://{addr}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("server did not become ready")
-        yield addr
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def speech_clip() -> bytes:
@@ -187,7 +147,7 @@ async def trial(addr: str, clip: bytes) -> dict[str, float | int]:
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     clip = speech_clip()
     rows = []
-    with server(args.config) as addr:
+    with running_server(args.config) as (addr, _):
         for _ in range(args.trials):
             rows.append(await trial(addr, clip))
     ok = [r for r in rows if r["cancelled"]]

@@ -30,10 +30,8 @@ import contextlib
 import json
 import os
 import random
-import socket
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,18 +41,12 @@ from typing import Any
 
 import websockets
 import yaml
+from serverproc import ROOT, running_server
 from websockets.speedups import apply_mask
 from websockets.utils import accept_key
 
-ROOT = Path(__file__).resolve().parents[1]
 CHUNK_MS = 40
 HIST = "duplex_chunk_overhead_seconds"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_config(tmp: Path, max_sessions: int) -> Path:
@@ -65,38 +57,6 @@ def write_config(tmp: Path, max_sessions: int) -> Path:
     path = tmp / "bench.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
-
-
-@contextlib.contextmanager
-def server_process(config: Path) -> Any:
-    port = free_port()
-    exe = Path(sys.executable).with_name("duplex-server")
-    cmd = [
-        str(exe),
-        "serve",
-        "--config",
-        str(config),
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    addr = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://{addr}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            time.sleep(0.1)
-        else:
-            raise RuntimeError("server did not become ready")
-        yield addr, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -381,7 +341,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         # sessions of a finished step may still hold their slot while the engine closes them
         config = write_config(Path(tmp), sum(steps) + 50)
-        with server_process(config) as (addr, pid):
+        with running_server(config, ready_s=60) as (addr, pid):
             trials = [await one_bargein(addr) for _ in range(10 if quick else 40)]
             lat = sorted(t[0] for t in trials)
             result: dict[str, Any] = {
