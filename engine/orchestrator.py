@@ -37,7 +37,6 @@ from engine.messages import (
     EngineOutput,
     EngineRequest,
     ErrorInfo,
-    Fence,
     GenerateRequest,
     Priority,
     ResponseDone,
@@ -50,6 +49,7 @@ from engine.messages import (
     UserTranscript,
 )
 from engine.pipeline import Pipeline, SpokenChunk
+from engine.speculation import SpeculativeAsr
 from engine.stages.base import StageBackend, StagePool
 from engine.stages.registry import build_replicas
 
@@ -84,15 +84,6 @@ class _Runner:
     started: bool = False  # ResponseStarted was emitted for ``job``
 
 
-@dataclass
-class _Speculation:
-    """ASR started when the VAD saw a pause begin, on the input up to that point."""
-
-    fence: Fence
-    audio: bytes
-    task: asyncio.Task[str]
-
-
 class Orchestrator:
     def __init__(
         self,
@@ -115,8 +106,7 @@ class Orchestrator:
         self._batch: dict[str, asyncio.Task[None]] = {}
         self._cleaning: set[str] = set()
         self._plans: dict[str, list[AbortPlan]] = {}
-        self._speculations: dict[str, _Speculation] = {}
-        self._spec_counts = {"started": 0, "used": 0}
+        self.speculation: SpeculativeAsr | None = None
         self.partials: PartialTranscriber | None = None
         self._partial_gen: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -159,6 +149,7 @@ class Orchestrator:
                 self.started.set_exception(exc)
             return
         self.pipeline = Pipeline(self.config, self.pools, self.admission)
+        self.speculation = SpeculativeAsr(self.pipeline, self.config.input_sample_rate, self._track)
         try:
             self.started.set_result(self.request_q.sync_q)
         except concurrent.futures.InvalidStateError:  # the starter gave up while models loaded
@@ -198,7 +189,9 @@ class Orchestrator:
 
     async def _stop_everything(self) -> None:
         tasks: list[asyncio.Task[Any]] = [r.task for r in self._runners.values()]
-        tasks += list(self._batch.values()) + [s.task for s in self._speculations.values()]
+        tasks += list(self._batch.values())
+        if self.speculation is not None:
+            tasks += self.speculation.tasks()
         tasks += list(self._tasks)
         for t in tasks:
             t.cancel()
@@ -272,12 +265,15 @@ class Orchestrator:
 
     def _apply(self, effects: Effects) -> None:
         for cancel in effects.cancels:
-            self._speculations.pop(cancel.session_id, None)
             self._cancel(cancel)
-        for sid in effects.unspeculate:
-            self._drop_speculation(sid)
-        for fence, audio in effects.speculate:
-            self._speculate(fence, audio)
+        spec = self.speculation
+        if spec is not None:
+            for cancel in effects.cancels:
+                spec.drop(cancel.session_id)
+            for sid in effects.unspeculate:
+                spec.drop(sid)
+            for fence, audio in effects.speculate:
+                spec.start(fence, audio)
         if self.partials is not None:
             for sid in effects.input_reset:
                 self._partial_gen[sid] = self._partial_gen.get(sid, 0) + 1
@@ -294,7 +290,10 @@ class Orchestrator:
                 self._spawn(self._cleanup(sid), f"cleanup:{sid}")
 
     def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
+        self._track(asyncio.create_task(coro, name=name))
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
+        """Keep a task that nobody awaits; shutdown cancels and awaits it."""
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -352,7 +351,8 @@ class Orchestrator:
         prefix = fence.key()
         text = job.text
         if job.audio:
-            heard = await self._transcript(sid, job)
+            assert self.speculation is not None
+            heard = await self.speculation.transcript(fence, job.audio)
             self.emit(sid, UserTranscript(fence=fence, text=heard, final=True))
             text = f"{text} {heard}".strip()
         if text:
@@ -440,55 +440,6 @@ class Orchestrator:
         if session is not None and session.state == "open":
             self.emit(sid, UserTranscript(fence=session.fence, text=text, final=False))
 
-    # ------------------------------------------------------------------ speculative ASR
-    def _speculate(self, fence: Fence, audio: bytes) -> None:
-        assert self.pipeline is not None
-        sid = fence.session_id
-        self._drop_speculation(sid)
-        n = len(audio)
-        task = asyncio.create_task(
-            self.pipeline.transcribe(
-                f"{fence.key()}/asr-spec{n}",
-                audio,
-                sample_rate=self.config.input_sample_rate,
-                session_id=sid,
-            ),
-            name=f"speculate:{sid}",
-        )
-        self._speculations[sid] = _Speculation(fence, audio, task)
-        self._spec_counts["started"] += 1
-
-    def _drop_speculation(self, sid: str) -> None:
-        spec = self._speculations.pop(sid, None)
-        if spec is not None and not spec.task.done():
-            spec.task.cancel()
-            self._tasks.add(spec.task)
-            spec.task.add_done_callback(self._tasks.discard)
-
-    async def _transcript(self, sid: str, job: TurnJob) -> str:
-        """The turn's transcript: the speculation's if it covers this input, else fresh ASR."""
-        assert self.pipeline is not None
-        spec = self._speculations.pop(sid, None)
-        if (
-            spec is not None
-            and spec.fence.epoch == job.fence.epoch
-            and job.audio.startswith(spec.audio)
-        ):
-            try:
-                text = await spec.task
-                self._spec_counts["used"] += 1
-                return text
-            except StageError:
-                log.info("speculative ASR failed for %s; transcribing again", sid)
-        elif spec is not None:
-            spec.task.cancel()
-        return await self.pipeline.transcribe(
-            f"{job.fence.key()}/asr",
-            job.audio,
-            sample_rate=self.config.input_sample_rate,
-            session_id=sid,
-        )
-
     def _cancel(self, cancel: Cancel) -> None:
         sid = cancel.session_id
         runner = self._runners.get(sid)
@@ -500,8 +451,7 @@ class Orchestrator:
         ):
             job, started = runner.job, runner.started
             runner.task.cancel()
-            self._tasks.add(runner.task)
-            runner.task.add_done_callback(self._tasks.discard)
+            self._track(runner.task)
             del self._runners[sid]
             if job.respond and started:
                 session = self.control.sessions.get(sid)
