@@ -21,7 +21,7 @@ from typing import Literal
 
 from duplex_server.protocol.codec import AudioFormat, g711_to_pcm16
 from duplex_server.protocol.events import TurnDetection
-from duplex_server.protocol.session import VadEvent, VadPause, VadResume, VadStart, VadStop
+from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
 from engine.audio import StreamResampler
 from engine.stages.vad_silero import VadSegmenter, VadStream, make_vad
 

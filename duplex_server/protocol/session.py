@@ -5,7 +5,9 @@ decisions), engine session events and engine call results, each with the current
 milliseconds passed in, and returns :mod:`~duplex_server.protocol.commands` actions: server
 events to send, engine calls to make, local actions. It never awaits, never touches a
 socket and never reads the clock. The adapter (``duplex_server.realtime``) executes actions
-in order and makes no protocol decisions of its own.
+in order and makes no protocol decisions of its own. The events of a response are built by
+:mod:`~duplex_server.protocol.responses`; VAD decisions arrive as
+:mod:`~duplex_server.protocol.vad` events.
 
 Epochs: every cancel the core decides advances ``epoch`` at once (the engine accepts exactly
 one epoch step per cancel), so output of an older epoch is dropped here before it becomes an
@@ -18,10 +20,9 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.codec import AudioFormat, decode_audio_b64, encode_audio_b64
+from duplex_server.protocol.codec import AudioFormat, decode_audio_b64
 from duplex_server.protocol.commands import (
     AckJournal,
     Action,
@@ -42,6 +43,13 @@ from duplex_server.protocol.commands import (
 )
 from duplex_server.protocol.config import EffectiveSession, apply_patch
 from duplex_server.protocol.errors import CloseCode, ProtocolError, to_wire_error
+from duplex_server.protocol.responses import (
+    Response,
+    audio_events,
+    finished_events,
+    started_events,
+)
+from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
 from engine.errors import ControlError
 from engine.messages import (
     AudioChunk,
@@ -58,47 +66,6 @@ log = logging.getLogger(__name__)
 
 _BYTES_PER_MS = 32  # PCM16 mono 16 kHz (engine input)
 _MAX_ITEMS = 256
-
-
-@dataclass(frozen=True, slots=True)
-class VadStart:
-    """Speech onset at ``onset_ms`` of session audio; ``audio_start_ms`` includes padding."""
-
-    onset_ms: float
-    audio_start_ms: float
-
-
-@dataclass(frozen=True, slots=True)
-class VadStop:
-    audio_end_ms: float
-
-
-@dataclass(frozen=True, slots=True)
-class VadPause:
-    """A pause inside speech, not yet long enough to end the turn."""
-
-    at_ms: float
-
-
-@dataclass(frozen=True, slots=True)
-class VadResume:
-    """Speech came back before the pause ended the turn."""
-
-    at_ms: float
-
-
-VadEvent = VadStart | VadStop | VadPause | VadResume
-
-
-@dataclass(slots=True)
-class _Response:
-    id: str
-    item_id: str
-    fence: Fence
-    started_ms: float
-    audio: bool
-    audio_ms: float = 0.0
-    parts: list[str] = field(default_factory=list)
 
 
 def _identity(pcm: bytes, rate: int, fmt: AudioFormat) -> bytes:
@@ -125,7 +92,7 @@ class SessionCore:
         self.closed = False
         self.encode_output = encode_output
         self._n = 0
-        self._response: _Response | None = None
+        self._response: Response | None = None
         self._response_pending = 0  # commits with respond=True not started yet
         self._speech_item: str | None = None  # user item of the speech in progress
         self._speech_onset_ms: float | None = None
@@ -609,7 +576,7 @@ class SessionCore:
             out += self._finish(self._response, "incomplete", "superseded", None)
         self._response_pending = max(0, self._response_pending - 1)
         audio = "audio" in self.config.output_modalities
-        resp = _Response(
+        resp = Response(
             id=self._id("resp"),
             item_id=self._id("item"),
             fence=fence,
@@ -621,57 +588,21 @@ class SessionCore:
             self._assistant[resp.item_id] = (fence.turn_id, fence.response_seq, 0.0)
             while len(self._assistant) > _MAX_ITEMS:
                 self._assistant.popitem(last=False)
-        modalities = list(self.config.output_modalities)
-        part = (
-            ev.ContentPart(type="output_audio", transcript="")
-            if audio
-            else ev.ContentPart(type="output_text", text="")
-        )
-        item = ev.Item(id=resp.item_id, role="assistant", content=[], status="in_progress")
         previous = self._last_item
         self._last_item = resp.item_id
-        out += [
-            Send(
-                ev.ResponseCreated(
-                    response=ev.ResponseObj(
-                        id=resp.id,
-                        status="in_progress",
-                        output=[],
-                        output_modalities=modalities,
-                        epoch=fence.epoch,
-                    )
-                )
-            ),
-            Send(ev.OutputItemAdded(response_id=resp.id, item=item)),
-            Send(ev.ItemAdded(item=item, previous_item_id=previous)),
-            Send(ev.ContentPartAdded(response_id=resp.id, item_id=resp.item_id, part=part)),
-        ]
+        out += started_events(resp, list(self.config.output_modalities), previous)
         return out
 
     def _audio(self, chunk: AudioChunk) -> list[Action]:
         resp = self._response
         if resp is None or resp.fence != chunk.fence or not resp.audio:
             return []
-        resp.audio_ms = chunk.audio_start_ms + chunk.duration_ms
-        resp.parts.append(chunk.text)
         data = self.encode_output(chunk.pcm, chunk.sample_rate, self.config.output_format)
-        return [
-            Send(
-                ev.AudioDelta(
-                    response_id=resp.id,
-                    item_id=resp.item_id,
-                    delta=encode_audio_b64(data),
-                    epoch=chunk.fence.epoch,
-                    audio_start_ms=chunk.audio_start_ms,
-                    duration_ms=chunk.duration_ms,
-                )
-            ),
-            Send(ev.TranscriptDelta(response_id=resp.id, item_id=resp.item_id, delta=chunk.text)),
-        ]
+        return audio_events(resp, chunk, data)
 
     def _finish(
         self,
-        resp: _Response,
+        resp: Response,
         status: str,
         reason: str | None,
         error: ev.ErrorDetail | None,
@@ -679,50 +610,16 @@ class SessionCore:
         tokens: int = 0,
     ) -> list[Action]:
         self._response = None
-        text = "".join(resp.parts)
         if resp.audio:
             self._assistant[resp.item_id] = (
                 resp.fence.turn_id,
                 resp.fence.response_seq,
                 resp.audio_ms,
             )
-            part = ev.ContentPart(type="output_audio", transcript=text)
-        else:
-            part = ev.ContentPart(type="output_text", text=text)
-        item_status = "completed" if status == "completed" else "incomplete"
-        item = ev.Item(id=resp.item_id, role="assistant", content=[part], status=item_status)  # type: ignore[arg-type]
+        item, out = finished_events(
+            resp, status, reason, error, tokens, list(self.config.output_modalities)
+        )
         self._remember(item)
-        rid, iid = resp.id, resp.item_id
-        out: list[Action] = []
-        if resp.audio:
-            out += [
-                Send(ev.AudioDone(response_id=rid, item_id=iid)),
-                Send(ev.TranscriptDone(response_id=rid, item_id=iid, transcript=text)),
-            ]
-        else:
-            out.append(Send(ev.TextDone(response_id=rid, item_id=iid, text=text)))
-        details = None
-        if status != "completed":
-            details = ev.StatusDetails(type=status, reason=reason, error=error)  # type: ignore[arg-type]
-        out += [
-            Send(ev.ContentPartDone(response_id=rid, item_id=iid, part=part)),
-            Send(ev.OutputItemDone(response_id=rid, item=item)),
-            Send(ev.ItemDone(item=item)),
-            Send(
-                ev.ResponseDone(
-                    response=ev.ResponseObj(
-                        id=rid,
-                        status=status,  # type: ignore[arg-type]
-                        output=[item],
-                        output_modalities=list(self.config.output_modalities),
-                        status_details=details,
-                        usage=ev.Usage(total_tokens=tokens, output_tokens=tokens),
-                        epoch=resp.fence.epoch,
-                        audio_ms=resp.audio_ms,
-                    )
-                )
-            ),
-        ]
         return out
 
     # ------------------------------------------------------------------ call results

@@ -19,7 +19,8 @@ from duplex_server.protocol.commands import (
     Touch,
 )
 from duplex_server.protocol.config import EffectiveSession
-from duplex_server.protocol.session import SessionCore, VadPause, VadResume, VadStart, VadStop
+from duplex_server.protocol.session import SessionCore
+from duplex_server.protocol.vad import VadPause, VadResume, VadStart, VadStop
 from engine.errors import ControlError
 from engine.messages import (
     AudioChunk,

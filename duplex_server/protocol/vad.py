@@ -1,0 +1,38 @@
+"""VAD decisions as the protocol core receives them (made off the loop by duplex_server.turns).
+
+Times are milliseconds of session input audio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class VadStart:
+    """Speech onset at ``onset_ms`` of session audio; ``audio_start_ms`` includes padding."""
+
+    onset_ms: float
+    audio_start_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class VadStop:
+    audio_end_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class VadPause:
+    """A pause inside speech, not yet long enough to end the turn."""
+
+    at_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class VadResume:
+    """Speech came back before the pause ended the turn."""
+
+    at_ms: float
+
+
+VadEvent = VadStart | VadStop | VadPause | VadResume
