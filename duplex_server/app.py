@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
@@ -21,7 +22,7 @@ from starlette.staticfiles import StaticFiles
 
 from duplex_server import batch
 from duplex_server.config import AppConfig
-from duplex_server.metrics import Metrics
+from duplex_server.metrics import BatchTiming, Metrics
 from duplex_server.realtime import Hub, realtime_endpoint
 from engine.client import AsyncEngine
 
@@ -92,7 +93,9 @@ def create_app(config: AppConfig) -> Starlette:
     static = Path(config.server.static_dir)
     if (static / "index.html").is_file():
         routes.append(Mount("/", StaticFiles(directory=static, html=True), name="web"))
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(
+        routes=routes, lifespan=lifespan, middleware=[Middleware(BatchTiming, metrics=metrics)]
+    )
     app.state.hub = hub
     app.state.engine = handle
     app.state.metrics = metrics

@@ -6,11 +6,13 @@ queue depths, per-stage latency) are read from ``AsyncEngine.stats()`` at scrape
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.client import AsyncEngine
 
@@ -98,6 +100,13 @@ class Metrics:
             "duplex_input_backlog_bytes", "Unprocessed input audio bytes", registry=r
         )
         self.errors = Counter("duplex_errors", "Wire errors sent", ["code"], registry=r)
+        self.batch_latency = Histogram(
+            "duplex_batch_request_seconds",
+            "Batch HTTP request latency, to the last byte of the response",
+            ["route", "status"],
+            buckets=_SLOW,
+            registry=r,
+        )
         r.register(_EngineCollector(engine))
 
     def render(self) -> bytes:
@@ -106,3 +115,35 @@ class Metrics:
             for stage, seconds in engine.drain_stage_latencies():
                 self.stage_latency.labels(stage).observe(seconds)
         return generate_latest(self.registry)
+
+
+BATCH_ROUTES = ("/v1/audio/speech", "/v1/audio/transcriptions", "/v1/chat/completions")
+
+
+class BatchTiming:
+    """ASGI middleware: times the batch routes to the end of their (streamed) response."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path not in BATCH_ROUTES:
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def timed_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed_send)
+        finally:
+            self.metrics.batch_latency.labels(path, str(status)).observe(
+                time.perf_counter() - start
+            )

@@ -325,3 +325,22 @@ def test_configured_body_limit_and_model_aliases(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"http://{addr}/v1/models", timeout=10) as r:
             ids = [m["id"] for m in json.loads(r.read())["data"]]
         assert ids == ["duplex", "tts-1"]
+
+
+def _count(addr: str, route: str, status: str) -> float:
+    text = httpx.get(f"http://{addr}/metrics", timeout=10 * UNIT).text
+    key = f'duplex_batch_request_seconds_count{{route="{route}",status="{status}"}} '
+    return next(
+        (float(line.split()[-1]) for line in text.splitlines() if line.startswith(key)), 0.0
+    )
+
+
+def test_batch_latency_is_exported(server: str) -> None:
+    before_ok = _count(server, "/v1/audio/speech", "200")
+    before_bad = _count(server, "/v1/audio/speech", "400")
+    ok = _post(server, "/v1/audio/speech", json={"model": "m", "input": "Hi.", "voice": "v"})
+    assert ok.status_code == 200
+    bad = _post(server, "/v1/audio/speech", json={"model": "m", "input": "", "voice": "v"})
+    assert bad.status_code == 400
+    assert _count(server, "/v1/audio/speech", "200") == before_ok + 1
+    assert _count(server, "/v1/audio/speech", "400") == before_bad + 1
