@@ -449,6 +449,10 @@ class SessionCore:
                 )
             elif isinstance(v, VadStop) and self._speech_item is not None:
                 out += self._flush_ring()
+                # A whole utterance can arrive in one processed batch (a backlog): it still
+                # interrupts, judged by its own length, before its turn is committed.
+                assert self._speech_onset_ms is not None
+                out += self._maybe_barge_in(now_ms, v.audio_end_ms - self._speech_onset_ms)
                 item_id = self._speech_item
                 self._speech_item = None
                 self._speech_onset_ms = None
@@ -463,7 +467,8 @@ class SessionCore:
                 out.append(Call(Speculate(self.epoch, "input.resume")))
         if self._speech_item is not None:
             out += self._flush_ring()
-            out += self._maybe_barge_in(now_ms)
+            assert self._speech_onset_ms is not None
+            out += self._maybe_barge_in(now_ms, self._input_ms - self._speech_onset_ms)
         else:
             keep = td.prefix_padding_ms + 1000
             self._trim_ring(keep_ms=keep)
@@ -487,15 +492,15 @@ class SessionCore:
         self._uncommitted_ms += len(data) / _BYTES_PER_MS
         return [Call(Append(self.epoch, audio=data))]
 
-    def _maybe_barge_in(self, now_ms: float) -> list[Action]:
+    def _maybe_barge_in(self, now_ms: float, speech_ms: float) -> list[Action]:
+        """Interrupt the response if ``speech_ms`` of user speech passes the guards."""
         td = self.config.turn_detection
         # A pending response (its user turn still being transcribed) is interrupted too: the
         # engine keeps that turn's words in the conversation (transcribed, not answered), so a
         # pause inside a sentence ends in one answer to the whole sentence, not two.
         if td is None or not td.interrupt_response or not self.response_active:
             return []
-        assert self._speech_onset_ms is not None
-        if self._input_ms - self._speech_onset_ms < td.min_interrupt_speech_ms:
+        if speech_ms < td.min_interrupt_speech_ms:
             return []
         if (
             self._response is not None

@@ -308,3 +308,24 @@ def test_voice_interrupts_a_pending_response_silently() -> None:
     assert Cancel(0, "barge_in") in calls(out)
     assert "response.done" not in types(out)  # nothing had started: nothing to end
     assert not c.response_active and c.epoch == 1
+
+
+def test_a_whole_utterance_in_one_batch_still_interrupts() -> None:
+    """Under load the input lane can hand over speech start and stop together."""
+    c = core()
+    start_response(c)
+    out = c.on_input_audio(
+        CHUNK * 20, [VadStart(onset_ms=0.0, audio_start_ms=0.0), VadStop(audio_end_ms=300.0)], 50
+    )
+    cmds = calls(out)
+    assert Cancel(0, "barge_in") in cmds
+    cancel_at = cmds.index(Cancel(0, "barge_in"))
+    commit_at = next(i for i, x in enumerate(cmds) if isinstance(x, Commit))
+    assert cancel_at < commit_at  # the old response ends before the new turn is committed
+    # too short an utterance does not
+    c2 = core()
+    start_response(c2)
+    out = c2.on_input_audio(
+        CHUNK * 5, [VadStart(onset_ms=0.0, audio_start_ms=0.0), VadStop(audio_end_ms=60.0)], 50
+    )
+    assert not any(isinstance(x, Cancel) for x in calls(out))
