@@ -268,10 +268,8 @@ class Orchestrator:
             self._cancel(cancel)
         spec = self.speculation
         if spec is not None:
-            for cancel in effects.cancels:
-                spec.drop(cancel.session_id)
             for sid in effects.unspeculate:
-                spec.drop(sid)
+                spec.resume(sid)
             for fence, audio in effects.speculate:
                 spec.start(fence, audio)
         if self.partials is not None:
@@ -507,6 +505,8 @@ class Orchestrator:
                 log.warning("cleanup of %s: stage aborts did not finish; the reaper retries", sid)
                 return
             self._plans.pop(sid, None)
+            if self.speculation is not None:
+                self.speculation.drop(sid)
             for pool in self.pools.values():
                 pool.release_session(sid)
             if self.partials is not None:

@@ -1,32 +1,45 @@
-"""Speculative ASR: transcribe when the VAD sees a pause begin, before the turn ends.
+"""User transcriptions that outlive the turn job that asked for them.
 
-The server signals ``input.pause`` once a short silence starts inside speech; the
-transcript of the input so far is then usually ready when the silence window ends the
-turn. The commit uses it when its audio starts with exactly the speculated audio (only
-silence was appended since) and the epoch is unchanged; ``input.resume``, a cancel or a
-mismatch drops it. Runs on the orchestrator loop; the ASR itself runs in its stage.
+* Speculative ASR: the server signals ``input.pause`` once a short silence starts inside
+  speech, and the transcript of the input so far is usually ready when the silence window
+  ends the turn. A commit uses it when its audio starts with the speculated audio (only
+  silence was appended since); ``input.resume`` drops it.
+* Turn ASR survives a barge-in: a cancel aborts the old epoch's LLM and TTS work, but the
+  user's words are re-queued in the new epoch (engine/duplex/control.py), and their
+  transcription, already running, is picked up by the re-queued job (same audio) instead of
+  starting again. So ASR request ids carry the session and turn but not the epoch
+  (``sess_x/asr/t5/3``); a close still aborts them (session prefix).
+
+Runs on the orchestrator loop; the ASR itself runs in its stage.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from engine.errors import StageError
 from engine.messages import Fence
 from engine.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
+_PER_SESSION = 4
 
 
-@dataclass
-class _Speculation:
-    fence: Fence
+@dataclass(eq=False)
+class _Transcription:
+    kind: Literal["pause", "turn"]
     audio: bytes
     task: asyncio.Task[str]
+
+    def covers(self, audio: bytes) -> bool:
+        if self.kind == "pause":  # the commit may add trailing silence
+            return audio.startswith(self.audio)
+        return audio == self.audio
 
 
 class SpeculativeAsr:
@@ -36,48 +49,74 @@ class SpeculativeAsr:
         self._pipeline = pipeline
         self._rate = sample_rate
         self._track = track  # the orchestrator awaits dropped tasks at shutdown
-        self._specs: dict[str, _Speculation] = {}
+        self._by_session: dict[str, list[_Transcription]] = {}
+        self._ids = itertools.count()
         self.started = 0
         self.used = 0
 
-    def start(self, fence: Fence, audio: bytes) -> None:
+    def _start(self, fence: Fence, audio: bytes, kind: Literal["pause", "turn"]) -> _Transcription:
         sid = fence.session_id
-        self.drop(sid)
+        rid = f"{sid}/asr/t{fence.turn_id}/{next(self._ids)}"
         task = asyncio.create_task(
-            self._pipeline.transcribe(
-                f"{fence.key()}/asr-spec{len(audio)}",
-                audio,
-                sample_rate=self._rate,
-                session_id=sid,
-            ),
-            name=f"speculate:{sid}",
+            self._pipeline.transcribe(rid, audio, sample_rate=self._rate, session_id=sid),
+            name=f"asr:{rid}",
         )
-        self._specs[sid] = _Speculation(fence, audio, task)
+        entry = _Transcription(kind, audio, task)
+        entries = self._by_session.setdefault(sid, [])
+        entries.append(entry)
+        while len(entries) > _PER_SESSION:
+            self._discard(entries.pop(0))
+        return entry
+
+    def _discard(self, entry: _Transcription) -> None:
+        if not entry.task.done():
+            entry.task.cancel()
+        self._track(entry.task)
+
+    def start(self, fence: Fence, audio: bytes) -> None:
+        """``input.pause``: transcribe the input so far (replaces an older pause guess)."""
+        self.resume(fence.session_id)
+        self._start(fence, audio, "pause")
         self.started += 1
 
+    def resume(self, session_id: str) -> None:
+        """``input.resume``: the user goes on, so a pause guess would miss words."""
+        entries = self._by_session.get(session_id, [])
+        for entry in [e for e in entries if e.kind == "pause"]:
+            entries.remove(entry)
+            self._discard(entry)
+
     def drop(self, session_id: str) -> None:
-        spec = self._specs.pop(session_id, None)
-        if spec is not None:
-            spec.task.cancel()
-            self._track(spec.task)
+        """The session is closing: stop everything."""
+        for entry in self._by_session.pop(session_id, []):
+            self._discard(entry)
 
     async def transcript(self, fence: Fence, audio: bytes) -> str:
-        """The transcript of a committed turn: the speculation's if it covers it, else ASR."""
+        """The transcript of a committed turn's audio.
+
+        Reuses a transcription that covers it (a pause guess, or the same turn's ASR started
+        before a barge-in cancelled its job); else starts one. The ASR task is shielded: a
+        cancelled job leaves it running for the job that re-queues the same words.
+        """
         sid = fence.session_id
-        spec = self._specs.pop(sid, None)
-        if spec is not None and spec.fence.epoch == fence.epoch and audio.startswith(spec.audio):
-            try:
-                text = await spec.task
-                self.used += 1
-                return text
-            except StageError:
-                log.info("speculative ASR failed for %s; transcribing again", sid)
-        elif spec is not None:
-            spec.task.cancel()
-            self._track(spec.task)
-        return await self._pipeline.transcribe(
-            f"{fence.key()}/asr", audio, sample_rate=self._rate, session_id=sid
-        )
+        entries = self._by_session.setdefault(sid, [])
+        entry = next((e for e in reversed(entries) if e.covers(audio)), None)
+        if entry is not None and entry.kind == "pause":
+            self.used += 1
+        if entry is None:
+            entry = self._start(fence, audio, "turn")
+        try:
+            text = await asyncio.shield(entry.task)
+        except StageError:
+            if entry in entries:
+                entries.remove(entry)
+            if entry.kind == "turn":
+                raise
+            log.info("speculative ASR failed for %s; transcribing again", sid)
+            return await self.transcript(fence, audio)
+        if entry in entries:
+            entries.remove(entry)
+        return text
 
     def tasks(self) -> list[asyncio.Task[str]]:
-        return [s.task for s in self._specs.values()]
+        return [e.task for entries in self._by_session.values() for e in entries]

@@ -55,11 +55,14 @@ async def talk(url: str, api_key: str | None, wav: Path, out: Path | None, fast:
         )
         while not isinstance(await client.next_event(10.0), ev.SessionUpdated):
             pass
-        # the WAV, then a second of silence so the VAD hears the end of the turn
-        await client.send_audio(pcm, rate, realtime=not fast)
-        sender = asyncio.create_task(
-            client.send_audio(b"\0\0" * 16000, 16000, realtime=not fast), name="silence"
-        )
+
+        # the WAV, then a second of silence so the VAD hears the end of the turn; events are
+        # read meanwhile, so the TTFA below is timed as the events arrive
+        async def send() -> None:
+            await client.send_audio(pcm, rate, realtime=not fast)
+            await client.send_audio(b"\0\0" * 16000, 16000, realtime=not fast)
+
+        sender = asyncio.create_task(send(), name="microphone")
         reply: list[bytes] = []
         stopped_at: float | None = None
         first_audio: float | None = None
@@ -78,6 +81,10 @@ async def talk(url: str, api_key: str | None, wav: Path, out: Path | None, fast:
             elif isinstance(event, ev.Error):
                 print(f"error: {event.error.code}: {event.error.message}", file=sys.stderr)
             elif isinstance(event, ev.ResponseDone):
+                if event.response.status == "cancelled":  # the WAV talked over a reply
+                    reply.clear()
+                    first_audio = None
+                    continue
                 break
         await sender
         if stopped_at is not None and first_audio is not None:
