@@ -322,7 +322,12 @@ class Orchestrator:
             try:
                 await self._run_turn(session, job, runner)
             except asyncio.CancelledError:
-                raise
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this runner was cancelled (barge-in, close, shutdown)
+                # something the turn awaited was cancelled, not the runner: fail the turn
+                # and go on, never leave the session's job unfinished
+                self._fail_turn(sid, job, runner, StageError("a stage request was cancelled"))
             except EngineError as exc:
                 self._fail_turn(sid, job, runner, exc)
             except Exception as exc:

@@ -35,6 +35,7 @@ class _Transcription:
     kind: Literal["pause", "turn"]
     audio: bytes
     task: asyncio.Task[str]
+    claimed: bool = False  # a turn job awaits it: never discarded under that job
 
     def covers(self, audio: bytes) -> bool:
         if self.kind == "pause":  # the commit may add trailing silence
@@ -64,8 +65,9 @@ class SpeculativeAsr:
         entry = _Transcription(kind, audio, task)
         entries = self._by_session.setdefault(sid, [])
         entries.append(entry)
-        while len(entries) > _PER_SESSION:
-            self._discard(entries.pop(0))
+        for old in [e for e in entries if not e.claimed][: max(0, len(entries) - _PER_SESSION)]:
+            entries.remove(old)
+            self._discard(old)
         return entry
 
     def _discard(self, entry: _Transcription) -> None:
@@ -82,7 +84,7 @@ class SpeculativeAsr:
     def resume(self, session_id: str) -> None:
         """``input.resume``: the user goes on, so a pause guess would miss words."""
         entries = self._by_session.get(session_id, [])
-        for entry in [e for e in entries if e.kind == "pause"]:
+        for entry in [e for e in entries if e.kind == "pause" and not e.claimed]:
             entries.remove(entry)
             self._discard(entry)
 
@@ -105,8 +107,18 @@ class SpeculativeAsr:
             self.used += 1
         if entry is None:
             entry = self._start(fence, audio, "turn")
+        entry.claimed = True
         try:
             text = await asyncio.shield(entry.task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                entry.claimed = False  # this job was cancelled; its re-queued twin takes over
+                raise
+            # the transcription itself was cancelled (a close raced it): transcribe again
+            if entry in entries:
+                entries.remove(entry)
+            return await self.transcript(fence, audio)
         except StageError:
             if entry in entries:
                 entries.remove(entry)

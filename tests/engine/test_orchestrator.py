@@ -421,3 +421,27 @@ def test_batch_work_waits_while_a_session_waits_for_its_first_audio() -> None:
             await engine.shutdown()
 
     run(main())
+
+
+def test_a_new_pause_never_discards_the_transcription_a_turn_waits_for() -> None:
+    async def main() -> None:
+        engine = await start_engine(stages(asr_delay_s=0.3))
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            await engine.append(f, gen, audio=b"\1\0" * 1600)
+            await engine.signal(f, gen, "input.pause")
+            f1 = (await engine.commit(f, gen)).accepted_fence  # claims the pause's ASR
+            assert f1
+            await asyncio.sleep(0.05)
+            await engine.append(f1, gen, audio=b"\2\0" * 1600)  # the next utterance ...
+            await engine.signal(f1, gen, "input.pause")  # ... pauses while turn 1 waits
+            evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 5 * UNIT)
+            done = evs[-1]
+            assert isinstance(done, ResponseDone) and done.status == "completed"
+            assert done.fence == f1
+        finally:
+            await engine.shutdown()
+
+    run(main())
