@@ -13,7 +13,6 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +65,6 @@ class Counters:
     """Cumulative figures the server exports as metrics (read from another thread)."""
 
     stale_dropped: int = 0
-    responses: dict[str, int] = field(default_factory=dict)
     stage_latency: list[tuple[str, float]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -568,7 +566,3 @@ class Orchestrator:
             )
         finally:
             self._batch.pop(rid, None)
-
-    def call_soon(self, fn: Callable[[], None]) -> None:
-        assert self.loop is not None
-        self.loop.call_soon_threadsafe(fn)
