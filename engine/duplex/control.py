@@ -320,7 +320,6 @@ class DuplexControl:
         session.jobs.append(
             TurnJob(fence=session.fence, audio=audio, text=text, respond=call.respond)
         )
-        session.lease.inflight += 1
         effects.start.append(session.session_id)
         return self._ok(control_id, session)
 
@@ -421,14 +420,12 @@ class DuplexControl:
                 continue
             fence = Fence(f.session_id, f.epoch, job.fence.turn_id, f.response_seq)
             session.jobs.append(TurnJob(fence=fence, audio=job.audio, text=job.text, respond=False))
-            session.lease.inflight += 1
         if session.jobs:
             effects.start.append(session.session_id)
 
     def _drop_work(self, session: DuplexSession, reason: str, epoch: int | None = None) -> Cancel:
         """Drop queued jobs and detach the active one; the caller aborts their stage work."""
         active = session.active
-        session.lease.inflight -= len(session.jobs) + (1 if active is not None else 0)
         session.jobs.clear()
         session.active = None
         if active is not None and active.respond:
@@ -458,7 +455,6 @@ class DuplexControl:
         if session is None or session.active is not job:
             return  # cancelled or closed meanwhile: already accounted for
         session.active = None
-        session.lease.inflight -= 1
         session.lease.activity(now)
 
     def model_activity(self, session_id: str, now: float) -> None:
@@ -483,7 +479,7 @@ class DuplexControl:
                 if sid not in cleaning:
                     effects.cleanups.append(sid)
                 continue
-            due = session.lease.deadline(cfg)
+            due = session.lease.deadline(cfg, busy=session.pending_turns() > 0)
             if due is None:
                 continue
             deadline, reason = due

@@ -16,7 +16,6 @@ class Lease:
     last_activity: float
     generation: int = 1
     detached_at: float | None = None
-    inflight: int = 0  # operations in flight (turn jobs); an idle lease never expires under them
     warned_for: float | None = None  # the expiry deadline a warning was already sent for
 
     def activity(self, now: float) -> None:
@@ -33,12 +32,17 @@ class Lease:
         self.detached_at = None
         self.warned_for = None
 
-    def deadline(self, cfg: DuplexRuntimeConfig) -> tuple[float, ExpiryReason] | None:
-        """When this lease expires if nothing happens, and why (None: never)."""
+    def deadline(
+        self, cfg: DuplexRuntimeConfig, *, busy: bool
+    ) -> tuple[float, ExpiryReason] | None:
+        """When this lease expires if nothing happens, and why (None: never).
+
+        ``busy``: turns are queued or running; an idle lease never expires under them.
+        """
         candidates: list[tuple[float, ExpiryReason]] = []
         if self.detached_at is not None:
             candidates.append((self.detached_at + cfg.disconnect_grace_s, "disconnected"))
-        if cfg.idle_ttl_s is not None and self.inflight == 0:
+        if cfg.idle_ttl_s is not None and not busy:
             candidates.append((self.last_activity + cfg.idle_ttl_s, "idle_timeout"))
         if cfg.max_session_s is not None:
             candidates.append((self.created_at + cfg.max_session_s, "max_duration"))
