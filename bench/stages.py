@@ -109,6 +109,8 @@ def bench_tts(tts: PiperTts | EspeakTts, repeat: int) -> dict[str, float]:
 
 
 def asr_text(asr: WhisperAsr | PocketsphinxAsr, pcm: bytes) -> str:
+    if isinstance(asr, WhisperAsr):
+        return asr.transcribe(pcm16_to_float32(pcm), "en")
     out = next(iter(asr.run(AsrRequest(request_id="b", audio=pcm), GO)))
     return str(getattr(out, "text", ""))
 

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import msgspec
 
-from engine.config import EngineConfig, convert, load_yaml
+from engine.config import EngineConfig, convert, engine_config, load_yaml
 from engine.errors import ConfigError
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -65,6 +65,6 @@ def load_app_config(path: str | Path) -> AppConfig:
     raw = load_yaml(path)
     if "engine" not in raw:
         raise ConfigError("engine: missing section")
-    engine = convert(raw["engine"], EngineConfig, where="engine")
+    engine = engine_config(raw["engine"])
     server = convert(raw.get("server") or {}, ServerConfig, where="server")
     return AppConfig(engine=engine, server=server)

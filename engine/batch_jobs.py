@@ -1,4 +1,8 @@
-"""Batch jobs (speech, chat, transcription) on the same pipeline, at batch priority."""
+"""Batch jobs (speech, chat, transcription) on the same pipeline, at batch priority.
+
+Each job takes its route: transcription -> ``transcribe``, speech -> ``speech``, chat ->
+``voice`` when audio is asked for, else ``text`` (engine/graph.py).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,6 @@ from engine.messages import (
     TranscriptOut,
 )
 from engine.pipeline import Pipeline, SpokenChunk
-from engine.segmenter import Segmenter
 
 
 def _audio(rid: str, chunk: SpokenChunk) -> AudioOut:
@@ -35,6 +38,7 @@ async def run_batch(
         text = await pipeline.transcribe(
             f"{prefix}/asr",
             job.audio,
+            route="transcribe",
             sample_rate=job.sample_rate,
             session_id=None,
             priority=Priority.BATCH,
@@ -43,11 +47,10 @@ async def run_batch(
         put(TranscriptOut(request_id=rid, text=text, final=True))
         put(BatchDone(request_id=rid, audio_ms=len(job.audio) / 2 / job.sample_rate * 1000))
     elif isinstance(job, SpeechJob):
-        seg = Segmenter(pipeline.config.segmenter)
-        segments = [*seg.push(job.text), *seg.flush()]
         audio_ms = await pipeline.speak(
             prefix,
-            segments,
+            job.text,
+            route="speech",
             voice=job.voice,
             speed=job.speed,
             sample_rate=job.sample_rate,
@@ -61,9 +64,9 @@ async def run_batch(
         result = await pipeline.respond(
             prefix,
             job.messages,
+            route="voice" if job.audio else "text",
             max_tokens=job.max_tokens,
             temperature=job.temperature,
-            want_audio=job.audio,
             voice=job.voice,
             sample_rate=job.sample_rate,
             session_id=None,

@@ -26,18 +26,18 @@ class _Frozen(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class StageConfig(_Frozen, frozen=True):
-    """One stage of the pipeline: which backend, how many replicas, backend options."""
+    """One named stage: which backend, how many replicas, where each runs, backend options."""
 
     backend: str
     replicas: PositiveInt = 1
+    # One entry per replica: "cpu", "cuda", "cuda:N" or "auto" (a GPU when the backend can
+    # use one and one is present, else the CPU). None: "auto" for every replica.
+    devices: tuple[str, ...] | None = None
     # Validated by the backend's own Options struct at start-up (see stages/registry.py).
     options: dict[str, Any] = {}
 
-
-class StagesConfig(_Frozen, frozen=True):
-    asr: StageConfig
-    llm: StageConfig
-    tts: StageConfig
+    def device_list(self) -> tuple[str, ...]:
+        return self.devices if self.devices is not None else ("auto",) * self.replicas
 
 
 class VadConfig(_Frozen, frozen=True):
@@ -74,7 +74,9 @@ class DuplexRuntimeConfig(_Frozen, frozen=True):
 
 
 class EngineConfig(_Frozen, frozen=True):
-    stages: StagesConfig
+    # Named stages and the routes work takes through them (engine/graph.py, docs/engine.md).
+    stages: dict[str, StageConfig]
+    routes: dict[str, tuple[str, ...]]
     vad: VadConfig = VadConfig()
     partials: PartialsConfig = PartialsConfig()
     segmenter: SegmenterConfig = SegmenterConfig()
@@ -117,8 +119,72 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return raw
 
 
+MIGRATE_HINT = (
+    "stages are named and work follows routes through them (docs/engine.md, "
+    "'Migrating an old config'). Keep the stages and add, for the classic cascade:\n"
+    "  routes:\n"
+    "    voice: [asr, llm, tts]\n"
+    "    text: [asr, llm]\n"
+    "    speech: [tts]\n"
+    "    transcribe: [asr]"
+)
+_STAGE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+_DEVICE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
+
+
+def engine_config(data: Any, where: str = "engine") -> EngineConfig:
+    """Convert and check the engine section (structure only; backends are checked by
+    :func:`engine.graph.build_graph` before any model loads)."""
+    if isinstance(data, dict) and "routes" not in data and isinstance(data.get("stages"), dict):
+        raise ConfigError(
+            f"{where}.routes: missing (an old-form config?). Since 0.2 {MIGRATE_HINT}"
+        )
+    if isinstance(data, dict):  # per entry first, so that errors name the stage or route
+        for key, type_ in (("stages", StageConfig), ("routes", tuple[str, ...])):
+            entries = data.get(key)
+            if isinstance(entries, dict):
+                for name, entry in entries.items():
+                    convert(entry, type_, where=f"{where}.{key}.{name}")
+    cfg = convert(data, EngineConfig, where=where)
+    if not cfg.stages:
+        raise ConfigError(f"{where}.stages: at least one stage is needed")
+    for name, stage in cfg.stages.items():
+        at = f"{where}.stages.{name}"
+        if not _STAGE_NAME.match(name):
+            raise ConfigError(
+                f"{at}: stage names start with a letter and use letters, digits, '_' and '-'"
+            )
+        if stage.devices is not None:
+            if len(stage.devices) != stage.replicas:
+                raise ConfigError(
+                    f"{at}.devices: {len(stage.devices)} entries for {stage.replicas} "
+                    "replicas; give one device per replica"
+                )
+            for i, dev in enumerate(stage.devices):
+                if not _DEVICE.match(dev):
+                    raise ConfigError(
+                        f"{at}.devices[{i}]: {dev!r} is not a device (cpu, cuda, cuda:N or auto)"
+                    )
+    if not cfg.routes:
+        raise ConfigError(f"{where}.routes: at least one route is needed")
+    for rname, names in cfg.routes.items():
+        at = f"{where}.routes.{rname}"
+        if not names:
+            raise ConfigError(f"{at}: a route names at least one stage")
+        for stage_name in names:
+            if stage_name not in cfg.stages:
+                known = ", ".join(sorted(cfg.stages))
+                raise ConfigError(
+                    f"{at}: stage {stage_name!r} is not defined in {where}.stages "
+                    f"(defined: {known})"
+                )
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{at}: a stage appears twice in one route")
+    return cfg
+
+
 def load_engine_config(path: str | Path) -> EngineConfig:
     raw = load_yaml(path)
     if "engine" not in raw:
         raise ConfigError("engine: missing section")
-    return convert(raw["engine"], EngineConfig, where="engine")
+    return engine_config(raw["engine"])

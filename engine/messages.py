@@ -114,7 +114,24 @@ class TtsRequest(Msg, frozen=True, tag="tts"):
     session_id: str | None = None
 
 
-StageRequest = AsrRequest | LlmRequest | TtsRequest
+class TokensRequest(Msg, frozen=True, tag="tokens"):
+    """A window of token ids or codec codes for a stage that consumes ``tokens``/``codec``.
+
+    The first ``context`` entries are left context only (already decoded by the previous
+    window): the stage uses them for continuity and emits output for the rest.
+    """
+
+    request_id: str
+    ids: tuple[int, ...]
+    context: int = 0
+    final: bool = False  # the last window of its upstream request
+    sample_rate: int = 24000
+    voice: str | None = None
+    priority: Priority = Priority.REALTIME
+    session_id: str | None = None
+
+
+StageRequest = AsrRequest | LlmRequest | TtsRequest | TokensRequest
 
 
 class TranscriptOut(Msg, frozen=True, tag="transcript"):
@@ -140,6 +157,13 @@ class AudioOut(Msg, frozen=True, tag="audio"):
     )
 
 
+class TokensOut(Msg, frozen=True, tag="token_ids"):
+    """Token ids (edge ``tokens``) or codec codes (edge ``codec``) as they are sampled."""
+
+    request_id: str
+    ids: tuple[int, ...]
+
+
 class StageDone(Msg, frozen=True, tag="done"):
     request_id: str
     finish_reason: Literal["stop", "length", "aborted"] = "stop"
@@ -147,7 +171,7 @@ class StageDone(Msg, frozen=True, tag="done"):
     prompt_tokens: int = 0
 
 
-StageOutput = TranscriptOut | TextOut | AudioOut | StageDone
+StageOutput = TranscriptOut | TextOut | AudioOut | TokensOut | StageDone
 
 
 # ----------------------------------------------------------------------------- sessions

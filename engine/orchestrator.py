@@ -13,6 +13,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from engine.duplex.control import Cancel, DuplexControl, Effects
 from engine.duplex.fence import epoch_prefix, session_prefix
 from engine.duplex.session import DuplexSession, TurnJob
 from engine.errors import EngineDeadError, EngineError, StageError
+from engine.graph import Graph, build_graph
 from engine.messages import (
     AbortRequest,
     AppendCall,
@@ -50,7 +52,6 @@ from engine.messages import (
 from engine.pipeline import Pipeline, SpokenChunk
 from engine.speculation import SpeculativeAsr
 from engine.stages.base import StageBackend, StagePool
-from engine.stages.registry import build_replicas
 
 if TYPE_CHECKING:
     from engine.partials import PartialTranscriber
@@ -88,7 +89,7 @@ class Orchestrator:
         config: EngineConfig,
         out_q: janus.SyncQueue[EngineOutput],
         rpc_q: janus.SyncQueue[Any],
-        backends: dict[str, list[StageBackend]] | None = None,
+        backends: Mapping[str, Sequence[StageBackend]] | None = None,
     ) -> None:
         self.config = config
         # One put per item: batching per loop iteration was measured to raise the per-chunk
@@ -114,6 +115,7 @@ class Orchestrator:
         )
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pipeline: Pipeline | None = None
+        self.graph: Graph | None = None
 
     # ------------------------------------------------------------------ thread main
     def run(self) -> None:
@@ -146,8 +148,11 @@ class Orchestrator:
             if not self.started.done():
                 self.started.set_exception(exc)
             return
-        self.pipeline = Pipeline(self.config, self.pools, self.admission)
-        self.speculation = SpeculativeAsr(self.pipeline, self.config.input_sample_rate, self._track)
+        assert self.graph is not None
+        self.pipeline = Pipeline(self.config, self.graph, self.pools, self.admission)
+        self.speculation = SpeculativeAsr(
+            self.pipeline, self.config.input_sample_rate, self._track, self.route_of
+        )
         try:
             self.started.set_result(self.request_q.sync_q)
         except concurrent.futures.InvalidStateError:  # the starter gave up while models loaded
@@ -165,13 +170,12 @@ class Orchestrator:
             await self.request_q.wait_closed()
 
     async def _start_stages(self) -> None:
-        for name in ("asr", "llm", "tts"):
-            if self._backends is not None and name in self._backends:
-                replicas = self._backends[name]
-            else:
-                replicas = build_replicas(name, getattr(self.config.stages, name))
+        """Build the stage graph (validated before any model loads), then start every
+        stage's replicas together."""
+        self.graph = build_graph(self.config, self._backends)
+        for name, replicas in self.graph.replicas.items():
             self.pools[name] = StagePool(name, replicas, on_latency=self.counters.latency)
-        await asyncio.gather(*(p.start() for p in self.pools.values()))
+        await asyncio.gather(*(pool.start() for pool in self.pools.values()))
         if self.config.partials.backend == "pocketsphinx":
             from engine.partials import PartialTranscriber
 
@@ -302,6 +306,13 @@ class Orchestrator:
             return
         self._out.put_nowait(SessionOutput(session_id=sid, event=event))
 
+    def route_of(self, sid: str) -> str:
+        """A session's route: ``voice`` when its output includes audio, else ``text``."""
+        session = self.control.sessions.get(sid)
+        if session is not None and "audio" not in session.config.output_modalities:
+            return "text"
+        return "voice"
+
     # ------------------------------------------------------------------ session runners
     def _ensure_runner(self, sid: str) -> None:
         runner = self._runners.get(sid)
@@ -372,6 +383,7 @@ class Orchestrator:
         history.start_assistant(turn, resp)
         want_text = "text" in cfg.output_modalities
         want_audio = "audio" in cfg.output_modalities
+        route = self.route_of(sid)
 
         def on_text(delta: str) -> None:
             if not want_audio:
@@ -402,9 +414,9 @@ class Orchestrator:
         result = await self.pipeline.respond(
             prefix,
             history.messages(cfg.instructions or self.config.default_instructions),
+            route=route,
             max_tokens=cfg.max_output_tokens or self.config.max_output_tokens,
             temperature=cfg.temperature if cfg.temperature is not None else 0.0,
-            want_audio=want_audio,
             voice=cfg.voice,
             sample_rate=cfg.output_sample_rate,
             session_id=sid,

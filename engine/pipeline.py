@@ -1,19 +1,37 @@
-"""The cascaded pipeline: ASR -> AR LLM -> segmenter -> TTS, streaming between stages.
+"""Runs work along a route of the stage graph, streaming between stages.
 
-TTS starts on the first segment while the LLM is still generating. Every stage request id
-embeds the fence (``sess_x/e3/t5/r1/llm``), so a cancel aborts exactly one epoch's work.
-Outputs go through an ``emit`` callback that drops anything whose fence is stale.
+A route (engine/graph.py) is input stages (audio -> text), an optional responder (text ->
+text, the LLM) and output stages (text -> ... -> audio). The pipeline knows stages only by
+their edge types, never by name:
+
+* :meth:`Pipeline.transcribe` runs a route's input stages on one utterance;
+* :meth:`Pipeline.respond` runs the responder on a conversation and streams its text into
+  the output stages;
+* :meth:`Pipeline.speak` streams text straight into the output stages.
+
+The output stages run as a chain of tasks, one per stage: each consumes its input in order,
+one request per chunk (a segment of text, a window of codec frames; see engine/chunkers.py),
+and its outputs are cut into the next stage's chunks as they arrive. So the first audio does
+not wait for the whole reply, and every stage works on the next chunk while the stage after
+it handles the previous one.
+
+Every stage request id embeds the fence (``sess_x/e3/t5/r1/llm``, ``.../tts0``), so a
+cancel aborts exactly one epoch's work in every stage; outputs reach the orchestrator through
+the ``on_text``/``on_chunk`` callbacks, which drop anything whose fence is stale.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from engine.admission import BatchAdmission
+from engine.chunkers import Chunk, Chunker, default_chunker
 from engine.config import EngineConfig
+from engine.edges import Edge
 from engine.errors import StageError
+from engine.graph import Graph, Route, StageInfo
 from engine.messages import (
     AsrRequest,
     AudioOut,
@@ -21,11 +39,13 @@ from engine.messages import (
     LlmRequest,
     Priority,
     StageDone,
+    StageOutput,
+    StageRequest,
     TextOut,
+    TokensRequest,
     TranscriptOut,
     TtsRequest,
 )
-from engine.segmenter import Segmenter
 from engine.stages.base import StagePool
 
 __all__ = ["LlmResult", "Pipeline", "SpokenChunk"]
@@ -48,49 +68,195 @@ class LlmResult:
     audio_ms: float = 0.0
 
 
+@dataclass(frozen=True)
+class Voice:
+    """How output stages should sound: passed into every request they get."""
+
+    voice: str | None = None
+    speed: float = 1.0
+    sample_rate: int = 24000
+
+
+_END = None
+
+
 class Pipeline:
     def __init__(
         self,
         config: EngineConfig,
+        graph: Graph,
         pools: dict[str, StagePool],
         admission: BatchAdmission | None = None,
     ) -> None:
         self.config = config
+        self.graph = graph
+        self.pools = pools
         self.admission = admission or BatchAdmission()
-        self.asr = pools["asr"]
-        self.llm = pools["llm"]
-        self.tts = pools["tts"]
 
+    def route(self, name: str) -> Route:
+        return self.graph.route(name)
+
+    def _chunker(self, stage: StageInfo) -> Chunker:
+        make = getattr(self.pools[stage.name].replicas[0], "make_chunker", None)
+        chunker: Chunker | None = make() if make is not None else None
+        return chunker or default_chunker(stage.consumes, self.config.segmenter)
+
+    async def _run(
+        self, stage: StageInfo, req: StageRequest, priority: Priority
+    ) -> AsyncIterator[StageOutput]:
+        async with self.admission.slot(priority):
+            async for out in self.pools[stage.name].submit(req):
+                yield out
+
+    # ------------------------------------------------------------------ input stages
     async def transcribe(
         self,
         request_id: str,
         audio: bytes,
         *,
+        route: str = "transcribe",
         sample_rate: int,
         session_id: str | None,
         priority: Priority = Priority.REALTIME,
         language: str = "en",
     ) -> str:
-        req = AsrRequest(
-            request_id=request_id,
-            audio=audio,
-            sample_rate=sample_rate,
-            language=language,
+        """Run ``route``'s input stages on one utterance; returns its text."""
+        stages = self.route(route).inputs
+        if not stages:
+            raise StageError(f"route {route!r} has no input stages", code="route_unavailable")
+        rate = sample_rate
+        text = ""
+        for i, stage in enumerate(stages):
+            rid = request_id if i == 0 else f"{request_id}/{stage.name}"
+            req = AsrRequest(
+                request_id=rid,
+                audio=audio,
+                sample_rate=rate,
+                language=language,
+                priority=priority,
+                session_id=session_id,
+            )
+            pcm: list[bytes] = []
+            parts: list[str] = []
+            async for out in self._run(stage, req, priority):
+                if isinstance(out, TranscriptOut) and out.final:
+                    parts = [out.text]
+                elif isinstance(out, TextOut):
+                    parts.append(out.text)
+                elif isinstance(out, AudioOut):
+                    pcm.append(out.pcm)
+                    rate = out.sample_rate
+                elif isinstance(out, StageDone) and out.finish_reason == "aborted":
+                    raise StageError("aborted", code="aborted")
+            if stage.emits is Edge.AUDIO:
+                audio = b"".join(pcm)
+            text = "".join(parts)
+        return text.strip()
+
+    # ------------------------------------------------------------------ output stages
+    def _request(
+        self,
+        stage: StageInfo,
+        rid: str,
+        chunk: Chunk,
+        voice: Voice,
+        meta: tuple[Priority, str | None],
+    ) -> StageRequest:
+        priority, session_id = meta
+        if stage.consumes is Edge.TEXT:
+            return TtsRequest(
+                request_id=rid,
+                text=chunk.text,
+                voice=voice.voice,
+                speed=voice.speed,
+                sample_rate=voice.sample_rate,
+                priority=priority,
+                session_id=session_id,
+            )
+        return TokensRequest(
+            request_id=rid,
+            ids=chunk.ids,
+            context=chunk.context,
+            final=chunk.final,
+            sample_rate=voice.sample_rate,
+            voice=voice.voice,
             priority=priority,
             session_id=session_id,
         )
-        text = ""
-        async with self.admission.slot(priority):
-            async for out in self.asr.submit(req):
-                if isinstance(out, TranscriptOut) and out.final:
-                    text = out.text
-        return text.strip()
+
+    async def _output_chain(
+        self,
+        prefix: str,
+        stages: Sequence[StageInfo],
+        first: asyncio.Queue[tuple[Chunk, str] | None],
+        voice: Voice,
+        meta: tuple[Priority, str | None],
+        on_chunk: Callable[[SpokenChunk], None],
+        on_text: Callable[[str], None] | None = None,
+    ) -> float:
+        """Run the output stages as a chain of tasks; returns the audio produced (ms)."""
+        cursor = 0.0
+        queues: list[asyncio.Queue[tuple[Chunk, str] | None]] = [first] + [
+            asyncio.Queue() for _ in stages[1:]
+        ]
+
+        async def stage_task(i: int) -> None:
+            nonlocal cursor
+            stage, inq = stages[i], queues[i]
+            last = i == len(stages) - 1
+            outq = None if last else queues[i + 1]
+            n = 0
+            try:
+                while (item := await inq.get()) is not _END:
+                    chunk, mark = item
+                    req = self._request(stage, f"{prefix}/{stage.name}{n}", chunk, voice, meta)
+                    n += 1
+                    chunker = None if outq is None else self._chunker(stages[i + 1])
+                    pending_mark = mark
+                    async for out in self._run(stage, req, meta[0]):
+                        if isinstance(out, StageDone):
+                            if out.finish_reason == "aborted":
+                                raise StageError("aborted", code="aborted")
+                            continue
+                        if outq is not None and chunker is not None:
+                            for c in chunker.push(out):
+                                outq.put_nowait((c, pending_mark))
+                                pending_mark = ""
+                        elif isinstance(out, AudioOut) and out.pcm:
+                            dur = len(out.pcm) / 2 / out.sample_rate * 1000.0
+                            spoken = out.text or pending_mark
+                            pending_mark = ""
+                            on_chunk(SpokenChunk(out, cursor, dur, spoken))
+                            cursor += dur
+                        elif isinstance(out, TextOut) and on_text is not None:
+                            on_text(out.text)
+                    if outq is not None and chunker is not None:
+                        for c in chunker.flush():
+                            outq.put_nowait((c, pending_mark))
+                            pending_mark = ""
+            finally:
+                if outq is not None:
+                    outq.put_nowait(_END)
+
+        tasks = [
+            asyncio.create_task(stage_task(i), name=f"{stages[i].name}:{prefix}")
+            for i in range(len(stages))
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return cursor
 
     async def speak(
         self,
         prefix: str,
-        segments: AsyncIterator[str] | list[str],
+        text: str,
         *,
+        route: str = "speech",
         voice: str | None,
         speed: float,
         sample_rate: int,
@@ -98,49 +264,34 @@ class Pipeline:
         priority: Priority,
         on_chunk: Callable[[SpokenChunk], None],
     ) -> float:
-        """Synthesize segments in order; returns the audio duration produced (ms)."""
-        cursor = 0.0
-        n = 0
+        """Speak ``text`` along ``route``'s output stages; returns the audio duration (ms)."""
+        r = self.route(route)
+        stages = r.outputs
+        if r.responder is not None or not stages or stages[0].consumes is not Edge.TEXT:
+            raise StageError(f"route {route!r} cannot speak text", code="route_unavailable")
+        first: asyncio.Queue[tuple[Chunk, str] | None] = asyncio.Queue()
+        chunker = self._chunker(stages[0])
+        for c in [*chunker.push(TextOut(request_id=prefix, text=text)), *chunker.flush()]:
+            first.put_nowait((c, c.text))
+        first.put_nowait(_END)
+        return await self._output_chain(
+            prefix,
+            stages,
+            first,
+            Voice(voice, speed, sample_rate),
+            (priority, session_id),
+            on_chunk,
+        )
 
-        async def each(seg: str) -> None:
-            nonlocal cursor, n
-            req = TtsRequest(
-                request_id=f"{prefix}/tts{n}",
-                text=seg,
-                voice=voice,
-                speed=speed,
-                sample_rate=sample_rate,
-                priority=priority,
-                session_id=session_id,
-            )
-            n += 1
-            first = True
-            async with self.admission.slot(priority):
-                async for out in self.tts.submit(req):
-                    if not isinstance(out, AudioOut) or not out.pcm:
-                        continue
-                    dur = len(out.pcm) / 2 / out.sample_rate * 1000.0
-                    mark = out.text or (seg if first else "")
-                    first = False
-                    on_chunk(SpokenChunk(out, cursor, dur, mark))
-                    cursor += dur
-
-        if isinstance(segments, list):
-            for seg in segments:
-                await each(seg)
-        else:
-            async for seg in segments:
-                await each(seg)
-        return cursor
-
+    # ------------------------------------------------------------------ responder
     async def respond(
         self,
         prefix: str,
         messages: tuple[ChatMessage, ...],
         *,
+        route: str,
         max_tokens: int,
         temperature: float,
-        want_audio: bool,
         voice: str | None,
         sample_rate: int,
         session_id: str | None,
@@ -148,63 +299,62 @@ class Pipeline:
         on_text: Callable[[str], None],
         on_chunk: Callable[[SpokenChunk], None],
     ) -> LlmResult:
-        """Stream LLM text to ``on_text`` and, if wanted, its speech to ``on_chunk``."""
+        """Stream the responder's text to ``on_text`` and through the output stages."""
+        r = self.route(route)
+        if r.responder is None:
+            raise StageError(f"route {route!r} has no responder", code="route_unavailable")
         result = LlmResult()
-        segq: asyncio.Queue[str | None] = asyncio.Queue()
-        segmenter = Segmenter(self.config.segmenter)
-
-        async def segments() -> AsyncIterator[str]:
-            while (seg := await segq.get()) is not None:
-                yield seg
-
-        speaker: asyncio.Task[float] | None = None
-        if want_audio:
-            speaker = asyncio.create_task(
-                self.speak(
+        outputs = r.outputs
+        first: asyncio.Queue[tuple[Chunk, str] | None] = asyncio.Queue()
+        chunker = self._chunker(outputs[0]) if outputs else None
+        chain: asyncio.Task[float] | None = None
+        if outputs:
+            chain = asyncio.create_task(
+                self._output_chain(
                     prefix,
-                    segments(),
-                    voice=voice,
-                    speed=1.0,
-                    sample_rate=sample_rate,
-                    session_id=session_id,
-                    priority=priority,
-                    on_chunk=on_chunk,
+                    outputs,
+                    first,
+                    Voice(voice, 1.0, sample_rate),
+                    (priority, session_id),
+                    on_chunk,
                 ),
-                name=f"tts:{prefix}",
+                name=f"outputs:{prefix}",
             )
         parts: list[str] = []
         req = LlmRequest(
-            request_id=f"{prefix}/llm",
+            request_id=f"{prefix}/{r.responder.name}",
             messages=messages,
             max_tokens=max_tokens,
             temperature=temperature,
             priority=priority,
             session_id=session_id,
         )
+
+        def feed(chunks: list[Chunk]) -> None:
+            for c in chunks:
+                first.put_nowait((c, c.text))
+
         try:
-            async with self.admission.slot(priority):
-                async for out in self.llm.submit(req):
-                    if isinstance(out, TextOut):
-                        parts.append(out.text)
-                        on_text(out.text)
-                        if want_audio:
-                            for seg in segmenter.push(out.text):
-                                segq.put_nowait(seg)
-                    elif isinstance(out, StageDone):
-                        result.tokens = out.tokens
-                        result.prompt_tokens = out.prompt_tokens
-                        result.finish_reason = out.finish_reason
-            if want_audio:
-                for seg in segmenter.flush():
-                    segq.put_nowait(seg)
-                segq.put_nowait(None)
+            async for out in self._run(r.responder, req, priority):
+                if isinstance(out, TextOut):
+                    parts.append(out.text)
+                    on_text(out.text)
+                    if chunker is not None:
+                        feed(chunker.push(out))
+                elif isinstance(out, StageDone):
+                    result.tokens = out.tokens
+                    result.prompt_tokens = out.prompt_tokens
+                    result.finish_reason = out.finish_reason
+            if chunker is not None:
+                feed(chunker.flush())
+            first.put_nowait(_END)
             result.text = "".join(parts)
-            if speaker is not None:
-                result.audio_ms = await speaker
+            if chain is not None:
+                result.audio_ms = await chain
         finally:
-            if speaker is not None and not speaker.done():
-                speaker.cancel()
-                await asyncio.gather(speaker, return_exceptions=True)
+            if chain is not None and not chain.done():
+                chain.cancel()
+                await asyncio.gather(chain, return_exceptions=True)
         if result.finish_reason == "aborted":
             raise StageError("aborted", code="aborted")
         return result

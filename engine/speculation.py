@@ -45,9 +45,14 @@ class _Transcription:
 
 class SpeculativeAsr:
     def __init__(
-        self, pipeline: Pipeline, sample_rate: int, track: Callable[[asyncio.Task[Any]], None]
+        self,
+        pipeline: Pipeline,
+        sample_rate: int,
+        track: Callable[[asyncio.Task[Any]], None],
+        route_of: Callable[[str], str],
     ) -> None:
         self._pipeline = pipeline
+        self._route_of = route_of  # session id -> the route whose input stages transcribe
         self._rate = sample_rate
         self._track = track  # the orchestrator awaits dropped tasks at shutdown
         self._by_session: dict[str, list[_Transcription]] = {}
@@ -59,7 +64,9 @@ class SpeculativeAsr:
         sid = fence.session_id
         rid = f"{sid}/asr/t{fence.turn_id}/{next(self._ids)}"
         task = asyncio.create_task(
-            self._pipeline.transcribe(rid, audio, sample_rate=self._rate, session_id=sid),
+            self._pipeline.transcribe(
+                rid, audio, route=self._route_of(sid), sample_rate=self._rate, session_id=sid
+            ),
             name=f"asr:{rid}",
         )
         entry = _Transcription(kind, audio, task)

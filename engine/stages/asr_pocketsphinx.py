@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from engine.audio import resample_pcm16
+from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import AsrRequest, StageDone, StageOutput, StageRequest, TranscriptOut
 from engine.stages.base import ThreadedBackend
@@ -112,9 +113,11 @@ class PocketsphinxAsr(ThreadedBackend):
     """Whole-utterance pocketsphinx decoding: one TranscriptOut(final=True), then StageDone."""
 
     Options: ClassVar[type[msgspec.Struct]] = PocketsphinxOptions
+    consumes: Edge = Edge.AUDIO
+    emits: Edge = Edge.TEXT
 
-    def __init__(self, options: PocketsphinxOptions, name: str) -> None:
-        super().__init__(options, name)
+    def __init__(self, options: PocketsphinxOptions, name: str, **placement: Any) -> None:
+        super().__init__(options, name, **placement)
         self.opts = options
         self._decoder: Any = None
 

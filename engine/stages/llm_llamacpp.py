@@ -30,6 +30,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
+from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import ChatMessage, LlmRequest, StageDone, StageOutput, StageRequest, TextOut
 from engine.models import smollm2_gguf
@@ -99,9 +100,11 @@ class LlamaCppLlm(ThreadedBackend):
     """Streams one TextOut per generated token piece, then StageDone(finish_reason, tokens)."""
 
     Options: ClassVar[type[msgspec.Struct]] = LlamaCppOptions
+    consumes: Edge = Edge.TEXT
+    emits: Edge = Edge.TEXT
 
-    def __init__(self, options: LlamaCppOptions, name: str) -> None:
-        super().__init__(options, name)
+    def __init__(self, options: LlamaCppOptions, name: str, **placement: Any) -> None:
+        super().__init__(options, name, **placement)
         self.opts = options
         self._llama: Any = None
         self._prompt: ChatPrompt | None = None

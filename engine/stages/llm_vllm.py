@@ -39,6 +39,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
+from engine.edges import Edge
 from engine.errors import ConfigError, StageError
 from engine.messages import ChatMessage, LlmRequest, StageDone, StageOutput, StageRequest, TextOut
 
@@ -164,10 +165,19 @@ class VllmLlm:
     """The StageBackend protocol on one ``AsyncLLM`` (continuous batching, streaming)."""
 
     Options: ClassVar[type[VllmOptions]] = VllmOptions
+    consumes: Edge = Edge.TEXT
+    emits: Edge = Edge.TEXT
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
+    # "auto" stays "auto": vLLM places itself (all visible GPUs with tensor parallelism)
+    keeps_auto: ClassVar[bool] = True
 
-    def __init__(self, options: VllmOptions, name: str) -> None:
+    def __init__(
+        self, options: VllmOptions, name: str, *, device: str = "auto", stage: str | None = None
+    ) -> None:
         self.options = options
         self.name = name
+        self.device = device  # this replica's placement: auto, cpu or cuda:N
+        self.stage = stage or name
         self.restarts = 0
         self.model_path: str | None = None
         self.max_model_len = 0
@@ -178,6 +188,14 @@ class VllmLlm:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._closing = False
+
+    @classmethod
+    def cuda_device_count(cls) -> int:
+        try:
+            import torch
+        except ImportError:
+            return 0
+        return int(torch.cuda.device_count())
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -275,7 +293,7 @@ class VllmLlm:
         if opts.device_ids is not None:
             kwargs["device_ids"] = list(opts.device_ids)
         try:
-            with _scoped_env(self._cpu_env(platform)):
+            with _scoped_env({**self._cpu_env(platform), **self._placement_env(platform)}):
                 args = AsyncEngineArgs(**kwargs)
                 self._engine = AsyncLLM.from_engine_args(args)
         except ConfigError:
@@ -295,6 +313,19 @@ class VllmLlm:
             )
             async for _ in self._engine.generate(*self._inputs(warm)[:3]):
                 pass
+
+    def _placement_env(self, platform: str) -> dict[str, str]:
+        """A replica pinned to ``cuda:N`` sees only that GPU (its EngineCore inherits it)."""
+        kind, _, index = self.device.partition(":")
+        where = f"engine.stages.{self.stage}.devices"
+        if kind != "auto" and kind != platform:
+            raise ConfigError(
+                f"{where}: replica {self.name} is placed on {self.device!r}, but the installed "
+                f"vLLM runs on {platform!r}"
+            )
+        if kind == "cuda" and self.options.tensor_parallel_size == 1:
+            return {"CUDA_VISIBLE_DEVICES": index or "0"}
+        return {}
 
     def _cpu_env(self, platform: str) -> dict[str, str]:
         if platform != "cpu":

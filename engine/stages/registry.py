@@ -1,7 +1,16 @@
 """Backend names used in configs -> implementing classes (imported lazily).
 
-GPU backends (vLLM) are only imported when a config names them, so nothing in the CPU
-default needs them installed.
+The table is flat: a backend is known by its name alone, whatever stage it serves; what it
+consumes and emits is its own declaration (``consumes`` / ``emits``), checked against the
+routes by :func:`engine.graph.build_graph`. Adding a stage kind means adding its backend
+here and nothing else. GPU backends (vLLM) are only imported when a config names them, so
+nothing in the CPU default needs them installed.
+
+Device placement: each replica gets one entry of ``devices`` (``cpu``, ``cuda``, ``cuda:N``
+or ``auto``). A backend lists the device kinds it can use in ``device_kinds`` and reports
+how many GPUs it can see with ``cuda_device_count()``; ``auto`` picks ``cuda:0`` when the
+backend can use a GPU and sees one, else ``cpu``. A GPU asked for where none exists is a
+start-up error naming the stage and the replica.
 """
 
 from __future__ import annotations
@@ -13,48 +22,75 @@ from engine.config import StageConfig, convert
 from engine.errors import ConfigError
 from engine.stages.base import StageBackend
 
-BACKENDS: dict[str, dict[str, str]] = {
-    "asr": {
-        "test": "engine.stages.testing:TestStage",
-        "whisper": "engine.stages.asr_whisper:WhisperAsr",
-        "pocketsphinx": "engine.stages.asr_pocketsphinx:PocketsphinxAsr",
-    },
-    "llm": {
-        "test": "engine.stages.testing:TestStage",
-        "llamacpp": "engine.stages.llm_llamacpp:LlamaCppLlm",
-        "vllm": "engine.stages.llm_vllm:VllmLlm",
-    },
-    "tts": {
-        "test": "engine.stages.testing:TestStage",
-        "piper": "engine.stages.tts_piper:PiperTts",
-        "espeak": "engine.stages.tts_espeak:EspeakTts",
-    },
+BACKENDS: dict[str, str] = {
+    # deterministic test stages (any role; see engine/stages/testing.py)
+    "test": "engine.stages.testing:TestStage",
+    "test-batch": "engine.stages.testing:BatchTestStage",
+    # speech recognition: audio -> text
+    "whisper": "engine.stages.asr_whisper:WhisperAsr",
+    "pocketsphinx": "engine.stages.asr_pocketsphinx:PocketsphinxAsr",
+    # responders: text -> text
+    "llamacpp": "engine.stages.llm_llamacpp:LlamaCppLlm",
+    "vllm": "engine.stages.llm_vllm:VllmLlm",
+    # speech synthesis: text -> audio
+    "piper": "engine.stages.tts_piper:PiperTts",
+    "espeak": "engine.stages.tts_espeak:EspeakTts",
 }
 
 
-def backend_class(stage: str, backend: str) -> Any:
-    table = BACKENDS.get(stage, {})
-    target = table.get(backend)
+def backend_class(backend: str, *, where: str = "engine.stages.?") -> Any:
+    target = BACKENDS.get(backend)
     if target is None:
-        known = ", ".join(sorted(table)) or "none"
-        raise ConfigError(
-            f"engine.stages.{stage}.backend: unknown backend {backend!r} (known: {known})"
-        )
+        known = ", ".join(sorted(BACKENDS))
+        raise ConfigError(f"{where}.backend: unknown backend {backend!r} (known: {known})")
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
-            f"engine.stages.{stage}.backend: backend {backend!r} is not installed ({exc})"
+            f"{where}.backend: backend {backend!r} is not installed ({exc})"
         ) from None
     return getattr(module, attr)
 
 
+def resolve_device(cls: Any, backend: str, device: str, where: str) -> str:
+    """``auto`` -> a concrete device; refuse what the backend or the machine can't do."""
+    kinds: frozenset[str] = getattr(cls, "device_kinds", frozenset({"cpu"}))
+    if device == "auto" and getattr(cls, "keeps_auto", False):
+        return device  # the backend places itself
+    if device == "auto":
+        if "cuda" in kinds and cls.cuda_device_count() > 0:
+            return "cuda:0"
+        return "cpu"
+    kind, _, index = device.partition(":")
+    if kind not in kinds:
+        raise ConfigError(
+            f"{where}: backend {backend!r} cannot run on {device!r} "
+            f"(it runs on: {', '.join(sorted(kinds))})"
+        )
+    if kind == "cuda":
+        count = cls.cuda_device_count()
+        idx = int(index or 0)
+        if idx >= count:
+            raise ConfigError(
+                f"{where}: {device!r} requested, but backend {backend!r} sees "
+                f"{count} CUDA device(s) on this machine"
+            )
+        return f"cuda:{idx}"
+    return device
+
+
 def build_replicas(stage: str, config: StageConfig) -> list[StageBackend]:
-    """Validate ``options`` against the backend's Options struct and build the replicas."""
-    cls = backend_class(stage, config.backend)
-    options = convert(config.options, cls.Options, where=f"engine.stages.{stage}.options")
-    return [
-        cls(options, f"{stage}{i}" if config.replicas > 1 else stage)
-        for i in range(config.replicas)
-    ]
+    """Validate ``options`` and ``devices`` against the backend and build the replicas.
+
+    Nothing is loaded here: models load in ``start()``.
+    """
+    where = f"engine.stages.{stage}"
+    cls = backend_class(config.backend, where=where)
+    options = convert(config.options, cls.Options, where=f"{where}.options")
+    replicas: list[StageBackend] = []
+    for i, dev in enumerate(config.device_list()):
+        device = resolve_device(cls, config.backend, dev, f"{where}.devices[{i}]")
+        name = f"{stage}{i}" if config.replicas > 1 else stage
+        replicas.append(cls(options, name, device=device, stage=stage))
+    return replicas

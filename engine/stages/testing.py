@@ -1,9 +1,14 @@
-"""A deterministic test stage: configurable text, tone or noise audio, configurable pace.
+"""Deterministic test stages: configurable text, tone or noise audio, configurable pace.
 
-It serves any stage kind (ASR, LLM, TTS) and computes nothing heavy, so it runs as plain
-asyncio on the orchestrator loop (pacing with ``asyncio.sleep``; many concurrent requests
-never queue behind each other). It exists for tests and benchmarks and is never the default
-of a config a user runs.
+:class:`TestStage` plays any role (``asr``, ``llm``, ``tts``, and the talker path's
+``talker`` and ``codec``) and computes nothing heavy, so it runs as plain asyncio on the
+orchestrator loop (pacing with ``asyncio.sleep``; many concurrent requests never queue
+behind each other). :class:`BatchTestStage` plays the same roles on the batching runtime
+(one worker thread, one ``step`` over many requests; ``step_s`` of simulated compute per
+step whatever the batch size). Both exist for tests and benchmarks and are never the
+default of a config a user runs.
+
+The role is the ``role`` option, or else the stage's name when that is a role name.
 """
 
 from __future__ import annotations
@@ -11,13 +16,16 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import zlib
 from collections.abc import AsyncIterator, Sequence
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 import numpy as np
 
-from engine.errors import StageError
+from engine.chunkers import Chunker, WindowChunker, WindowOptions
+from engine.edges import Edge
+from engine.errors import ConfigError, StageError
 from engine.messages import (
     AsrRequest,
     AudioOut,
@@ -26,10 +34,45 @@ from engine.messages import (
     StageOutput,
     StageRequest,
     TextOut,
+    TokensOut,
+    TokensRequest,
     TranscriptOut,
     TtsRequest,
 )
-from engine.stages.base import WorkerCrash
+from engine.stages.base import BatchingBackend, BatchSlot, WorkerCrash
+
+Role = Literal["asr", "llm", "tts", "talker", "codec"]
+ROLES: dict[str, tuple[Edge, Edge]] = {
+    "asr": (Edge.AUDIO, Edge.TEXT),
+    "llm": (Edge.TEXT, Edge.TEXT),
+    "tts": (Edge.TEXT, Edge.AUDIO),
+    "talker": (Edge.TEXT, Edge.CODEC),
+    "codec": (Edge.CODEC, Edge.AUDIO),
+}
+
+
+def resolve_role(options: TestStageOptions, stage: str) -> Role:
+    role = options.role or stage
+    if role not in ROLES:
+        raise ConfigError(
+            f"engine.stages.{stage}.options.role: the test backend needs a role "
+            f"({', '.join(ROLES)}) when the stage is not named after one"
+        )
+    return role  # type: ignore[return-value]
+
+
+def word_frame(word: str, frame_size: int) -> tuple[int, ...]:
+    """A deterministic codec frame for a word (the test talker's 'codes')."""
+    h = zlib.crc32(word.encode())
+    return tuple((h >> (i % 4 * 8)) % 256 + 256 * i for i in range(frame_size))
+
+
+def frame_pcm(frame: Sequence[int], rate: int, ms: float) -> bytes:
+    """The test codec's decode of one frame: a tone whose pitch depends on the frame."""
+    n = int(rate * ms / 1000)
+    hz = 200.0 + 10.0 * (frame[0] % 64)
+    t = np.arange(n) / rate
+    return (np.sin(2 * math.pi * hz * t) * 6000).astype(np.int16).tobytes()
 
 
 class TestStageOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -48,6 +91,12 @@ class TestStageOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     crash_on: str | None = None  # ... or kills the "worker" (worker_died)
     hang_on: str | None = None  # ... or never finishes (until aborted)
     load_delay_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    role: Role | None = None  # None: the stage's name (asr, llm, tts, talker or codec)
+    frame_size: Annotated[int, msgspec.Meta(ge=1)] = 7  # talker/codec: ids per codec frame
+    ms_per_frame: Annotated[float, msgspec.Meta(gt=0)] = 80.0  # codec: audio per frame
+    # batching runtime (BatchTestStage): requests per step, simulated compute per step
+    max_batch: Annotated[int, msgspec.Meta(ge=1)] = 8
+    step_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -92,9 +141,14 @@ class TestStage:
     __test__ = False  # not a pytest class
     Options: ClassVar[type[TestStageOptions]] = TestStageOptions
 
-    def __init__(self, options: TestStageOptions, name: str) -> None:
+    def __init__(
+        self, options: TestStageOptions, name: str, *, device: str = "cpu", stage: str | None = None
+    ) -> None:
         self.options = options
         self.name = name
+        self.device = device
+        self.role = resolve_role(options, stage or name)
+        self.consumes, self.emits = ROLES[self.role]
         self._cancelled: dict[str, _Abort] = {}
         self.restarts = 0
         self.submitted: list[str] = []
@@ -135,6 +189,10 @@ class TestStage:
                 gen = self._asr(request, cancelled)
             elif isinstance(request, LlmRequest):
                 gen = self._llm(request, cancelled)
+            elif isinstance(request, TokensRequest):
+                gen = self._codec(request, cancelled)
+            elif self.role == "talker":
+                gen = self._talker(request, cancelled)
             else:
                 gen = self._tts(request, cancelled)
             async for out in gen:
@@ -204,6 +262,145 @@ class TestStage:
                 await self._sleep(interval, cancelled)
         yield StageDone(request_id=req.request_id)
 
+    async def _talker(self, req: TtsRequest, cancelled: _Abort) -> AsyncIterator[StageOutput]:
+        """Text -> one codec frame per word, paced like tokens."""
+        self._check_faults(req.text)
+        for word in req.text.split():
+            await self._sleep(self.options.token_interval_s, cancelled)
+            if cancelled.is_set():
+                return
+            yield TokensOut(
+                request_id=req.request_id, ids=word_frame(word, self.options.frame_size)
+            )
+        yield StageDone(request_id=req.request_id)
+
+    async def _codec(self, req: TokensRequest, cancelled: _Abort) -> AsyncIterator[StageOutput]:
+        """Codec frames -> audio, skipping the left-context frames."""
+        f = self.options.frame_size
+        ids = req.ids[req.context :]
+        for i in range(0, len(ids) - len(ids) % f, f):
+            if cancelled.is_set():
+                return
+            pcm = frame_pcm(ids[i : i + f], req.sample_rate, self.options.ms_per_frame)
+            yield AudioOut(
+                request_id=req.request_id,
+                pcm=pcm,
+                sample_rate=req.sample_rate,
+                t_ns=time.monotonic_ns(),
+            )
+        yield StageDone(request_id=req.request_id)
+
+    def make_chunker(self) -> Chunker | None:
+        if self.role != "codec":
+            return None
+        return WindowChunker(WindowOptions(frame_size=self.options.frame_size))
+
+
+class BatchTestStage(BatchingBackend):
+    """The test roles on the batching runtime: one step advances every request in it.
+
+    asr: one step per request (the transcript); llm: one word per step; tts: one audio
+    chunk per step. ``step_s`` is slept once per step whatever the batch size (a batched
+    forward pass). ``batches`` records the request ids of each step (tests check who ran
+    together). fail_on / crash_on / hang_on work as in :class:`TestStage`.
+    """
+
+    __test__ = False
+    Options: ClassVar[type[msgspec.Struct]] = TestStageOptions
+
+    def __init__(
+        self, options: TestStageOptions, name: str, *, device: str = "cpu", stage: str | None = None
+    ) -> None:
+        super().__init__(options, name, device=device, stage=stage)
+        self.opts = options
+        self.role = resolve_role(options, stage or name)
+        if self.role not in ("asr", "llm", "tts"):
+            raise ConfigError(
+                f"engine.stages.{stage or name}.options.role: test-batch plays asr, llm or tts"
+            )
+        self.consumes, self.emits = ROLES[self.role]
+        self.batches: list[tuple[str, ...]] = []
+
+    def load(self) -> None:
+        time.sleep(self.opts.load_delay_s)
+
+    def prepare(self, request: StageRequest) -> Any:
+        o = self.opts
+        if isinstance(request, AsrRequest):
+            ms = len(request.audio) / 2 / request.sample_rate * 1000
+            text = o.transcript or f"user audio of {ms:.0f} milliseconds"
+            return [text]
+        if isinstance(request, LlmRequest):
+            words = self._reply(request).split(" ")[: request.max_tokens]
+            return [w if i == 0 else " " + w for i, w in enumerate(words)]
+        if isinstance(request, TtsRequest):
+            n_words = max(1, len(request.text.split()))
+            total = int(request.sample_rate * n_words * o.ms_per_word / request.speed / 1000)
+            chunk = max(1, int(request.sample_rate * o.chunk_ms / 1000))
+            return [min(chunk, total - i) for i in range(0, total, chunk)]
+        raise StageError(f"{self.name}: unexpected {type(request).__name__}")
+
+    @staticmethod
+    def _text(request: StageRequest) -> str:
+        if isinstance(request, TtsRequest):
+            return request.text
+        if isinstance(request, LlmRequest):
+            return next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+        return ""
+
+    def step(self, batch: Sequence[BatchSlot]) -> None:
+        o = self.opts
+        if o.step_s:
+            time.sleep(o.step_s)
+        self.batches.append(tuple(s.request.request_id for s in batch))
+        for slot in batch:
+            req, pending = slot.request, slot.state
+            text = self._text(req) or (pending[0] if isinstance(req, AsrRequest) else "")
+            if o.crash_on and o.crash_on in text:
+                raise WorkerCrash(f"{self.name}: injected crash")
+            if o.fail_on and o.fail_on in text:
+                slot.fail(StageError(f"{self.name}: injected failure"))
+                continue
+            if o.hang_on and o.hang_on in text:
+                continue  # takes part in every step, never finishes (until aborted)
+            if not pending:
+                slot.emit(self._done(req))
+                slot.finish()
+                continue
+            item = pending[0]
+            if isinstance(req, AsrRequest):
+                slot.emit(TranscriptOut(request_id=req.request_id, text=item, final=True))
+            elif isinstance(req, LlmRequest):
+                slot.emit(TextOut(request_id=req.request_id, text=item))
+            else:
+                assert isinstance(req, TtsRequest)
+                t = np.arange(item) / req.sample_rate
+                pcm = (np.sin(2 * math.pi * o.tone_hz * t) * 8000).astype(np.int16).tobytes()
+                slot.emit(
+                    AudioOut(
+                        request_id=req.request_id,
+                        pcm=pcm,
+                        sample_rate=req.sample_rate,
+                        t_ns=time.monotonic_ns(),
+                    )
+                )
+            slot.state = pending[1:]  # state changes only once nothing can raise
+            if not slot.state:
+                slot.emit(self._done(req))
+                slot.finish()
+
+    def _done(self, req: StageRequest) -> StageDone:
+        if isinstance(req, LlmRequest):
+            words = len(self._reply(req).split(" "))
+            n = min(words, req.max_tokens)
+            reason: Literal["stop", "length"] = "length" if words > req.max_tokens else "stop"
+            return StageDone(request_id=req.request_id, finish_reason=reason, tokens=n)
+        return StageDone(request_id=req.request_id)
+
+    def _reply(self, req: LlmRequest) -> str:
+        last = next((m.content for m in reversed(req.messages) if m.role == "user"), "")
+        return last if self.opts.echo else self.opts.reply
+
 
 # keep WorkerCrash importable from here for tests that inject real thread deaths
-__all__ = ["TestStage", "TestStageOptions", "WorkerCrash"]
+__all__ = ["BatchTestStage", "TestStage", "TestStageOptions", "WorkerCrash", "frame_pcm"]

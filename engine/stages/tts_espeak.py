@@ -18,11 +18,12 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
 from engine.audio import PcmChunker, StreamResampler
+from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import AudioOut, StageDone, StageOutput, StageRequest, TtsRequest
 from engine.models import espeak_ng_data, espeak_ng_library
@@ -132,9 +133,11 @@ class EspeakTts(ThreadedBackend):
     """Text -> AudioOut chunks (PCM16 mono at request.sample_rate), then StageDone."""
 
     Options: ClassVar[type[msgspec.Struct]] = EspeakOptions
+    consumes: Edge = Edge.TEXT
+    emits: Edge = Edge.AUDIO
 
-    def __init__(self, options: EspeakOptions, name: str) -> None:
-        super().__init__(options, name)
+    def __init__(self, options: EspeakOptions, name: str, **placement: Any) -> None:
+        super().__init__(options, name, **placement)
         self.opts = options
         self._espeak: _Espeak | None = None
 

@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 
 from engine.audio import PcmChunker, StreamResampler, float32_to_pcm16
+from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import AudioOut, StageDone, StageOutput, StageRequest, TtsRequest
 from engine.models import cache_dir, piper_voice
@@ -49,9 +50,11 @@ class PiperTts(ThreadedBackend):
     """Text -> AudioOut chunks (PCM16 mono at request.sample_rate), then StageDone."""
 
     Options: ClassVar[type[msgspec.Struct]] = PiperOptions
+    consumes: Edge = Edge.TEXT
+    emits: Edge = Edge.AUDIO
 
-    def __init__(self, options: PiperOptions, name: str) -> None:
-        super().__init__(options, name)
+    def __init__(self, options: PiperOptions, name: str, **placement: Any) -> None:
+        super().__init__(options, name, **placement)
         self.opts = options
         self._voice: Any = None
         self.native_rate = 22050

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_test_config_loads() -> None:
     cfg = load_engine_config(ROOT / "configs" / "test.yaml")
-    assert cfg.stages.llm.backend == "test"
+    assert cfg.stages["llm"].backend == "test"
+    assert cfg.routes["voice"] == ("asr", "llm", "tts")
     assert cfg.duplex.max_sessions == 1000
 
 
@@ -28,18 +29,18 @@ def test_test_config_loads() -> None:
     [
         (
             "engine: {stages: {asr: {backend: test}, llm: {backend: test, replicas: 0}, "
-            "tts: {backend: test}}}",
+            "tts: {backend: test}}, routes: {voice: [asr, llm, tts]}}",
             "engine.stages.llm.replicas",
         ),
         (
             "engine: {stages: {asr: {backend: test}, llm: {backend: test}, tts: {backend: test}}, "
-            "bogus: 1}",
+            "routes: {voice: [asr, llm, tts]}, bogus: 1}",
             "engine.bogus",
         ),
-        ("engine: {stages: {asr: {backend: test}, tts: {backend: test}}}", "engine.stages"),
+        ("engine: {stages: {asr: {backend: test}, tts: {backend: test}}}", "engine.routes"),
         (
             "engine: {stages: {asr: {backend: test}, llm: {backend: test}, tts: {backend: test}}, "
-            "duplex: {idle_ttl_s: -1}}",
+            "routes: {voice: [asr, llm, tts]}, duplex: {idle_ttl_s: -1}}",
             "engine.duplex.idle_ttl_s",
         ),
     ],

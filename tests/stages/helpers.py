@@ -1,4 +1,4 @@
-"""Shared helpers of the stage tests: WER, running a request through a ThreadedBackend."""
+"""Shared helpers of the stage tests: WER, running a request through a worker backend."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.messages import AudioOut, StageDone, StageOutput, StageRequest, TextOut
-from engine.stages.base import ThreadedBackend
+from engine.stages.base import WorkerBackend
 
 BECKETT_REF = "Ever tried. Ever failed. No matter. Try again. Fail again. Fail better."
 
@@ -59,7 +59,7 @@ class Run:
         return b"".join(o.pcm for o in self.audio)
 
 
-async def collect(backend: ThreadedBackend, request: StageRequest) -> Run:
+async def collect(backend: WorkerBackend, request: StageRequest) -> Run:
     run = Run(started=time.perf_counter())
     async for out in backend.submit(request):
         run.outputs.append(out)
@@ -67,7 +67,7 @@ async def collect(backend: ThreadedBackend, request: StageRequest) -> Run:
     return run
 
 
-def run_request(backend: ThreadedBackend, request: StageRequest) -> Run:
+def run_request(backend: WorkerBackend, request: StageRequest) -> Run:
     """Submit one request through the backend's worker thread and collect every output."""
     return asyncio.run(collect(backend, request))
 

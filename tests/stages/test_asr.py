@@ -7,6 +7,8 @@ short synthesized question (it gets it exactly), no bound on long speech (it is 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from engine.audio import resample_pcm16
@@ -68,3 +70,46 @@ def test_pocketsphinx_stream_partials_then_final(piper_question: bytes) -> None:
     stream.feed(piper_question[:16000])
     stream.reset()
     assert stream.finish() == ""
+
+
+async def _together(whisper: WhisperAsr, clips: list[bytes]) -> list[str]:
+    async def one(i: int, pcm: bytes) -> str:
+        outs = [o async for o in whisper.submit(AsrRequest(request_id=f"b{i}", audio=pcm))]
+        assert isinstance(outs[-1], StageDone) and outs[-1].finish_reason == "stop"
+        return next(o.text for o in outs if isinstance(o, TranscriptOut))
+
+    return list(await asyncio.gather(*(one(i, c) for i, c in enumerate(clips))))
+
+
+def test_whisper_batches_sessions_and_matches_one_at_a_time(
+    whisper: WhisperAsr, beckett: bytes, piper_question: bytes
+) -> None:
+    """Utterances ready together go through one batched call with the same transcripts;
+    silence and a > 30 s utterance in the same batch are handled too."""
+    phrases = [beckett[int(a * 32000) : int(b * 32000)] for a, b in ((0.2, 1.4), (1.7, 3.0))]
+    long = beckett * 4  # 40 s: faster-whisper's long-form loop, alone
+    clips = [piper_question, *phrases, bytes(32000), long]
+    alone = [_transcribe(whisper, c) for c in clips]
+    before = whisper.max_step_size
+    together = asyncio.run(_together(whisper, clips))
+    assert together == alone
+    assert whisper.max_step_size > 1 and whisper.max_step_size >= before
+    assert wer(QUESTION, together[0]) <= 0.2, together[0]
+    assert together[3] == ""  # one second of silence
+    assert wer(" ".join([BECKETT_REF] * 4), together[4]) <= 0.25, together[4]
+
+
+@pytest.mark.gpu
+def test_whisper_on_a_gpu_replica(piper_question: bytes) -> None:
+    import ctranslate2
+
+    if ctranslate2.get_cuda_device_count() == 0:
+        pytest.skip("no CUDA device visible to CTranslate2")
+    from engine.stages.asr_whisper import WhisperOptions
+
+    gpu = WhisperAsr(WhisperOptions(compute_type="float16"), "asr", device="cuda:0")
+    asyncio.run(gpu.start())
+    try:
+        assert wer(QUESTION, _transcribe(gpu, piper_question)) <= 0.2
+    finally:
+        asyncio.run(gpu.close())

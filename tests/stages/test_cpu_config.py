@@ -5,28 +5,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.config import load_engine_config, load_yaml
-from engine.stages.registry import backend_class, build_replicas
+from engine.graph import build_graph
+from engine.stages.registry import backend_class
 
 CPU_YAML = Path(__file__).resolve().parents[2] / "configs" / "cpu.yaml"
 
 
 def test_cpu_config_builds_the_embedded_stack() -> None:
     config = load_engine_config(CPU_YAML)
-    assert (config.stages.asr.backend, config.stages.llm.backend, config.stages.tts.backend) == (
-        "whisper",
-        "llamacpp",
-        "piper",
-    )
+    backends = {name: stage.backend for name, stage in config.stages.items()}
+    assert backends == {"asr": "whisper", "llm": "llamacpp", "tts": "piper"}
     assert config.vad.backend == "silero"
-    names = {
-        stage: type(build_replicas(stage, getattr(config.stages, stage))[0]).__name__
-        for stage in ("asr", "llm", "tts")
-    }
+    graph = build_graph(config)
+    names = {stage: type(replicas[0]).__name__ for stage, replicas in graph.replicas.items()}
     assert names == {"asr": "WhisperAsr", "llm": "LlamaCppLlm", "tts": "PiperTts"}
+    assert [getattr(r, "device", None) for r in graph.replicas["asr"]] == ["cpu"]
+    assert getattr(graph.replicas["asr"][0], "max_batch", None) == 4
+    assert graph.routes["voice"].describe() == (
+        "asr(audio -> text) -> llm(text -> text) -> tts(text -> audio)"
+    )
     assert "server" in load_yaml(CPU_YAML)
 
 
 def test_alternative_backends_have_default_options() -> None:
-    for stage, backend in (("asr", "pocketsphinx"), ("tts", "espeak")):
-        cls = backend_class(stage, backend)
+    for backend in ("pocketsphinx", "espeak"):
+        cls = backend_class(backend)
         assert cls.Options() is not None

@@ -57,9 +57,13 @@ SCRIPT = textwrap.dedent(
     esp = EspeakTts(EspeakOptions(), "esp")
     esp.load()
     assert list(esp.run(TtsRequest(request_id="e", text="Hi."), go))
-    for asr in (WhisperAsr(WhisperOptions(), "asr"), PocketsphinxAsr(PocketsphinxOptions(), "ps")):
-        asr.load()
-        print(type(asr).__name__, list(asr.run(AsrRequest(request_id="a", audio=pcm), go))[0].text)
+    whisper = WhisperAsr(WhisperOptions(), "asr")
+    whisper.load()
+    audio = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+    print("WhisperAsr", whisper.transcribe(audio, "en"))
+    ps = PocketsphinxAsr(PocketsphinxOptions(), "ps")
+    ps.load()
+    print("PocketsphinxAsr", list(ps.run(AsrRequest(request_id="a", audio=pcm), go))[0].text)
     llm = LlamaCppLlm(LlamaCppOptions(), "llm")
     llm.load()
     msgs = (ChatMessage(role="user", content="Hi"),)

@@ -34,7 +34,7 @@ def _english(text: str) -> bool:
 
 
 def test_registered_as_the_llm_vllm_backend() -> None:
-    assert backend_class("llm", "vllm") is VllmLlm
+    assert backend_class("vllm") is VllmLlm
 
 
 def test_streams_a_greedy_reply_with_the_chat_template(vllm_llm: VllmLlm) -> None:
@@ -216,3 +216,14 @@ def test_start_up_errors_name_the_option(options: dict[str, object], field: str)
         asyncio.run(backend.start())
     assert str(err.value).startswith(field + ":"), str(err.value)
     assert backend._thread is None  # the failed start cleaned up after itself
+
+
+def test_a_replica_pinned_to_a_gpu_is_refused_by_a_cpu_build() -> None:
+    backend = VllmLlm(CPU_OPTIONS, "llm", device="cuda:0")
+    with pytest.raises(ConfigError) as err:
+        asyncio.run(backend.start())
+    assert str(err.value).startswith(
+        "engine.stages.llm.devices: replica llm is placed on 'cuda:0', but the installed vLLM "
+        "runs on 'cpu'"
+    ), str(err.value)
+    assert backend._thread is None
