@@ -93,6 +93,13 @@ class Metrics:
             buckets=_SLOW,
             registry=r,
         )
+        self.stage_batch = Histogram(
+            "duplex_stage_batch_size",
+            "Requests advanced together by one step of a batching stage",
+            ["stage"],
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
         self.outbound_bytes = Gauge(
             "duplex_outbound_queue_bytes", "Bytes queued to all sockets", registry=r
         )
@@ -114,6 +121,8 @@ class Metrics:
         if engine is not None:
             for stage, seconds in engine.drain_stage_latencies():
                 self.stage_latency.labels(stage).observe(seconds)
+            for stage, size in engine.drain_stage_steps():
+                self.stage_batch.labels(stage).observe(size)
         return generate_latest(self.registry)
 
 

@@ -418,6 +418,16 @@ class AsyncEngine:
             },
         )
 
+    def drain_stage_steps(self) -> list[tuple[str, int]]:
+        """(stage, batch size) of each step the batching stages ran since the last drain."""
+        orch = self._orch
+        if orch is None:
+            return []
+        with orch.counters.lock:
+            out = orch.counters.stage_steps
+            orch.counters.stage_steps = []
+        return out
+
     def drain_stage_latencies(self) -> list[tuple[str, float]]:
         orch = self._orch
         if orch is None:

@@ -67,7 +67,15 @@ class Counters:
 
     stale_dropped: int = 0
     stage_latency: list[tuple[str, float]] = field(default_factory=list)
+    stage_steps: list[tuple[str, int]] = field(default_factory=list)  # (stage, batch size)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def step(self, stage: str, size: int) -> None:
+        """A batching stage ran one step over ``size`` requests (called from its worker)."""
+        with self.lock:
+            self.stage_steps.append((stage, size))
+            if len(self.stage_steps) > 10_000:
+                del self.stage_steps[:5_000]
 
     def latency(self, stage: str, seconds: float) -> None:
         with self.lock:
@@ -174,7 +182,9 @@ class Orchestrator:
         stage's replicas together."""
         self.graph = build_graph(self.config, self._backends)
         for name, replicas in self.graph.replicas.items():
-            self.pools[name] = StagePool(name, replicas, on_latency=self.counters.latency)
+            self.pools[name] = StagePool(
+                name, replicas, on_latency=self.counters.latency, on_step=self.counters.step
+            )
         await asyncio.gather(*(pool.start() for pool in self.pools.values()))
         if self.config.partials.backend == "pocketsphinx":
             from engine.partials import PartialTranscriber

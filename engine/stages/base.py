@@ -19,6 +19,7 @@ dies fails the requests bound to it (``worker_died``) and is restarted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import logging
@@ -378,6 +379,7 @@ class BatchingBackend(WorkerBackend):
         self._stop = False
         self._live: list[BatchSlot] = []
         # figures for metrics, tests and benchmarks (written by the worker thread)
+        self.on_step: Callable[[int], None] | None = None  # step size -> metrics (the pool)
         self.steps = 0
         self.items_stepped = 0
         self.max_step_size = 0
@@ -472,6 +474,8 @@ class BatchingBackend(WorkerBackend):
         self.steps += 1
         self.items_stepped += len(batch)
         self.max_step_size = max(self.max_step_size, len(batch))
+        if self.on_step is not None:
+            self.on_step(len(batch))
         for slot in batch:
             slot.steps += 1
             job = slot.job
@@ -503,6 +507,7 @@ class StagePool:
         name: str,
         replicas: Sequence[StageBackend],
         on_latency: Callable[[str, float], None] | None = None,
+        on_step: Callable[[str, int], None] | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a stage pool needs at least one replica")
@@ -513,6 +518,10 @@ class StagePool:
         self._owner: dict[str, int] = {}
         self._load = [0] * len(self.replicas)
         self._on_latency = on_latency
+        if on_step is not None:
+            for replica in self.replicas:
+                if isinstance(replica, BatchingBackend):
+                    replica.on_step = functools.partial(on_step, name)
 
     async def start(self) -> None:
         await asyncio.gather(*(r.start() for r in self.replicas))
