@@ -20,7 +20,7 @@ def test_cpu_config_builds_the_embedded_stack() -> None:
     names = {stage: type(replicas[0]).__name__ for stage, replicas in graph.replicas.items()}
     assert names == {"asr": "WhisperAsr", "llm": "LlamaCppLlm", "tts": "PiperTts"}
     assert [getattr(r, "device", None) for r in graph.replicas["asr"]] == ["cpu"]
-    assert getattr(graph.replicas["asr"][0], "max_batch", None) == 4
+    assert getattr(graph.replicas["asr"][0], "max_batch", None) == 1
     assert graph.routes["voice"].describe() == (
         "asr(audio -> text) -> llm(text -> text) -> tts(text -> audio)"
     )
