@@ -1,4 +1,9 @@
-"""``duplex-server serve --config PATH --host H --port P``."""
+"""``duplex-server serve --config PATH --host H --port P`` and ``duplex-server check``.
+
+Both validate the whole config first, the stage graph included (backends, options, devices,
+routes and their edges), before any model loads: a bad config exits with status 2 and the
+offending field named.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import uvicorn
 from duplex_server.app import create_app
 from duplex_server.config import load_app_config
 from engine.errors import ConfigError
+from engine.graph import build_graph
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,12 +27,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--log-level", default="info")
+    check = sub.add_parser("check", help="validate a config and print its stage graph")
+    check.add_argument("--config", default="configs/cpu.yaml")
     args = parser.parse_args(argv)
+    if args.command == "check":
+        return _check(args.config)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         config = load_app_config(args.config)
+        build_graph(config.engine)
     except ConfigError as exc:
         print(f"duplex-server: bad config: {exc}", file=sys.stderr)
         return 2
@@ -42,6 +53,24 @@ def main(argv: list[str] | None = None) -> int:
         ws_per_message_deflate=config.server.ws_per_message_deflate,
         timeout_graceful_shutdown=int(config.server.shutdown_grace_s) + 1,
     )
+    return 0
+
+
+def _check(path: str) -> int:
+    try:
+        graph = build_graph(load_app_config(path).engine)
+    except ConfigError as exc:
+        print(f"duplex-server: bad config: {exc}", file=sys.stderr)
+        return 2
+    print(f"{path}: ok")
+    print("stages:")
+    for name, replicas in graph.replicas.items():
+        info = graph.stages[name]
+        places = ", ".join(str(getattr(r, "device", "cpu")) for r in replicas)
+        print(f"  {name}: {info.backend} ({info.io}), replicas on: {places}")
+    print("routes:")
+    for name, route in graph.routes.items():
+        print(f"  {name}: {route.describe()}")
     return 0
 
 

@@ -1,0 +1,47 @@
+"""`duplex-server check` and `serve` validate the whole stage graph before any model loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.server.harness import ROOT
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "duplex_server", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_check_prints_the_graph_of_the_default_config() -> None:
+    proc = cli("check", "--config", "configs/cpu.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert "asr: whisper (audio -> text), replicas on: cpu" in proc.stdout
+    assert "voice: asr(audio -> text) -> llm(text -> text) -> tts(text -> audio)" in proc.stdout
+
+
+def test_a_bad_graph_stops_serve_before_it_listens(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "engine:\n"
+        "  stages: {asr: {backend: test}, llm: {backend: test}, tts: {backend: test}}\n"
+        "  routes: {voice: [asr, tts, llm]}\n"
+    )
+    for args in (("check",), ("serve", "--port", "9")):
+        proc = cli(*args, "--config", str(bad))
+        assert proc.returncode == 2
+        assert proc.stderr.startswith(
+            "duplex-server: bad config: engine.routes.voice: stage 'llm' (backend test) "
+            "consumes text but the stage before it, 'tts' (backend test), emits audio"
+        ), proc.stderr
+    old = tmp_path / "old.yaml"
+    old.write_text("engine:\n  stages: {asr: {backend: test}}\n")
+    proc = cli("serve", "--config", str(old))
+    assert proc.returncode == 2 and "engine.routes: missing" in proc.stderr
+    assert "voice: [asr, llm, tts]" in proc.stderr
