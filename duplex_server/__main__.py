@@ -8,7 +8,10 @@ offending field named.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
+import signal
 import sys
 
 import uvicorn
@@ -17,6 +20,7 @@ from duplex_server.app import create_app
 from duplex_server.config import load_app_config
 from engine.errors import ConfigError
 from engine.graph import build_graph
+from engine.remote import parse_address, serve_engine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,21 +31,35 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--engine",
+        metavar="ADDR",
+        help="attach to an engine process (duplex-server engine) at unix:///path or tcp://h:p",
+    )
+    eng = sub.add_parser("engine", help="run the engine (orchestrator and stages) alone")
+    eng.add_argument("--config", default="configs/cpu.yaml")
+    eng.add_argument("--listen", required=True, metavar="ADDR", help="unix:///path or tcp://h:p")
+    eng.add_argument("--log-level", default="info")
     check = sub.add_parser("check", help="validate a config and print its stage graph")
     check.add_argument("--config", default="configs/cpu.yaml")
     args = parser.parse_args(argv)
     if args.command == "check":
         return _check(args.config)
+    if args.command == "engine":
+        return _engine(args.config, args.listen, args.log_level)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         config = load_app_config(args.config)
-        build_graph(config.engine)
+        if args.engine is None:  # the engine process checks its own graph
+            build_graph(config.engine)
+        else:
+            parse_address(args.engine)
     except ConfigError as exc:
         print(f"duplex-server: bad config: {exc}", file=sys.stderr)
         return 2
-    app = create_app(config)
+    app = create_app(config, engine_addr=args.engine)
     uvicorn.run(
         app,
         host=args.host,
@@ -53,6 +71,35 @@ def main(argv: list[str] | None = None) -> int:
         ws_per_message_deflate=config.server.ws_per_message_deflate,
         timeout_graceful_shutdown=int(config.server.shutdown_grace_s) + 1,
     )
+    return 0
+
+
+def _engine(path: str, listen: str, log_level: str) -> int:
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_app_config(path)
+        build_graph(config.engine)
+        parse_address(listen)
+    except ConfigError as exc:
+        print(f"duplex-server: bad config: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve_engine(config.engine, listen)
+
+    try:
+        asyncio.run(run())
+    except SystemExit as exc:
+        print(f"duplex-server engine: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

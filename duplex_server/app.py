@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,8 +27,31 @@ from duplex_server.config import AppConfig
 from duplex_server.metrics import BatchTiming, Metrics
 from duplex_server.realtime import Hub, realtime_endpoint
 from engine.client import AsyncEngine
+from engine.errors import EngineDeadError
+from engine.remote import RemoteEngine
 
 log = logging.getLogger(__name__)
+
+
+async def attach_engine(addr: str, config: AppConfig, wait_s: float = 900.0) -> RemoteEngine:
+    """Connect to an engine process, waiting while it starts (it loads models first)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            engine = await RemoteEngine.connect(addr, name=f"front-end-{os.getpid()}")
+        except EngineDeadError as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.info("waiting for the engine process: %s", exc)
+            await asyncio.sleep(0.5)
+            continue
+        if engine.config != config.engine:
+            log.warning(
+                "the engine process at %s runs another engine config than this front end's "
+                "(the front end uses its own for VAD and defaults; use one file for both)",
+                addr,
+            )
+        return engine
 
 
 class EngineHandle:
@@ -40,7 +65,9 @@ class EngineHandle:
         return self.engine
 
 
-def create_app(config: AppConfig) -> Starlette:
+def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
+    """The app. ``engine_addr``: attach to an engine process (``duplex-server engine``) at
+    that address instead of running the engine in this process."""
     handle = EngineHandle()
     metrics = Metrics(handle.get)
     executor = ThreadPoolExecutor(config.server.vad_threads, thread_name_prefix="input-lane")
@@ -48,8 +75,13 @@ def create_app(config: AppConfig) -> Starlette:
 
     async def start_engine() -> None:
         try:
-            handle.engine = await AsyncEngine.start(config.engine)
-            hub.engine = handle.engine
+            if engine_addr is not None:
+                engine: AsyncEngine = await attach_engine(engine_addr, config)
+            else:
+                engine = await AsyncEngine.start(config.engine)
+            engine.on_dead(lambda exc: setattr(handle, "error", f"engine gone: {exc}"))
+            handle.engine = engine
+            hub.engine = engine
             log.info("engine ready")
         except Exception as exc:  # start-up failure: /health stays 503 and says why
             log.exception("engine failed to start")

@@ -14,9 +14,9 @@ import itertools
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import janus
 
@@ -59,6 +59,15 @@ log = logging.getLogger(__name__)
 _END: Any = object()
 
 
+class RequestSink(Protocol):
+    """Where requests go: the orchestrator's janus queue, or a socket to an engine process.
+    ``put_nowait`` raises RuntimeError once the engine is gone."""
+
+    def put_nowait(self, item: EngineRequest) -> None: ...
+
+    def qsize(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class EngineStats:
     sessions: dict[str, int]
@@ -81,7 +90,7 @@ class AsyncEngine:
         self._batches: dict[str, asyncio.Queue[Any]] = {}
         self._dead: EngineDeadError | None = None
         self._ready = False
-        self._req: janus.SyncQueue[EngineRequest] | None = None
+        self._req: RequestSink | None = None
         # the orchestrator puts single items or lists of them (one per loop iteration)
         self._out: janus.Queue[EngineOutput] | None = None
         self._rpc: janus.Queue[Any] | None = None
@@ -90,18 +99,19 @@ class AsyncEngine:
         self._thread_done: asyncio.Future[None] | None = None
         self._router: list[asyncio.Task[None]] = []
         self._shutdown_lock = asyncio.Lock()
+        self._dead_hooks: list[Callable[[EngineDeadError], None]] = []
         self.late_replies = 0
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     async def start(
-        cls, config: EngineConfig, backends: dict[str, list[StageBackend]] | None = None
+        cls, config: EngineConfig, backends: Mapping[str, Sequence[StageBackend]] | None = None
     ) -> AsyncEngine:
         self = cls(config)
         await self._start(backends)
         return self
 
-    async def _start(self, backends: dict[str, list[StageBackend]] | None) -> None:
+    async def _start(self, backends: Mapping[str, Sequence[StageBackend]] | None) -> None:
         loop = asyncio.get_running_loop()
         self._out = janus.Queue()
         self._rpc = janus.Queue()
@@ -172,7 +182,12 @@ class AsyncEngine:
                 q.close()
                 await q.wait_closed()
 
+    def on_dead(self, hook: Callable[[EngineDeadError], None]) -> None:
+        """Call ``hook`` (on this loop) once, when the engine dies or is shut down."""
+        self._dead_hooks.append(hook)
+
     def _die(self, exc: EngineDeadError) -> None:
+        first = self._dead is None
         if self._dead is None:
             self._dead = exc
         for fut in self._waiters.values():
@@ -181,40 +196,52 @@ class AsyncEngine:
         self._waiters.clear()
         for q in [*self._sessions.values(), *self._batches.values()]:
             q.put_nowait(_END)
+        if first:
+            for hook in self._dead_hooks:
+                try:
+                    hook(self._dead)
+                except Exception:
+                    log.exception("engine death hook failed")
 
     # ------------------------------------------------------------------ routers
     async def _route_rpc(self) -> None:
         assert self._rpc is not None
         q = self._rpc.async_q
         while True:
-            msg = await q.get()
-            if isinstance(msg, EngineFatal):
-                self._die(EngineDeadError(msg.error.message))
-                continue
-            fut = self._waiters.pop(msg.control_id, None)
-            if fut is None or fut.done():
-                self.late_replies += 1
-                log.info("dropped late control reply %s", msg.control_id)
-                continue
-            fut.set_result(msg)
+            self._on_rpc(await q.get())
 
     async def _route_outputs(self) -> None:
         assert self._out is not None
         q = self._out.async_q
         while True:
-            msg = await q.get()
-            if isinstance(msg, EngineFatal):
-                self._die(EngineDeadError(msg.error.message))
-            elif isinstance(msg, BatchOutput):
-                bq = self._batches.get(msg.request_id)
-                if bq is not None:
-                    bq.put_nowait(msg)
-            else:
-                mailbox = self._mailbox(msg.session_id)
-                mailbox.put_nowait(msg.event)
-                ev = msg.event
-                if isinstance(ev, SessionLifecycle) and ev.state == "closed":
-                    mailbox.put_nowait(_END)
+            self._on_output(await q.get())
+
+    def _on_rpc(self, msg: ControlResult | EngineFatal) -> None:
+        """A control result (or the fatal error) arrived from the engine: wake its caller."""
+        if isinstance(msg, EngineFatal):
+            self._die(EngineDeadError(msg.error.message))
+            return
+        fut = self._waiters.pop(msg.control_id, None)
+        if fut is None or fut.done():
+            self.late_replies += 1
+            log.info("dropped late control reply %s", msg.control_id)
+            return
+        fut.set_result(msg)
+
+    def _on_output(self, msg: EngineOutput) -> None:
+        """A session event or batch item arrived from the engine: route it to its reader."""
+        if isinstance(msg, EngineFatal):
+            self._die(EngineDeadError(msg.error.message))
+        elif isinstance(msg, BatchOutput):
+            bq = self._batches.get(msg.request_id)
+            if bq is not None:
+                bq.put_nowait(msg)
+        else:
+            mailbox = self._mailbox(msg.session_id)
+            mailbox.put_nowait(msg.event)
+            ev = msg.event
+            if isinstance(ev, SessionLifecycle) and ev.state == "closed":
+                mailbox.put_nowait(_END)
 
     def _mailbox(self, sid: str) -> asyncio.Queue[Any]:
         box = self._sessions.get(sid)
@@ -223,7 +250,7 @@ class AsyncEngine:
         return box
 
     # ------------------------------------------------------------------ control RPCs
-    def _check(self) -> janus.SyncQueue[EngineRequest]:
+    def _check(self) -> RequestSink:
         if self._dead is not None:
             raise self._dead
         if self._req is None:
@@ -237,17 +264,23 @@ class AsyncEngine:
             self._die(EngineDeadError(f"engine stopped: {exc}"))
             raise self._dead from None  # type: ignore[misc]
 
-    async def call(self, call: ControlCall, wait_s: float | None = None) -> ControlResult:
-        """Send one control call; raise its error if ``ok`` is False."""
+    def submit_call(self, call: ControlCall) -> tuple[int, asyncio.Future[ControlResult]]:
+        """Send one control call now (calls keep their order); its result arrives on the
+        future, ``ok`` False included. The caller must pop ``_waiters[id]`` when done."""
         req = self._check()
         cid = next(self._ids)
         fut: asyncio.Future[ControlResult] = asyncio.get_running_loop().create_future()
         self._waiters[cid] = fut
         try:
-            try:
-                req.put_nowait(ControlRequest(control_id=cid, call=call))
-            except RuntimeError:
-                self._die(EngineDeadError("engine stopped"))
+            req.put_nowait(ControlRequest(control_id=cid, call=call))
+        except RuntimeError:
+            self._die(EngineDeadError("engine stopped"))
+        return cid, fut
+
+    async def call(self, call: ControlCall, wait_s: float | None = None) -> ControlResult:
+        """Send one control call; raise its error if ``ok`` is False."""
+        cid, fut = self.submit_call(call)
+        try:
             res = await asyncio.wait_for(fut, wait_s or self.config.control_timeout_s)
         except TimeoutError:
             raise ControlError("engine did not answer in time", code="deadline_exceeded") from None

@@ -397,7 +397,14 @@ class ShutdownRequest(Msg, frozen=True, tag="shutdown"):
     pass
 
 
-EngineRequest = ControlRequest | GenerateRequest | AbortRequest | ShutdownRequest
+class DetachRequest(Msg, frozen=True, tag="detach_sessions"):
+    """The front end that drove these sessions is gone: detach them (their leases run the
+    disconnect grace period, then expire and free their slots). Sent by an engine process."""
+
+    session_ids: tuple[str, ...]
+
+
+EngineRequest = ControlRequest | GenerateRequest | AbortRequest | ShutdownRequest | DetachRequest
 
 
 class SessionOutput(Msg, frozen=True, tag="session_output"):

@@ -34,6 +34,7 @@ from engine.messages import (
     BatchOutput,
     CloseCall,
     ControlRequest,
+    DetachRequest,
     EngineFatal,
     EngineOutput,
     EngineRequest,
@@ -274,6 +275,10 @@ class Orchestrator:
             running = self._batch.get(msg.request_id)
             if running is not None:
                 running.cancel()
+        elif isinstance(msg, DetachRequest):
+            now = time.monotonic()
+            for sid in msg.session_ids:
+                self.control.detach(sid, now)
 
     def _apply(self, effects: Effects) -> None:
         for cancel in effects.cancels:

@@ -506,6 +506,15 @@ class DuplexControl:
                 )
         return effects
 
+    def detach(self, session_id: str, now: float) -> bool:
+        """Detach a session whose front end is gone (no fence: nobody is left to hold one).
+        Returns False for an unknown or closing session."""
+        session = self.sessions.get(session_id)
+        if session is None or session.state != "open":
+            return False
+        session.lease.detach(now)
+        return True
+
     def counts(self) -> dict[str, int]:
         out = {"open": 0, "detached": 0, "closing": 0}
         for s in self.sessions.values():

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 from engine.client import AsyncEngine
 from engine.config import EngineConfig, load_engine_config
 from engine.messages import SessionEvent
+from engine.remote import EngineServer, RemoteEngine
 from engine.stages.base import StageBackend
 from engine.stages.testing import TestStage, TestStageOptions
 
@@ -44,10 +47,60 @@ def stages(**opts: Any) -> dict[str, list[StageBackend]]:
     }
 
 
+_MODE = ["inproc"]
+
+
+@pytest.fixture(params=["inproc", "socket"])
+def transport(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a test over both engine transports: in-process (janus queues) and an engine
+    server behind a Unix socket with a RemoteEngine front end (same process, same backends,
+    so tests can still look at the stage objects)."""
+    _MODE[0] = request.param
+    try:
+        yield request.param
+    finally:
+        _MODE[0] = "inproc"
+
+
+class LoopbackEngine(RemoteEngine):
+    """A RemoteEngine that owns the EngineServer it talks to (tests only)."""
+
+    server: EngineServer
+    tmp: str
+
+    @classmethod
+    async def open(
+        cls, config: EngineConfig, backends: dict[str, list[StageBackend]] | None
+    ) -> LoopbackEngine:
+        tmp = tempfile.mkdtemp(prefix="dx-")
+        server = EngineServer(config, backends, stats_interval_s=0.1)
+        address = await server.start(f"unix://{tmp}/engine.sock")
+        engine = await cls.connect(str(address), name="test")
+        assert isinstance(engine, LoopbackEngine)
+        engine.server, engine.tmp = server, tmp
+        assert server.engine is not None
+        engine._orch = server.engine._orch  # tests look inside the orchestrator
+        return engine
+
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        await self.server.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+async def open_engine(
+    config: EngineConfig, backends: dict[str, list[StageBackend]] | None = None
+) -> AsyncEngine:
+    """Start an engine on the transport of the ``transport`` fixture (in-process without it)."""
+    if _MODE[0] == "socket":
+        return await LoopbackEngine.open(config, backends)
+    return await AsyncEngine.start(config, backends)
+
+
 async def start_engine(
     backends: dict[str, list[StageBackend]] | None = None, **duplex: Any
 ) -> AsyncEngine:
-    return await AsyncEngine.start(make_config(**duplex), backends or stages())
+    return await open_engine(make_config(**duplex), backends or stages())
 
 
 async def collect(

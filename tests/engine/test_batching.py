@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
 from engine.config import engine_config
 from engine.errors import StageError
@@ -25,7 +26,7 @@ from engine.messages import (
 )
 from engine.stages.base import BatchSlot
 from engine.stages.testing import BatchTestStage, TestStage, TestStageOptions, frame_pcm, word_frame
-from tests.engine.conftest import UNIT, collect, run
+from tests.engine.conftest import UNIT, collect, open_engine, run
 from tests.engine.test_orchestrator import text_turn
 
 
@@ -216,8 +217,8 @@ def test_close_ends_every_request_in_flight() -> None:
 
 
 # ----------------------------------------------------------------------------- via the engine
+@pytest.mark.usefixtures("transport")
 def test_sessions_on_batched_stages_share_steps_and_barge_in_still_aborts() -> None:
-    from engine.client import AsyncEngine
     from engine.messages import Fence
 
     async def main() -> None:
@@ -233,7 +234,7 @@ def test_sessions_on_batched_stages_share_steps_and_barge_in_still_aborts() -> N
                 "routes": {"voice": ["asr", "llm", "tts"]},
             }
         )
-        engine = await AsyncEngine.start(cfg, backends)
+        engine = await open_engine(cfg, backends)
         try:
             turns = await asyncio.gather(*(text_turn(engine, f"hello {i}") for i in range(6)))
             dones = await asyncio.gather(
@@ -269,9 +270,9 @@ def test_sessions_on_batched_stages_share_steps_and_barge_in_still_aborts() -> N
     run(main())
 
 
+@pytest.mark.usefixtures("transport")
 def test_a_talker_and_codec_route_streams_codec_frames_into_audio() -> None:
     """thinker -> talker (codec frames) -> codec (audio), all declared in config."""
-    from engine.client import AsyncEngine
 
     async def main() -> None:
         reply = "Hello there. This is the talker speaking now."
@@ -293,7 +294,7 @@ def test_a_talker_and_codec_route_streams_codec_frames_into_audio() -> None:
             "talker": [TestStage(o, "talker")],
             "code2wav": [TestStage(o, "code2wav", stage="codec")],
         }
-        engine = await AsyncEngine.start(cfg, backends)
+        engine = await open_engine(cfg, backends)
         try:
             res = await engine.open(SessionConfig(output_modalities=("audio",)))
             assert res.session_id and res.accepted_fence

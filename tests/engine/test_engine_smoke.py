@@ -3,6 +3,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+import pytest
+
 from engine.messages import (
     AudioChunk,
     ResponseDone,
@@ -12,6 +14,8 @@ from engine.messages import (
     UserTranscript,
 )
 from tests.engine.conftest import collect, run, start_engine
+
+pytestmark = pytest.mark.usefixtures("transport")  # both engine transports
 
 
 def test_text_turn_streams_text_and_audio() -> None:

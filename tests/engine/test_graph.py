@@ -203,17 +203,17 @@ def test_overrides_keep_their_declared_edges() -> None:
         build_graph(graph_cfg, {"tts": [talker]})
 
 
+@pytest.mark.usefixtures("transport")
 def test_work_on_a_missing_route_fails_clearly_and_the_session_goes_on() -> None:
     import asyncio
 
-    from engine.client import AsyncEngine
     from engine.messages import ResponseDone, SessionConfig, SpeechJob
-    from tests.engine.conftest import collect
+    from tests.engine.conftest import collect, open_engine
 
     async def main() -> None:
         data = cfg()
         data["routes"] = {"voice": ["asr", "llm", "tts"]}  # no text, speech, transcribe
-        engine = await AsyncEngine.start(engine_config(data))
+        engine = await open_engine(engine_config(data))
         try:
             res = await engine.open(SessionConfig(output_modalities=("text",)))
             assert res.session_id and res.accepted_fence

@@ -31,6 +31,8 @@ from engine.messages import (
 from engine.stages.testing import TestStage, TestStageOptions
 from tests.engine.conftest import UNIT, collect, run, stages, start_engine
 
+pytestmark = pytest.mark.usefixtures("transport")  # both engine transports
+
 REALTIME = {"realtime": True, "chunk_ms": 20.0, "token_interval_s": 0.001}
 
 

@@ -10,12 +10,11 @@ import pytest
 import soundfile as sf
 import soxr
 
-from engine.client import AsyncEngine
 from engine.config import PartialsConfig
 from engine.messages import ResponseDone, UserTranscript
-from tests.engine.conftest import ROOT, UNIT, collect, make_config, run, stages
+from tests.engine.conftest import ROOT, UNIT, collect, make_config, open_engine, run, stages
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.usefixtures("transport")]
 
 
 def beckett_16k() -> bytes:
@@ -30,7 +29,7 @@ def test_partials_stream_while_appending_then_final_at_commit() -> None:
     async def main() -> None:
         cfg = make_config()
         cfg = msgspec.structs.replace(cfg, partials=PartialsConfig(backend="pocketsphinx"))
-        engine = await AsyncEngine.start(cfg, stages())
+        engine = await open_engine(cfg, stages())
         try:
             res = await engine.open()
             sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
