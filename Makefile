@@ -16,8 +16,11 @@ STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 # Headless Chromium for the browser-client test (Debian packages; never a downloaded browser).
 BROWSER_STAMP := .cache/.browser-installed
+# HAProxy (Debian) for the scaled topology and its test.
+HAPROXY_STAMP := .cache/.haproxy-installed
+WORKERS ?= 2
 
-.PHONY: install serve test lint typecheck pytest bench clean
+.PHONY: install serve serve-scaled test lint typecheck pytest bench clean
 
 include mk/vllm.mk
 
@@ -47,6 +50,13 @@ $(BROWSER_STAMP):
 	fi
 	mkdir -p .cache && touch $(BROWSER_STAMP)
 
+$(HAPROXY_STAMP):
+	@if ! command -v haproxy >/dev/null 2>&1; then \
+	  echo "installing Debian haproxy for the scaled topology and its test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; \
+	fi
+	mkdir -p .cache && touch $(HAPROXY_STAMP)
+
 install: $(STAMP)
 
 serve: $(STAMP)
@@ -59,7 +69,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict duplex_server engine clients
 
-pytest: $(STAMP) $(NPM_STAMP) $(BROWSER_STAMP)
+# one engine process, WORKERS front ends and HAProxy (docs/scale.md)
+serve-scaled: $(STAMP) $(HAPROXY_STAMP)
+	CONFIG=$(CONFIG) HOST=$(HOST) PORT=$(PORT) WORKERS=$(WORKERS) BIN=$(VENV)/bin deploy/serve-scaled.sh
+
+pytest: $(STAMP) $(NPM_STAMP) $(BROWSER_STAMP) $(HAPROXY_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest

@@ -14,10 +14,13 @@ import logging
 import signal
 import sys
 
+import msgspec
 import uvicorn
 
 from duplex_server.app import create_app
-from duplex_server.config import load_app_config
+from duplex_server.config import ServerConfig, load_app_config
+from duplex_server.scale import haproxy_config, serve_workers
+from engine.config import convert
 from engine.errors import ConfigError
 from engine.graph import build_graph
 from engine.remote import parse_address, serve_engine
@@ -36,6 +39,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ADDR",
         help="attach to an engine process (duplex-server engine) at unix:///path or tcp://h:p",
     )
+    serve.add_argument(
+        "--route-key", help="this front end's route key (session ids carry it; docs/scale.md)"
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="start one engine process and N front ends on PORT..PORT+N-1 (route keys w1..wN)",
+    )
+    lb = sub.add_parser("haproxy-config", help="print an HAProxy config for --workers N")
+    lb.add_argument("--workers", type=int, required=True)
+    lb.add_argument("--host", default="127.0.0.1", help="where the front ends listen")
+    lb.add_argument("--port", type=int, default=8001, help="the first front end's port")
+    lb.add_argument("--bind", default="127.0.0.1:8000", help="HAProxy's public address")
     eng = sub.add_parser("engine", help="run the engine (orchestrator and stages) alone")
     eng.add_argument("--config", default="configs/cpu.yaml")
     eng.add_argument("--listen", required=True, metavar="ADDR", help="unix:///path or tcp://h:p")
@@ -47,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         return _check(args.config)
     if args.command == "engine":
         return _engine(args.config, args.listen, args.log_level)
+    if args.command == "haproxy-config":
+        fronts = [(args.host, args.port + i) for i in range(args.workers)]
+        print(haproxy_config(fronts, args.bind), end="")
+        return 0
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -56,9 +77,23 @@ def main(argv: list[str] | None = None) -> int:
             build_graph(config.engine)
         else:
             parse_address(args.engine)
+        if args.route_key is not None:
+            config = msgspec.structs.replace(
+                config,
+                server=convert(
+                    {**msgspec.to_builtins(config.server), "route_key": args.route_key},
+                    ServerConfig,
+                    where="--route-key",
+                ),
+            )
     except ConfigError as exc:
         print(f"duplex-server: bad config: {exc}", file=sys.stderr)
         return 2
+    if args.workers:
+        if args.engine is not None:
+            print("duplex-server: --workers starts its own engine; drop --engine", file=sys.stderr)
+            return 2
+        return serve_workers(args.config, args.host, args.port, args.workers, args.log_level)
     app = create_app(config, engine_addr=args.engine)
     uvicorn.run(
         app,

@@ -104,7 +104,13 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
     async def health(request: Request) -> Response:
         engine = handle.engine
         if engine is not None and engine.ready:
-            return JSONResponse({"status": "ok", "sessions": len(hub.sessions)})
+            return JSONResponse(
+                {
+                    "status": "ok",
+                    "sessions": len(hub.sessions),
+                    "route_key": config.server.route_key,
+                }
+            )
         return JSONResponse(
             {"status": "starting" if handle.error is None else "failed", "error": handle.error},
             status_code=503,

@@ -41,6 +41,9 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     journal_max_bytes: PositiveInt = 8 * MiB
     journal_max_age_s: PositiveFloat = 60.0
     resume_wait_s: PositiveFloat = 10.0
+    #: this front end's route key (1-16 of a-z, 0-9): session ids carry it
+    #: (``sess_<key>_<hex>``) so a load balancer routes resumes to the owner (docs/scale.md)
+    route_key: Annotated[str, msgspec.Meta(pattern="^[a-z0-9]{1,16}$")] | None = None
     vad_threads: PositiveInt = 2
     model_name: str = "duplex"
     shutdown_grace_s: PositiveFloat = 5.0

@@ -122,7 +122,8 @@ class Hub:
                 instructions=cfg.instructions,
                 output_modalities=cfg.output_modalities,
                 output_sample_rate=24000,
-            )
+            ),
+            route_key=self.config.server.route_key,
         )
         assert res.session_id is not None
         core = SessionCore(

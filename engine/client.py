@@ -291,8 +291,10 @@ class AsyncEngine:
             raise res.error.to_exc()
         return res
 
-    async def open(self, config: SessionConfig | None = None) -> ControlResult:
-        res = await self.call(OpenCall(config=config or SessionConfig()))
+    async def open(
+        self, config: SessionConfig | None = None, *, route_key: str | None = None
+    ) -> ControlResult:
+        res = await self.call(OpenCall(config=config or SessionConfig(), route_key=route_key))
         assert res.session_id is not None
         self._mailbox(res.session_id)
         return res

@@ -199,6 +199,7 @@ class SessionUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class OpenCall(Msg, frozen=True, tag="open"):
     config: SessionConfig = SessionConfig()
+    route_key: str | None = None  # the opening front end's; carried in the session id
 
 
 class AppendCall(Msg, frozen=True, tag="append"):

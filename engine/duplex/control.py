@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from engine.config import DuplexRuntimeConfig
-from engine.duplex.fence import initial_fence, merge_forward, new_session_id
+from engine.duplex.fence import ROUTE_KEY, initial_fence, merge_forward, new_session_id
 from engine.duplex.lease import Lease
 from engine.duplex.session import DuplexSession, TurnJob, digest_of
 from engine.errors import ControlError
@@ -140,7 +140,9 @@ class DuplexControl:
         cfg = call.config
         if cfg.output_sample_rate < 8000 or cfg.output_sample_rate > 48000:
             raise _err("invalid_argument", "output_sample_rate must be within 8000..48000")
-        sid = new_session_id()
+        if call.route_key is not None and not ROUTE_KEY.match(call.route_key):
+            raise _err("invalid_argument", "route_key must be 1-16 of a-z and 0-9")
+        sid = new_session_id(call.route_key)
         session = DuplexSession(
             session_id=sid,
             config=cfg,

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from engine.messages import Fence
 
 
-def new_session_id() -> str:
-    """Server-allocated, never reused."""
-    return f"sess_{uuid.uuid4().hex}"
+ROUTE_KEY = re.compile(r"^[a-z0-9]{1,16}$")
+
+
+def new_session_id(route_key: str | None = None) -> str:
+    """Server-allocated, never reused: ``sess_<32 hex>``, or ``sess_<route>_<32 hex>`` when
+    the front end that opens it has a route key (a load balancer routes resumes on it)."""
+    if route_key is None:
+        return f"sess_{uuid.uuid4().hex}"
+    return f"sess_{route_key}_{uuid.uuid4().hex}"
+
+
+def route_key_of(session_id: str) -> str | None:
+    """The route key a session id carries, if any."""
+    parts = session_id.split("_")
+    return parts[1] if len(parts) == 3 and ROUTE_KEY.match(parts[1]) else None
 
 
 def initial_fence(session_id: str) -> Fence:

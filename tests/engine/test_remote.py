@@ -119,3 +119,26 @@ def test_two_front_ends_each_get_their_own_sessions_and_a_gone_one_is_detached()
 
 def test_refused_message_type_is_a_real_struct() -> None:
     assert Refused(message="x").message == "x"
+
+
+def test_session_ids_carry_the_front_ends_route_key() -> None:
+    from engine.duplex.fence import new_session_id, route_key_of
+    from engine.errors import ControlError
+    from tests.engine.conftest import start_engine
+
+    assert route_key_of(new_session_id("w2")) == "w2"
+    assert route_key_of(new_session_id()) is None
+    assert route_key_of("sess_Evil!_x") is None
+
+    async def main() -> None:
+        engine = await start_engine()
+        try:
+            res = await engine.open(route_key="w7")
+            assert res.session_id is not None and res.session_id.startswith("sess_w7_")
+            with pytest.raises(ControlError) as info:
+                await engine.open(route_key="W7/../x")
+            assert info.value.code == "invalid_argument"
+        finally:
+            await engine.shutdown()
+
+    run(main())

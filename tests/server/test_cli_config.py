@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +46,22 @@ def test_a_bad_graph_stops_serve_before_it_listens(tmp_path: Path) -> None:
     proc = cli("serve", "--config", str(old))
     assert proc.returncode == 2 and "engine.routes: missing" in proc.stderr
     assert "voice: [asr, llm, tts]" in proc.stderr
+
+
+def test_the_shipped_haproxy_config_is_what_the_generator_makes() -> None:
+    proc = cli("haproxy-config", "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    shipped = (ROOT / "deploy" / "haproxy.cfg").read_text()
+    assert shipped.startswith(proc.stdout)
+    assert "use-server w2 if { url_param(route) -m str w2 }" in proc.stdout
+    assert "balance leastconn" in proc.stdout
+    haproxy = shutil.which("haproxy")
+    if haproxy is not None:  # `make test` installs it
+        check = subprocess.run([haproxy, "-c", "-f", str(ROOT / "deploy" / "haproxy.cfg")])
+        assert check.returncode == 0
+
+
+def test_route_keys_are_checked() -> None:
+    proc = cli("serve", "--config", "configs/test.yaml", "--route-key", "W1!", "--port", "9")
+    assert proc.returncode == 2
+    assert "--route-key.route_key: Expected `str` matching regex" in proc.stderr

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# `make serve-scaled WORKERS=N`: one engine process, N front ends and HAProxy on one machine.
+# HAProxy listens on HOST:PORT; front ends on 127.0.0.1:PORT+1 .. PORT+N (route keys w1..wN).
+set -euo pipefail
+CONFIG=${CONFIG:-configs/cpu.yaml}
+HOST=${HOST:-127.0.0.1}
+PORT=${PORT:-8000}
+WORKERS=${WORKERS:-2}
+BIN=${BIN:-.venv/bin}
+cfg=$(mktemp --suffix .haproxy.cfg)
+"$BIN/duplex-server" haproxy-config --workers "$WORKERS" --host 127.0.0.1 \
+  --port $((PORT + 1)) --bind "$HOST:$PORT" > "$cfg"
+haproxy -db -f "$cfg" &
+lb=$!
+trap 'kill "$lb" 2>/dev/null || true; rm -f "$cfg"' EXIT
+echo "HAProxy on http://$HOST:$PORT in front of $WORKERS front ends"
+"$BIN/duplex-server" serve --config "$CONFIG" --host 127.0.0.1 --port $((PORT + 1)) \
+  --workers "$WORKERS"
