@@ -103,6 +103,9 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
 
     async def health(request: Request) -> Response:
         engine = handle.engine
+        down = engine.stats().stages_down if engine is not None and engine.ready else {}
+        if down:
+            return JSONResponse({"status": "degraded", "stages_down": down}, status_code=503)
         if engine is not None and engine.ready:
             return JSONResponse(
                 {

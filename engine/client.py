@@ -15,7 +15,7 @@ import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import janus
@@ -77,6 +77,8 @@ class EngineStats:
     output_queue_depth: int
     pending_calls: int
     stage_restarts: dict[str, int]
+    # stages that report themselves down (a remote stage whose circuit is open): why
+    stages_down: dict[str, str] = field(default_factory=dict)
 
 
 class AsyncEngine:
@@ -451,6 +453,7 @@ class AsyncEngine:
                 name: sum(getattr(r, "restarts", 0) for r in pool.replicas)
                 for name, pool in orch.pools.items()
             },
+            stages_down=orch.stages_down(),
         )
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:

@@ -321,6 +321,17 @@ class Orchestrator:
             return
         self._out.put_nowait(SessionOutput(session_id=sid, event=event))
 
+    def stages_down(self) -> dict[str, str]:
+        """Stages with a replica that reports itself down (``health()``), and why."""
+        down: dict[str, str] = {}
+        for name, pool in self.pools.items():
+            for replica in pool.replicas:
+                health = getattr(replica, "health", None)
+                why = health() if health is not None else None
+                if why:
+                    down[name] = why
+        return down
+
     def route_of(self, sid: str) -> str:
         """A session's route: ``voice`` when its output includes audio, else ``text``."""
         session = self.control.sessions.get(sid)

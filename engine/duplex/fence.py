@@ -7,7 +7,6 @@ import uuid
 
 from engine.messages import Fence
 
-
 ROUTE_KEY = re.compile(r"^[a-z0-9]{1,16}$")
 
 

@@ -32,6 +32,8 @@ BACKENDS: dict[str, str] = {
     # responders: text -> text
     "llamacpp": "engine.stages.llm_llamacpp:LlamaCppLlm",
     "vllm": "engine.stages.llm_vllm:VllmLlm",
+    # any OpenAI-compatible server (vllm serve, another duplex-server, ...): llm, asr or tts
+    "openai": "engine.stages.openai_remote:OpenAIStage",
     # speech synthesis: text -> audio
     "piper": "engine.stages.tts_piper:PiperTts",
     "espeak": "engine.stages.tts_espeak:EspeakTts",
