@@ -211,13 +211,7 @@ class LiveSession:
         elif isinstance(cmd, Speculate):
             res = await eng.signal(fence, gen, cmd.event)
         elif isinstance(cmd, Update):
-            upd = SessionUpdate(
-                instructions=cmd.instructions,
-                voice=cmd.voice,
-                output_modalities=cmd.output_modalities,
-                max_output_tokens=cmd.max_output_tokens,
-                temperature=cmd.temperature,
-            )
+            upd = SessionUpdate.replace_with(cmd.settings)
             res = await eng.signal(fence, gen, "session.update", update=upd)
         else:
             mark = None

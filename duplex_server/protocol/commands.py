@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from duplex_contract.settings import SessionSettings
 from duplex_server.protocol.codec import AudioFormat
-from duplex_server.protocol.events import Modality, ServerEvent, TurnDetection
+from duplex_server.protocol.events import ServerEvent, TurnDetection
 
 
 # ---------------------------------------------------------------------------- engine calls
@@ -42,12 +43,10 @@ class Cancel:
 
 @dataclass(frozen=True, slots=True)
 class Update:
+    """The session's engine settings changed: they replace the engine's whole settings."""
+
     epoch: int
-    instructions: str | None = None
-    voice: str | None = None
-    output_modalities: tuple[Modality, ...] | None = None
-    max_output_tokens: int | None = None
-    temperature: float | None = None
+    settings: SessionSettings
     event_id: str | None = None
 
 
