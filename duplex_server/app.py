@@ -49,7 +49,7 @@ def create_app(config: AppConfig) -> Starlette:
     async def start_engine() -> None:
         try:
             handle.engine = await AsyncEngine.start(config.engine)
-            hub.engine = handle.engine
+            hub.sessions.engine = handle.engine
             log.info("engine ready")
         except Exception as exc:  # start-up failure: /health stays 503 and says why
             log.exception("engine failed to start")
@@ -79,8 +79,8 @@ def create_app(config: AppConfig) -> Starlette:
         )
 
     async def metrics_route(request: Request) -> Response:
-        metrics.outbound_bytes.set(sum(c.outbox.nbytes for c in hub.connections))
-        metrics.input_backlog.set(sum(c.lane.backlog for c in hub.connections))
+        metrics.outbound_bytes.set(sum(c.queued_bytes for c in hub.sockets))
+        metrics.input_backlog.set(sum(s.lane.backlog for s in hub.sessions.live.values()))
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     routes: list[BaseRoute] = [

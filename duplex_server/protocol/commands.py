@@ -120,8 +120,55 @@ class AckJournal:
 
 @dataclass(frozen=True, slots=True)
 class CloseSocket:
+    """Close the attached transport once what is queued for it has been written."""
+
     code: int
     reason: str
 
 
-Action = Send | Call | ProcessAudio | ConfigureInput | PurgeAudio | AckJournal | CloseSocket
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """A new transport resumes the session while another is attached: journal what the old
+    one never wrote, tell it ``session.replaced`` and close it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Send the new transport the journaled events after ``after_seq``, then report to
+    :meth:`SessionCore.replayed` what the journal still had."""
+
+    after_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendStamped:
+    """Journaled bytes (a replay), sent as they are."""
+
+    frames: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DropOutput:
+    """The client reads too slowly: discard everything queued for its transport."""
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The attached transport is sent nothing more (it closes after what is queued); later
+    events are only journaled."""
+
+
+Action = (
+    Send
+    | Call
+    | ProcessAudio
+    | ConfigureInput
+    | PurgeAudio
+    | AckJournal
+    | CloseSocket
+    | Takeover
+    | Replay
+    | SendStamped
+    | DropOutput
+    | Release
+)

@@ -43,16 +43,21 @@ from duplex_server.protocol.commands import (
     CloseSocket,
     Commit,
     ConfigureInput,
+    DropOutput,
     EngineCommand,
     ProcessAudio,
     PurgeAudio,
+    Release,
+    Replay,
     Send,
+    SendStamped,
     Speculate,
+    Takeover,
     Touch,
     Update,
 )
 from duplex_server.protocol.config import EffectiveSession, apply_patch
-from duplex_server.protocol.errors import CloseCode, ProtocolError, to_wire_error
+from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
 from duplex_server.protocol.input import (
     AudioReady,
     InputTurns,
@@ -72,6 +77,7 @@ from duplex_server.protocol.responses import (
     finished_events,
     started_events,
 )
+from duplex_server.protocol.resume import token_matches
 from duplex_server.protocol.vad import VadEvent
 
 log = logging.getLogger(__name__)
@@ -106,6 +112,9 @@ class SessionCore:
         self.response_seq = 0
         self.closed = False
         self.encode_output = encode_output
+        self.token_hash = b""  # digest of the current resume token
+        self._new_token = ""
+        self.resuming = False  # a resume is waiting for the engine
         self.items = Conversation(session_id)
         self.responses = Responses()
         self.input = InputTurns(lambda: self.items.new_id("item"))
@@ -127,8 +136,12 @@ class SessionCore:
     def beta(self) -> bool:
         return self.config.event_names == "beta"
 
-    # ------------------------------------------------------------------ handshake
-    def opened(self, resume_token: str, capabilities: ev.Capabilities) -> list[Action]:
+    # ------------------------------------------------------------------ attachments
+    def opened(
+        self, resume_token: str, capabilities: ev.Capabilities, *, token_hash: bytes = b""
+    ) -> list[Action]:
+        """The session was opened for its first transport."""
+        self.token_hash = token_hash
         return [
             Send(
                 ev.SessionCreated(
@@ -139,6 +152,80 @@ class SessionCore:
             ),
             ConfigureInput(self.config.input_format, self.config.turn_detection),
         ]
+
+    def admit_resume(self, token: str) -> None:
+        """May a new transport resume this session? Raises :class:`SessionFatal` if not;
+        else the session is resuming until :meth:`resumed` or :meth:`resume_failed`."""
+        if self.closed:
+            raise SessionFatal("session_not_found", f"no live session {self.session_id}")
+        if not token_matches(token, self.token_hash):
+            raise SessionFatal("invalid_resume_token", "the resume token does not match")
+        if self.resuming:
+            raise SessionFatal("stale_lease", "another resume of this session is in progress")
+        self.resuming = True
+
+    def resume_failed(self) -> None:
+        self.resuming = False
+
+    def resumed(
+        self,
+        lease_generation: int,
+        token: str,
+        token_hash: bytes,
+        *,
+        after_seq: int,
+        attached: bool,
+    ) -> list[Action]:
+        """The engine renewed the lease: the new transport takes over (the old one, if
+        ``attached``, is replaced) and is sent what it missed after ``after_seq``."""
+        self.resuming = False
+        self.lease_generation = lease_generation
+        self.token_hash = token_hash
+        self._new_token = token
+        return [*([Takeover()] if attached else []), Replay(after_seq)]
+
+    def replayed(
+        self, frames: list[bytes] | None, first_available: int, last_seq: int
+    ) -> list[Action]:
+        """What the journal had after the resume point (``None``: some of it was lost)."""
+        out: list[Action] = []
+        if frames is None:
+            reason = "events after the given seq are no longer journaled"
+            resync = ev.ResyncRequired(
+                reason=reason, first_available_seq=first_available, last_seq=last_seq
+            )
+            out.append(Send(resync))
+        elif frames:
+            out.append(SendStamped(tuple(frames)))
+        resumed = ev.SessionResumed(
+            session_id=self.session_id,
+            resume_token=self._new_token,
+            replayed=0 if frames is None else len(frames),
+            lease_generation=self.lease_generation,
+        )
+        out.append(Send(resumed))
+        return out
+
+    def too_slow(self) -> list[Action]:
+        """The client does not read its output fast enough: the session ends."""
+        if self.closed:
+            return []
+        fatal = SessionFatal("client_too_slow", "the client reads too slowly")
+        return [DropOutput(), *self.error(fatal), *self.close("client_too_slow"), Release()]
+
+    def input_refused(self) -> list[Action]:
+        """The transport's input backlog is full: this audio was dropped."""
+        return self.error(
+            ProtocolError(
+                "input_backpressure",
+                "input audio backlog is full; the audio was dropped (send slower)",
+                error_type="rate_limit_error",
+            )
+        )
+
+    def input_failed(self) -> list[Action]:
+        """Processing this session's input failed (a bug, logged by the caller)."""
+        return [*self.error(RuntimeError()), CloseSocket(CloseCode.INTERNAL, "server_error")]
 
     # ------------------------------------------------------------------ client events
     def on_client_event(self, event: ev.AnyClientEvent, now_ms: float) -> list[Action]:
