@@ -22,8 +22,9 @@ from starlette.staticfiles import StaticFiles
 
 from duplex_server import batch
 from duplex_server.config import AppConfig
+from duplex_server.hub import Hub
 from duplex_server.metrics import BatchTiming, Metrics
-from duplex_server.realtime import Hub, realtime_endpoint
+from duplex_server.realtime import realtime_endpoint
 from engine.client import AsyncEngine
 
 log = logging.getLogger(__name__)

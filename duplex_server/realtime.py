@@ -8,8 +8,8 @@ decided by the session core (:mod:`duplex_server.session_runtime`).
 
 Slow-client policy: each socket has a bounded outbound queue (``output_buffer_bytes``) and
 a per-frame send timeout (``send_timeout_s``). A client that overflows the queue or stalls a
-send loses its session (one watchdog checks every writer's send in progress, so no timer is
-armed per frame): the session core drops the queue, sends ``error{code: client_too_slow}``
+send loses its session (the hub's watchdog checks every writer's send in progress, so no
+timer is armed per frame): the session core drops the queue, sends ``error{code: client_too_slow}``
 and ``session.closed`` best-effort, closes the engine session, and the socket closes with
 1008. Server memory never grows without bound because of one client.
 """
@@ -17,90 +17,20 @@ and ``session.closed`` best-effort, closes the engine session, and the socket cl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from concurrent.futures import Executor
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from duplex_contract.errors import EngineError
 from duplex_server.attach import Outbox, Outgoing
 from duplex_server.auth import admit
-from duplex_server.config import AppConfig
-from duplex_server.metrics import Metrics
+from duplex_server.hub import Hub
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.codec import (
-    INPUT_FORMATS,
-    OUTPUT_FORMATS,
-    decode_client_event,
-    encode_server_event,
-)
+from duplex_server.protocol.codec import decode_client_event, encode_server_event
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
-from duplex_server.session_runtime import LiveSession, SessionLimits, Sessions
-from duplex_server.turns import InputScheduler
-from engine.errors import EngineError
+from duplex_server.session_runtime import LiveSession
 
 log = logging.getLogger(__name__)
-
-
-class Hub:
-    """The sockets of one app, its live sessions, and the send watchdog."""
-
-    def __init__(self, config: AppConfig, metrics: Metrics, executor: Executor) -> None:
-        s, e = config.server, config.engine
-        self.config, self.metrics, self.keys = config, metrics, s.keys()
-        limits = SessionLimits(
-            s.journal_max_bytes, s.journal_max_age_s, s.input_backlog_bytes, e.vad.backend
-        )
-        inputs = InputScheduler(executor, s.vad_threads)
-        self.sessions = Sessions(
-            limits, inputs, metrics, instructions=e.default_instructions, model=s.model_name
-        )
-        self.sockets: set[SocketAttachment] = set()
-        self.closing = False
-        self.no_connections = asyncio.Event()
-        self._watchdog: asyncio.Task[None] | None = None
-
-    def capabilities(self) -> ev.Capabilities:
-        s, e = self.config.server, self.config.engine
-        return ev.Capabilities(
-            supports_barge_in=True,
-            supports_session_resume=True,
-            input_audio_formats=list(INPUT_FORMATS),
-            output_audio_formats=list(OUTPUT_FORMATS),
-            turn_detection=["server_vad", "semantic_vad", "none"],
-            vad_backend=e.vad.backend,
-            max_frame_bytes=s.max_frame_bytes,
-            journal_max_bytes=s.journal_max_bytes,
-            journal_max_age_s=s.journal_max_age_s,
-        )
-
-    def ensure_watchdog(self) -> None:
-        if self._watchdog is None or self._watchdog.done():
-            self._watchdog = asyncio.create_task(self._watch_sends(), name="send-watchdog")
-
-    async def _watch_sends(self) -> None:
-        """Slow-client policy: a frame whose send has not finished in ``send_timeout_s``."""
-        timeout = self.config.server.send_timeout_s
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(min(1.0, timeout / 5))
-            now = loop.time()
-            for sock in list(self.sockets):
-                if sock.send_since is not None and now - sock.send_since > timeout:
-                    sock.send_stalled()
-
-    async def shutdown(self, grace_s: float) -> None:
-        """Ordered: stop accepting, tell sockets (1001), wait up to grace, cancel the rest."""
-        self.closing = True
-        for sock in list(self.sockets):
-            sock.close(CloseCode.GOING_AWAY, "server shutting down")
-        if self.sockets:
-            self.no_connections.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.no_connections.wait(), grace_s)
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-        await self.sessions.shutdown(grace_s)
 
 
 class SocketAttachment:

@@ -21,12 +21,14 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from duplex_contract.errors import EngineDeadError, EngineError
+from duplex_contract.events import AudioChunk, SessionEvent
 from duplex_contract.fence import Fence
-from duplex_contract.settings import SessionUpdate
+from duplex_contract.settings import SessionSettings, SessionUpdate
 from duplex_server.attach import Attachment, Journal, Outgoing, Stamper
 from duplex_server.metrics import Metrics
 from duplex_server.output import OutputEncoder
@@ -61,10 +63,54 @@ from duplex_server.protocol.resume import new_resume_token
 from duplex_server.protocol.session import SessionCore
 from duplex_server.protocol.vad import VadEvent
 from duplex_server.turns import InputLane, InputScheduler
-from engine.client import AsyncEngine
-from engine.messages import AudioChunk, PlaybackMark
+from engine.messages import Activity, ControlResult, PlaybackMark, SignalEvent
 
 log = logging.getLogger(__name__)
+
+
+class EngineSessions(Protocol):
+    """The engine calls a live session makes: :class:`engine.client.AsyncEngine` in
+    process, or any front end of an engine in another process that speaks the same calls."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def open(self, config: SessionSettings | None = None) -> ControlResult: ...
+
+    async def resume(self, session_id: str, expected_lease_generation: int) -> ControlResult: ...
+
+    async def append(
+        self, fence: Fence, lease_generation: int, *, audio: bytes = b"", text: str | None = None
+    ) -> ControlResult: ...
+
+    async def commit(
+        self, fence: Fence, lease_generation: int, *, respond: bool = True
+    ) -> ControlResult: ...
+
+    async def signal(
+        self,
+        fence: Fence,
+        lease_generation: int,
+        event: SignalEvent,
+        *,
+        next_fence: Fence | None = None,
+        update: SessionUpdate | None = None,
+    ) -> ControlResult: ...
+
+    async def touch(
+        self,
+        fence: Fence,
+        lease_generation: int,
+        activity: Activity,
+        *,
+        playback: PlaybackMark | None = None,
+    ) -> ControlResult: ...
+
+    async def close(
+        self, fence: Fence, lease_generation: int, reason: str = "client"
+    ) -> ControlResult: ...
+
+    def session_events(self, session_id: str) -> AsyncIterator[SessionEvent]: ...
 
 
 def now_ms() -> float:
@@ -82,7 +128,7 @@ class SessionLimits:
 class LiveSession:
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineSessions,
         core: SessionCore,
         limits: SessionLimits,
         inputs: InputScheduler,
@@ -101,6 +147,7 @@ class LiveSession:
         self._calls = _CallQueue()
         self.cancel_t: float | None = None
         self.commit_t: float | None = None
+        self._last_words = False
 
     @property
     def session_id(self) -> str:
@@ -220,19 +267,23 @@ class LiveSession:
             elif isinstance(action, DropOutput):
                 if att is not None:
                     att.take_unsent()
+                    self._last_words = True  # what follows is stamped now, never refused
             elif isinstance(action, CloseSocket):
                 if att is not None:
                     att.close(action.code, action.reason)
             elif isinstance(action, Release):
                 self.attachment = None
+                self._last_words = False
 
     def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0) -> None:
         if isinstance(event, ev.Error):
             self.metrics.errors.labels(event.error.code).inc()
         self.stamper.beta = self.core.beta
         att = self.attachment
-        if att is None:
-            self.stamper.stamp(event, time.monotonic())  # journaled for a resume
+        if att is None or self._last_words:
+            data = self.stamper.stamp(event, time.monotonic())  # journaled for a resume
+            if att is not None:
+                att.send_stamped(data)
             return
         epoch = event.epoch if isinstance(event, ev.AudioDelta) else None
         size = len(event.delta) + 256 if isinstance(event, ev.AudioDelta) else 512
@@ -368,7 +419,7 @@ class Sessions:
         self.metrics = metrics
         self.instructions = instructions
         self.model = model
-        self.engine: AsyncEngine | None = None
+        self.engine: EngineSessions | None = None
         self.live: dict[str, LiveSession] = {}
         self._runs: dict[str, asyncio.Task[None]] = {}
 
