@@ -158,7 +158,7 @@ class Outgoing:
 
 @dataclass
 class Outbox:
-    """Bounded (bytes) outbound queue of one socket. Overflow = slow client (see realtime.py)."""
+    """Bounded (bytes) outbound queue of one transport. Overflow = slow client."""
 
     max_bytes: int
     items: deque[Outgoing] = field(default_factory=deque)

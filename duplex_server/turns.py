@@ -4,7 +4,7 @@ sessions share one scheduler that batches them into few executor jobs.
 
 The lane turns raw client audio into ``(pcm16 16 kHz, [VadStart | VadStop])`` for the
 protocol core, which owns the barge-in policy (minimum speech before interrupting, the
-uninterruptible window at the start of a response: see ``protocol/session.py``).
+uninterruptible window at the start of a response: see ``protocol/input.py``).
 
 Back-pressure: the lane holds at most ``max_backlog`` bytes of unprocessed audio; an append
 beyond that is refused with ``input_backpressure`` and dropped (the client is told).
@@ -144,7 +144,7 @@ class InputLane:
             self._scheduler.ready(self)
 
     def close(self) -> None:
-        """The socket is gone: drop queued audio; a job in flight delivers nothing."""
+        """The session ended: drop queued audio; a job in flight delivers nothing."""
         self._closed = True
         self._queue.clear()
         self._backlog = 0

@@ -1,6 +1,6 @@
-"""What the protocol core asks its adapter to do: engine calls and local actions.
+"""What the protocol core asks the session runtime to do: engine calls and local actions.
 
-Engine calls carry the epoch decided by the core; the adapter binds the turn and response
+Engine calls carry the epoch decided by the core; the runtime binds the turn and response
 counters from :attr:`SessionCore.position` when it executes them (they run in order, so a
 commit's result is known before the next call is sent).
 """

@@ -4,10 +4,13 @@
 decisions), engine session events and engine call results, each with the current time in
 milliseconds passed in, and returns :mod:`~duplex_server.protocol.commands` actions: server
 events to send, engine calls to make, local actions. It never awaits, never touches a
-socket and never reads the clock. The adapter (``duplex_server.realtime``) executes actions
-in order and makes no protocol decisions of its own. The events of a response are built by
-:mod:`~duplex_server.protocol.responses`; VAD decisions arrive as
-:mod:`~duplex_server.protocol.vad` events.
+socket and never reads the clock. The session runtime (``duplex_server.session_runtime``)
+executes actions in order and makes no protocol decisions of its own; that includes
+opening, resuming and taking a session over and ending it for a slow client, all decided
+here. Its parts: :mod:`~duplex_server.protocol.items` (conversation items),
+:mod:`~duplex_server.protocol.responses` (the response lifecycle and its events) and
+:mod:`~duplex_server.protocol.input` (input turns; VAD decisions arrive as
+:mod:`~duplex_server.protocol.vad` events).
 
 Epochs: every cancel the core decides advances ``epoch`` at once (the engine accepts exactly
 one epoch step per cancel), so output of an older epoch is dropped here before it becomes an
