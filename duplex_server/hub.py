@@ -45,7 +45,12 @@ class Hub:
         )
         inputs = InputScheduler(executor, s.vad_threads)
         self.sessions = Sessions(
-            limits, inputs, metrics, instructions=e.default_instructions, model=s.model_name
+            limits,
+            inputs,
+            metrics,
+            instructions=e.default_instructions,
+            model=s.model_name,
+            output_rate=e.output_sample_rate,
         )
         self.sockets: set[Transport] = set()
         self.closing = False

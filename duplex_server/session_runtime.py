@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from duplex_contract.audio import OUTPUT_RATE
 from duplex_contract.errors import EngineDeadError, EngineError
 from duplex_contract.events import AudioChunk, SessionEvent
 from duplex_contract.fence import Fence
@@ -413,12 +414,14 @@ class Sessions:
         *,
         instructions: str,
         model: str,
+        output_rate: int = OUTPUT_RATE,
     ) -> None:
         self.limits = limits
         self.inputs = inputs
         self.metrics = metrics
         self.instructions = instructions
         self.model = model
+        self.output_rate = output_rate
         self.engine: EngineSessions | None = None
         self.live: dict[str, LiveSession] = {}
         self._runs: dict[str, asyncio.Task[None]] = {}
@@ -432,7 +435,10 @@ class Sessions:
         engine = self.engine
         assert engine is not None
         cfg = EffectiveSession(
-            instructions=self.instructions, event_names="beta" if beta else "ga", model=self.model
+            instructions=self.instructions,
+            event_names="beta" if beta else "ga",
+            model=self.model,
+            output_rate=self.output_rate,
         )
         res = await engine.open(cfg.settings())
         assert res.session_id is not None

@@ -13,8 +13,28 @@ from typing import Any
 
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Action, Send
+from duplex_server.protocol.errors import ProtocolError
 
 _MAX_ITEMS = 256
+
+
+def user_text(item: ev.ItemParam) -> str:
+    """The text of a user item a client creates; refuses anything else."""
+    if item.role != "user":
+        raise ProtocolError("unsupported", "only user items can be created", param="item.role")
+    texts: list[str] = []
+    for i, part in enumerate(item.content):
+        if part.type not in ("input_text", "text") or not isinstance(part.text, str):
+            raise ProtocolError(
+                "unsupported",
+                "user items carry input_text content (send audio with input_audio_buffer)",
+                param=f"item.content.{i}.type",
+            )
+        texts.append(part.text)
+    text = " ".join(t for t in texts if t.strip())
+    if not text:
+        raise ProtocolError("invalid_value", "the item has no text", param="item.content")
+    return text
 
 
 class Conversation:

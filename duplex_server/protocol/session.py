@@ -72,7 +72,7 @@ from duplex_server.protocol.input import (
     TurnStep,
     should_interrupt,
 )
-from duplex_server.protocol.items import Conversation
+from duplex_server.protocol.items import Conversation, user_text
 from duplex_server.protocol.responses import (
     Response,
     Responses,
@@ -369,23 +369,9 @@ class SessionCore:
         return out
 
     def _create_item(self, e: ev.ConversationItemCreate) -> list[Action]:
-        item = e.item
-        if item.role != "user":
-            raise ProtocolError("unsupported", "only user items can be created", param="item.role")
-        texts: list[str] = []
-        for i, part in enumerate(item.content):
-            if part.type not in ("input_text", "text") or not isinstance(part.text, str):
-                raise ProtocolError(
-                    "unsupported",
-                    "user items carry input_text content (send audio with input_audio_buffer)",
-                    param=f"item.content.{i}.type",
-                )
-            texts.append(part.text)
-        text = " ".join(t for t in texts if t.strip())
-        if not text:
-            raise ProtocolError("invalid_value", "the item has no text", param="item.content")
+        text = user_text(e.item)  # raises ProtocolError for what cannot be created
         self.input.uncommitted_text = True
-        item_id = item.id if isinstance(item.id, str) else None
+        item_id = e.item.id if isinstance(e.item.id, str) else None
         return [
             Call(Append(self.epoch, text=text, event_id=e.event_id)),
             *self.items.user_text(item_id, text),

@@ -3,9 +3,12 @@ lifecycle, and input turns (VAD ring, speech items, barge-in guards)."""
 
 from __future__ import annotations
 
+import pytest
+
 from duplex_contract.fence import Fence
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Action, Send
+from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.input import (
     AudioReady,
     InputTurns,
@@ -16,7 +19,7 @@ from duplex_server.protocol.input import (
     SpeechEnded,
     should_interrupt,
 )
-from duplex_server.protocol.items import Conversation
+from duplex_server.protocol.items import Conversation, user_text
 from duplex_server.protocol.responses import Response, Responses
 from duplex_server.protocol.vad import VadPause, VadResume, VadStart, VadStop
 
@@ -180,3 +183,20 @@ def test_barge_in_guards() -> None:
     assert not should_interrupt(
         None, 999, response_active=True, response_started_ms=0.0, now_ms=1e6
     )
+
+
+def test_user_text_items() -> None:
+    part = ev.ContentPartParam(type="input_text", text="a")
+    blank = ev.ContentPartParam(type="input_text", text=" ")
+    assert user_text(ev.ItemParam(content=[part, blank, part])) == "a a"
+    for item, param in [
+        (ev.ItemParam(role="assistant", content=[part]), "item.role"),
+        (
+            ev.ItemParam(content=[part, ev.ContentPartParam(type="input_audio")]),
+            "item.content.1.type",
+        ),
+        (ev.ItemParam(content=[blank]), "item.content"),
+    ]:
+        with pytest.raises(ProtocolError) as info:
+            user_text(item)
+        assert info.value.param == param

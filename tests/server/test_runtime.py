@@ -79,6 +79,7 @@ class FakeEngine:
         self.events: asyncio.Queue[SessionEvent | None] = asyncio.Queue()
         self.turn = 0
         self.updates: list[SessionUpdate | None] = []
+        self.opened_with: SessionSettings | None = None
 
     @property
     def ready(self) -> bool:
@@ -91,6 +92,7 @@ class FakeEngine:
 
     async def open(self, config: SessionSettings | None = None) -> ControlResult:
         self.calls.append("open")
+        self.opened_with = config
         return self._res(Fence(SID))
 
     async def resume(self, session_id: str, expected_lease_generation: int) -> ControlResult:
@@ -153,7 +155,12 @@ def _caps() -> ev.Capabilities:
 async def _sessions(engine: FakeEngine, pool: ThreadPoolExecutor) -> Sessions:
     limits = SessionLimits(1 << 20, 60.0, 1 << 16, "energy")
     sessions = Sessions(
-        limits, InputScheduler(pool, 1), Metrics(lambda: None), instructions="", model="m"
+        limits,
+        InputScheduler(pool, 1),
+        Metrics(lambda: None),
+        instructions="be brief",
+        model="m",
+        output_rate=22050,
     )
     sessions.engine = engine
     return sessions
@@ -196,6 +203,11 @@ def test_a_text_turn_resume_and_takeover_without_sockets() -> None:
             settings = engine.updates[0]
             assert settings is not None and settings.settings is not None
             assert settings.settings.output_modalities == ("text",)
+            # the engine speaks at the configured rate, on open and after every update
+            assert engine.opened_with == SessionSettings(
+                instructions="be brief", output_sample_rate=22050
+            )
+            assert settings.settings.output_sample_rate == 22050
             fence = Fence(SID, 0, 1, 1)
             await engine.events.put(ResponseStarted(fence=fence))
             await engine.events.put(TextDelta(fence=fence, text="hello"))
