@@ -15,7 +15,7 @@ from typing import Literal
 
 import msgspec
 
-from duplex_contract.audio import INPUT_RATE
+from duplex_contract.audio import INPUT_RATE, OUTPUT_RATE
 from duplex_contract.events import AudioChunk as AudioChunk
 from duplex_contract.events import ErrorInfo as ErrorInfo
 from duplex_contract.events import Msg as Msg
@@ -49,7 +49,7 @@ class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class AsrRequest(Msg, frozen=True, tag="asr"):
     request_id: str
     audio: bytes  # PCM16 mono, little endian
-    sample_rate: int = 16000
+    sample_rate: int = INPUT_RATE
     language: str = "en"
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
@@ -69,7 +69,7 @@ class TtsRequest(Msg, frozen=True, tag="tts"):
     text: str
     voice: str | None = None
     speed: float = 1.0
-    sample_rate: int = 24000
+    sample_rate: int = OUTPUT_RATE
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
 
@@ -85,7 +85,7 @@ class TokensRequest(Msg, frozen=True, tag="tokens"):
     ids: tuple[int, ...]
     context: int = 0
     final: bool = False  # the last window of its upstream request
-    sample_rate: int = 24000
+    sample_rate: int = OUTPUT_RATE
     voice: str | None = None
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
@@ -236,7 +236,7 @@ class SpeechJob(Msg, frozen=True, tag="speech"):
     text: str
     voice: str | None = None
     speed: float = 1.0
-    sample_rate: int = 24000
+    sample_rate: int = OUTPUT_RATE
 
 
 class ChatJob(Msg, frozen=True, tag="chat"):
@@ -245,12 +245,12 @@ class ChatJob(Msg, frozen=True, tag="chat"):
     temperature: float = 0.0
     audio: bool = False
     voice: str | None = None
-    sample_rate: int = 24000
+    sample_rate: int = OUTPUT_RATE
 
 
 class TranscribeJob(Msg, frozen=True, tag="transcribe"):
     audio: bytes  # PCM16 mono
-    sample_rate: int = 16000
+    sample_rate: int = INPUT_RATE
     language: str = "en"
 
 
