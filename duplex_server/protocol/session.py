@@ -239,9 +239,6 @@ class SessionCore:
         except ProtocolError as exc:
             return self.error(exc, event.event_id)
 
-    def on_binary_audio(self, data: bytes) -> list[Action]:
-        return [] if self.closed or not data else [ProcessAudio(data)]
-
     def error(self, exc: BaseException, event_id: str | None = None) -> list[Action]:
         """The one place an exception becomes actions: the error event, maybe a close."""
         detail, close = to_wire_error(exc, event_id=event_id)
