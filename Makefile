@@ -63,11 +63,12 @@ serve: $(STAMP)
 	$(VENV)/bin/duplex-server serve --config $(CONFIG) --host $(HOST) --port $(PORT)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check duplex_server engine clients bench tests
-	$(VENV)/bin/ruff format --check duplex_server engine clients bench tests
+	$(VENV)/bin/ruff check duplex_contract duplex_server engine clients bench tests tools
+	$(VENV)/bin/ruff format --check duplex_contract duplex_server engine clients bench tests tools
+	$(PY) -m tools.import_boundary
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy --strict duplex_server engine clients
+	$(VENV)/bin/mypy --strict duplex_contract duplex_server engine clients tools
 
 # one engine process, WORKERS front ends and HAProxy (docs/scale.md)
 serve-scaled: $(STAMP) $(HAPROXY_STAMP)

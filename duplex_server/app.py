@@ -24,8 +24,9 @@ from starlette.staticfiles import StaticFiles
 
 from duplex_server import batch
 from duplex_server.config import AppConfig
+from duplex_server.hub import Hub
 from duplex_server.metrics import BatchTiming, Metrics
-from duplex_server.realtime import Hub, realtime_endpoint
+from duplex_server.realtime import realtime_endpoint
 from engine.client import AsyncEngine
 from engine.errors import EngineDeadError
 from engine.remote import RemoteEngine
@@ -81,7 +82,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
                 engine = await AsyncEngine.start(config.engine)
             engine.on_dead(lambda exc: setattr(handle, "error", f"engine gone: {exc}"))
             handle.engine = engine
-            hub.engine = engine
+            hub.sessions.engine = engine
             log.info("engine ready")
         except Exception as exc:  # start-up failure: /health stays 503 and says why
             log.exception("engine failed to start")
@@ -120,8 +121,8 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         )
 
     async def metrics_route(request: Request) -> Response:
-        metrics.outbound_bytes.set(sum(c.outbox.nbytes for c in hub.connections))
-        metrics.input_backlog.set(sum(c.lane.backlog for c in hub.connections))
+        metrics.outbound_bytes.set(sum(c.queued_bytes for c in hub.sockets))
+        metrics.input_backlog.set(sum(s.lane.backlog for s in hub.sessions.live.values()))
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     routes: list[BaseRoute] = [

@@ -1,7 +1,9 @@
-"""Attachments: resume tokens (only a hash stored), the per-session event journal, and the
-outbound queue of the socket currently attached to a session.
+"""Attachments: how a session sees the transport attached to it (:class:`Attachment`),
+resume tokens (only a hash stored), the per-session event journal, and the bounded
+outbound queue a transport may use.
 
-A session outlives its sockets. Server events are stamped (``event_id``,
+A session outlives its transports (a WebSocket today; WebRTC, telephony or an engine-process
+front end fit the same interface). Server events are stamped (``event_id``,
 ``server_event_seq``) when they are written to the socket, or at once while no socket is
 attached, and every stamped event is journaled so a resumed socket can be sent what the
 old one missed, in the original order with the original ids.
@@ -10,25 +12,54 @@ old one missed, in the original order with the original ids.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import secrets
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import encode_server_event
+from duplex_server.protocol.resume import new_resume_token as new_resume_token
+from duplex_server.protocol.resume import token_matches as token_matches
 
 
-# ---------------------------------------------------------------------------- tokens
-def new_resume_token() -> tuple[str, bytes]:
-    """A 256-bit one-time token and the SHA-256 digest the server keeps instead of it."""
-    token = secrets.token_urlsafe(32)
-    return token, hashlib.sha256(token.encode()).digest()
+# ---------------------------------------------------------------------------- attachment
+class Attachment(Protocol):
+    """What a live session needs of the transport attached to it; nothing more.
 
+    The session calls these from the event loop. The transport in turn calls the session's
+    ``receive_*``, ``next_frame``/``sent`` (if it stamps at write time), ``too_slow`` and
+    ``detach``; the session never imports a transport.
+    """
 
-def token_matches(token: str, digest: bytes) -> bool:
-    return hmac.compare_digest(hashlib.sha256(token.encode()).digest(), digest)
+    def send_event(self, item: Outgoing) -> bool:
+        """Queue a server event (stamped when written). False: over the output budget."""
+        ...
+
+    def send_stamped(self, data: bytes) -> None:
+        """Queue bytes already stamped and journaled (a replay); never refused."""
+        ...
+
+    def purge_audio(self, below_epoch: int) -> int:
+        """Drop queued audio of epochs below ``below_epoch`` (barge-in); how many."""
+        ...
+
+    def take_unsent(self) -> list[Outgoing]:
+        """Everything queued and not yet written, removed from the queue."""
+        ...
+
+    def close(self, code: int, reason: str) -> None:
+        """Close once what is queued has been written."""
+        ...
+
+    def replaced(self, data: bytes) -> None:
+        """Another transport took the session over: drop what is queued, send ``data``
+        (session.replaced, stamped for this transport only) and close."""
+        ...
+
+    @property
+    def queued_bytes(self) -> int:
+        """Output queued and not yet written (the backpressure state)."""
+        ...
 
 
 # ---------------------------------------------------------------------------- journal
@@ -127,12 +158,11 @@ class Outgoing:
 
 @dataclass
 class Outbox:
-    """Bounded (bytes) outbound queue of one socket. Overflow = slow client (see realtime.py)."""
+    """Bounded (bytes) outbound queue of one transport. Overflow = slow client."""
 
     max_bytes: int
     items: deque[Outgoing] = field(default_factory=deque)
     nbytes: int = 0
-    closed: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def put(self, item: Outgoing) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from typing import Annotated, Literal, TypeVar
 
 import msgspec
@@ -12,6 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message
 
+from duplex_contract.audio import INPUT_RATE
+from duplex_contract.validation import explain
 from duplex_server.codecs import (
     SpeechFormat,
 )
@@ -19,7 +20,7 @@ from duplex_server.codecs import (
 log = logging.getLogger(__name__)
 
 OUTPUT_RATE = 24000
-ENGINE_INPUT_RATE = 16000
+ENGINE_INPUT_RATE = INPUT_RATE  # what the transcription jobs are sent at
 
 T = TypeVar("T")
 MiB = 1024 * 1024
@@ -56,23 +57,16 @@ def error_response(exc: ApiError) -> Response:
     return JSONResponse(exc.payload(), status_code=exc.status)
 
 
-_PATH_RE = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
-_FIELD_RE = re.compile(r"Object (?P<what>contains unknown|missing required) field `(?P<f>[^`]+)`")
-
-
 def validation_error(exc: msgspec.ValidationError) -> ApiError:
     """msgspec's message -> a 400 naming the field (``audio.format``, ``messages.0.role``)."""
-    text = str(exc)
-    path = ""
-    if match := _PATH_RE.search(text):
-        path = re.sub(r"\[(\d+)\]", r".\1", match.group("path"))
-        text = text[: match.start()]
-    code = "invalid_value"
-    if field := _FIELD_RE.match(text):
-        path = f"{path}.{field.group('f')}" if path else field.group("f")
-        unknown = field.group("what") == "contains unknown"
-        code = "unknown_parameter" if unknown else "missing_required_parameter"
-    param = path or None
+    problem = explain(exc)
+    code = {
+        "unknown": "unknown_parameter",
+        "missing": "missing_required_parameter",
+        "invalid": "invalid_value",
+    }[problem.kind]
+    param = problem.path or None
+    text = problem.message
     return ApiError(400, f"{param}: {text}" if param else text, param=param, code=code)
 
 

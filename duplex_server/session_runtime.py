@@ -1,9 +1,18 @@
-"""A live session on the server side: the protocol core, its journal, its engine tasks.
+"""A live session on the server side, whatever its transport: the protocol core, its
+journal, its input lane and its engine tasks.
 
-:class:`LiveSession` outlives its sockets. It owns two tasks in the hub's task set: the
-engine pump (engine session events -> core) and the caller (the session's one ordered
-mailbox of engine calls: they run in the order the core decided them). It executes the
-core's actions; it makes no protocol decisions of its own.
+:class:`LiveSession` outlives its transports. It sees the one attached through the
+:class:`~duplex_server.attach.Attachment` interface and imports no transport. Its tasks (the
+engine pump: engine session events -> core; the caller: the session's one ordered mailbox of
+engine calls) run in one task group owned by the session (:meth:`LiveSession.run`). It
+executes the core's actions; open, resume, takeover and slow-client handling are the core's
+decisions.
+
+Input path: raw audio from the transport goes straight into the session's input lane
+(decode, resample, VAD off the loop); the processed audio reaches the core once
+(``on_input_audio``) and its appends are queued in order behind the calls decided before.
+
+The :class:`Sessions` registry opens and resumes sessions for any transport.
 """
 
 from __future__ import annotations
@@ -12,12 +21,20 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
-from duplex_server.attach import Journal, Outgoing, Stamper, new_resume_token
+from duplex_contract.audio import OUTPUT_RATE
+from duplex_contract.errors import EngineDeadError, EngineError
+from duplex_contract.events import AudioChunk, SessionEvent
+from duplex_contract.fence import Fence
+from duplex_contract.settings import SessionSettings, SessionUpdate
+from duplex_server.attach import Attachment, Journal, Outgoing, Stamper
 from duplex_server.metrics import Metrics
+from duplex_server.output import OutputEncoder
 from duplex_server.protocol import events as ev
+from duplex_server.protocol.codec import decode_client_event, encode_server_event
 from duplex_server.protocol.commands import (
     AckJournal,
     Action,
@@ -28,69 +45,205 @@ from duplex_server.protocol.commands import (
     CloseSocket,
     Commit,
     ConfigureInput,
+    DropOutput,
     EngineCommand,
     ProcessAudio,
     PurgeAudio,
+    Release,
+    Replay,
     Send,
+    SendStamped,
     Speculate,
+    Takeover,
     Touch,
     Update,
 )
+from duplex_server.protocol.config import EffectiveSession
+from duplex_server.protocol.errors import ProtocolError, SessionFatal
+from duplex_server.protocol.resume import new_resume_token
 from duplex_server.protocol.session import SessionCore
-from engine.client import AsyncEngine
-from engine.errors import EngineDeadError
-from engine.messages import AudioChunk, Fence, PlaybackMark, SessionUpdate
-
-if TYPE_CHECKING:
-    from duplex_server.realtime import Connection
+from duplex_server.protocol.vad import VadEvent
+from duplex_server.turns import InputLane, InputScheduler
+from engine.messages import Activity, ControlResult, PlaybackMark, SignalEvent
 
 log = logging.getLogger(__name__)
+
+
+class EngineSessions(Protocol):
+    """The engine calls a live session makes: :class:`engine.client.AsyncEngine` in
+    process, or any front end of an engine in another process that speaks the same calls."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def open(
+        self, config: SessionSettings | None = None, *, route_key: str | None = None
+    ) -> ControlResult: ...
+
+    async def resume(self, session_id: str, expected_lease_generation: int) -> ControlResult: ...
+
+    async def append(
+        self, fence: Fence, lease_generation: int, *, audio: bytes = b"", text: str | None = None
+    ) -> ControlResult: ...
+
+    async def commit(
+        self, fence: Fence, lease_generation: int, *, respond: bool = True
+    ) -> ControlResult: ...
+
+    async def signal(
+        self,
+        fence: Fence,
+        lease_generation: int,
+        event: SignalEvent,
+        *,
+        next_fence: Fence | None = None,
+        update: SessionUpdate | None = None,
+    ) -> ControlResult: ...
+
+    async def touch(
+        self,
+        fence: Fence,
+        lease_generation: int,
+        activity: Activity,
+        *,
+        playback: PlaybackMark | None = None,
+    ) -> ControlResult: ...
+
+    async def close(
+        self, fence: Fence, lease_generation: int, reason: str = "client"
+    ) -> ControlResult: ...
+
+    def session_events(self, session_id: str) -> AsyncIterator[SessionEvent]: ...
 
 
 def now_ms() -> float:
     return time.monotonic() * 1000.0
 
 
+@dataclass(frozen=True)
+class SessionLimits:
+    journal_max_bytes: int
+    journal_max_age_s: float
+    input_backlog_bytes: int
+    vad_backend: Literal["silero", "energy"]
+
+
 class LiveSession:
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineSessions,
         core: SessionCore,
-        journal: Journal,
+        limits: SessionLimits,
+        inputs: InputScheduler,
         metrics: Metrics,
-        on_end: Callable[[LiveSession], None],
     ) -> None:
         self.engine = engine
         self.core = core
-        self.journal = journal
-        self.stamper = Stamper(core.session_id, journal)
+        self.journal = Journal(limits.journal_max_bytes, limits.journal_max_age_s)
+        self.stamper = Stamper(core.session_id, self.journal)
         self.stamper.beta = core.beta
         self.metrics = metrics
-        self.token, self.token_hash = new_resume_token()
-        self.conn: Connection | None = None
+        self.attachment: Attachment | None = None
+        self.lane = InputLane(
+            inputs, limits.vad_backend, limits.input_backlog_bytes, self._processed, self._failed
+        )
         self._calls = _CallQueue()
-        self._on_end = on_end
-        self.tasks: list[asyncio.Task[None]] = []
         self.cancel_t: float | None = None
         self.commit_t: float | None = None
-        self.resuming = False
+        self._last_words = False
 
     @property
     def session_id(self) -> str:
         return self.core.session_id
 
-    def start(self, spawn: Callable[..., asyncio.Task[None]]) -> None:
-        sid = self.session_id
-        self.tasks = [spawn(self._pump(), f"pump:{sid}"), spawn(self._caller(), f"calls:{sid}")]
+    # ------------------------------------------------------------------ called by transports
+    def open(self, attachment: Attachment, capabilities: ev.Capabilities) -> None:
+        token, digest = new_resume_token()
+        self.attachment = attachment
+        self.apply(self.core.opened(token, capabilities, token_hash=digest))
 
-    def rotate_token(self) -> str:
-        self.token, self.token_hash = new_resume_token()
-        return self.token
+    async def resume(self, attachment: Attachment, req: ev.SessionResume) -> None:
+        """Raises :class:`SessionFatal` (or an engine error) if the core refuses."""
+        core = self.core
+        core.admit_resume(req.resume_token)
+        try:
+            res = await self.engine.resume(self.session_id, core.lease_generation)
+        except BaseException:
+            core.resume_failed()
+            raise
+        token, digest = new_resume_token()
+        actions = core.resumed(
+            res.lease_generation,
+            token,
+            digest,
+            after_seq=req.last_received_server_event_seq,
+            attached=self.attachment is not None,
+        )
+        for action in actions:  # Takeover first: the old transport's output is journaled
+            if isinstance(action, Takeover):
+                self._takeover()
+            elif isinstance(action, Replay):
+                self.attachment = attachment
+                frames = self.journal.replay_after(action.after_seq, time.monotonic())
+                self.apply(core.replayed(frames, self.journal.first_available, self.stamper.seq))
+
+    def receive_text(self, text: str) -> None:
+        try:
+            event = decode_client_event(text)
+        except ProtocolError as exc:
+            self.apply(self.core.error(exc))
+            return
+        self.apply(self.core.on_client_event(event, now_ms()))
+
+    def receive_audio(self, data: bytes) -> None:
+        """Raw audio in the session's input format (a binary frame, an RTP payload...)."""
+        if data and not self.core.closed:
+            self._input(data)
+
+    def fail(self, exc: ProtocolError) -> None:
+        """The transport refused input for a reason of its own (e.g. a frame too large)."""
+        self.apply(self.core.error(exc))
+
+    def too_slow(self) -> None:
+        self.apply(self.core.too_slow())
+
+    def detach(self, attachment: Attachment) -> None:
+        """The transport went away (it may resume): journal what it never wrote."""
+        if self.attachment is not attachment:
+            return
+        self._journal_unsent(attachment)
+        self.attachment = None
+        if not self.core.closed:
+            self._calls.put_nowait(Touch(self.core.epoch, "detach"))
+
+    def next_frame(self, item: Outgoing) -> bytes | None:
+        """A transport is about to write ``item``: stamp (and journal) it, or None if stale."""
+        if item.raw is not None:
+            return item.raw
+        assert item.event is not None
+        if item.epoch is not None and item.epoch < self.core.epoch:
+            self.metrics.stale_dropped.labels("writer").inc()
+            return None  # third drop: never a byte of a cancelled response
+        return self.stamper.stamp(item.event, time.monotonic())
+
+    def sent(self, item: Outgoing) -> None:
+        """A transport wrote ``item`` (latency metrics)."""
+        event, metrics, now = item.event, self.metrics, time.perf_counter()
+        if isinstance(event, ev.AudioDelta):
+            if item.t_in:
+                metrics.chunk_overhead.observe(now - item.t_in)
+            if self.commit_t is not None:
+                metrics.ttfa.observe(now - self.commit_t)
+                self.commit_t = None
+        elif isinstance(event, ev.ResponseDone) and event.response.status == "cancelled":
+            if self.cancel_t is not None:
+                metrics.bargein.observe(now - self.cancel_t)
+                self.cancel_t = None
 
     # ------------------------------------------------------------------ actions
     def apply(self, actions: list[Action], *, t_in: float = 0.0) -> None:
-        conn = self.conn
         for action in actions:
+            att = self.attachment
             if isinstance(action, Send):
                 self.emit(action.event, t_in=t_in)
             elif isinstance(action, Call):
@@ -101,53 +254,87 @@ class LiveSession:
                     self.commit_t = time.perf_counter()
                 self._calls.put_nowait(cmd)
             elif isinstance(action, ProcessAudio):
-                if conn is not None and not conn.lane.put(action.data):
-                    self.apply(self.core.error(_backpressure()))
+                self._input(action.data)
             elif isinstance(action, ConfigureInput):
-                if conn is not None:
-                    conn.lane.configure(action.format, action.turn_detection)
+                self.lane.configure(action.format, action.turn_detection)
             elif isinstance(action, PurgeAudio):
-                if conn is not None:
-                    dropped = conn.outbox.purge_audio(action.epoch)
-                    if dropped:
-                        self.metrics.stale_dropped.labels("queue").inc(dropped)
+                dropped = att.purge_audio(action.epoch) if att is not None else 0
+                if dropped:
+                    self.metrics.stale_dropped.labels("queue").inc(dropped)
             elif isinstance(action, AckJournal):
                 self.journal.ack(action.seq)
+            elif isinstance(action, SendStamped):
+                if att is not None:
+                    for data in action.frames:
+                        att.send_stamped(data)
+            elif isinstance(action, DropOutput):
+                if att is not None:
+                    att.take_unsent()
+                    self._last_words = True  # what follows is stamped now, never refused
             elif isinstance(action, CloseSocket):
-                if conn is not None:
-                    conn.close_after_flush(action.code, action.reason)
+                if att is not None:
+                    att.close(action.code, action.reason)
+            elif isinstance(action, Release):
+                self.attachment = None
+                self._last_words = False
 
     def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0) -> None:
         if isinstance(event, ev.Error):
             self.metrics.errors.labels(event.error.code).inc()
         self.stamper.beta = self.core.beta
-        conn = self.conn
-        if conn is None:
-            self.stamper.stamp(event, time.monotonic())
+        att = self.attachment
+        if att is None or self._last_words:
+            data = self.stamper.stamp(event, time.monotonic())  # journaled for a resume
+            if att is not None:
+                att.send_stamped(data)
             return
         epoch = event.epoch if isinstance(event, ev.AudioDelta) else None
         size = len(event.delta) + 256 if isinstance(event, ev.AudioDelta) else 512
-        if not conn.outbox.put(Outgoing(event, None, size, epoch, t_in)):
-            conn.too_slow()
+        if not att.send_event(Outgoing(event, None, size, epoch, t_in)):
+            self.too_slow()
 
-    def drain_to_journal(self, conn: Connection) -> None:
-        """A socket went away: journal what it never wrote, in order (for resume)."""
+    def _takeover(self) -> None:
+        old = self.attachment
+        if old is None:
+            return
+        self._journal_unsent(old)
+        seq = self.stamper.seq
+        data, _ = encode_server_event(
+            ev.SessionReplaced(), event_id=f"event_replaced_{seq}", seq=seq
+        )
+        old.replaced(data)
+        self.attachment = None
+
+    def _journal_unsent(self, att: Attachment) -> None:
         now = time.monotonic()
-        for item in conn.outbox.drain():
+        for item in att.take_unsent():
             if item.event is not None:
                 if item.epoch is not None and item.epoch < self.core.epoch:
                     continue
                 self.stamper.stamp(item.event, now)
 
-    def detach(self, conn: Connection) -> None:
-        if self.conn is not conn:
-            return
-        self.drain_to_journal(conn)
-        self.conn = None
-        if not self.core.closed:
-            self._calls.put_nowait(Touch(self.core.epoch, "detach"))
+    def _input(self, data: bytes) -> None:
+        if not self.lane.put(data):
+            self.apply(self.core.input_refused())
+
+    def _processed(self, pcm: bytes, vad: list[VadEvent]) -> None:
+        self.apply(self.core.on_input_audio(pcm, vad, now_ms()))
+
+    def _failed(self, exc: BaseException) -> None:
+        log.error("%s: input processing failed", self.session_id, exc_info=exc)
+        self.apply(self.core.input_failed())
 
     # ------------------------------------------------------------------ tasks
+    async def run(self) -> None:
+        """Serve the engine side until the engine session ends (all tasks in one group)."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                caller = tg.create_task(self._caller(), name=f"calls:{self.session_id}")
+                pump = tg.create_task(self._pump(), name=f"pump:{self.session_id}")
+                pump.add_done_callback(lambda _: caller.cancel())
+        finally:
+            self.lane.close()
+
     async def _pump(self) -> None:
         try:
             async for event in self.engine.session_events(self.session_id):
@@ -155,11 +342,6 @@ class LiveSession:
                 self.apply(self.core.on_engine_event(event, now_ms()), t_in=t_in)
         except EngineDeadError as exc:
             self.apply(self.core.error(exc))
-        finally:
-            for task in self.tasks:
-                if task is not asyncio.current_task():
-                    task.cancel()
-            self._on_end(self)
 
     async def _caller(self) -> None:
         while True:
@@ -170,6 +352,8 @@ class LiveSession:
                 if isinstance(cmd, CloseSession):
                     log.info("%s: close failed: %s", self.session_id, exc)
                     continue
+                if not isinstance(exc, EngineError):  # a bug: the client sees server_error
+                    log.error("%s: %s failed", self.session_id, type(cmd).__name__, exc_info=exc)
                 self.apply(self.core.on_failure(cmd, exc))
                 if isinstance(exc, EngineDeadError):
                     return
@@ -198,7 +382,7 @@ class LiveSession:
         core, eng = self.core, self.engine
         gen = core.lease_generation
         if isinstance(cmd, CloseSession):
-            res = await eng.close(core.fence_for(core.epoch), gen, reason=cmd.reason)
+            await eng.close(core.fence_for(core.epoch), gen, reason=cmd.reason)
             return None
         fence = core.fence_for(cmd.epoch)
         if isinstance(cmd, Append):
@@ -211,13 +395,7 @@ class LiveSession:
         elif isinstance(cmd, Speculate):
             res = await eng.signal(fence, gen, cmd.event)
         elif isinstance(cmd, Update):
-            upd = SessionUpdate(
-                instructions=cmd.instructions,
-                voice=cmd.voice,
-                output_modalities=cmd.output_modalities,
-                max_output_tokens=cmd.max_output_tokens,
-                temperature=cmd.temperature,
-            )
+            upd = SessionUpdate.replace_with(cmd.settings)
             res = await eng.signal(fence, gen, "session.update", update=upd)
         else:
             mark = None
@@ -227,14 +405,82 @@ class LiveSession:
         return res.accepted_fence
 
 
-def _backpressure() -> Exception:
-    from duplex_server.protocol.errors import ProtocolError
+class Sessions:
+    """The live sessions of one app, for any transport; each runs its own task group."""
 
-    return ProtocolError(
-        "input_backpressure",
-        "input audio backlog is full; the audio was dropped (send slower)",
-        error_type="rate_limit_error",
-    )
+    def __init__(
+        self,
+        limits: SessionLimits,
+        inputs: InputScheduler,
+        metrics: Metrics,
+        *,
+        instructions: str,
+        model: str,
+        output_rate: int = OUTPUT_RATE,
+        route_key: str | None = None,
+    ) -> None:
+        self.limits = limits
+        self.route_key = route_key  # this front end's: session ids carry it
+        self.inputs = inputs
+        self.metrics = metrics
+        self.instructions = instructions
+        self.model = model
+        self.output_rate = output_rate
+        self.engine: EngineSessions | None = None
+        self.live: dict[str, LiveSession] = {}
+        self._runs: dict[str, asyncio.Task[None]] = {}
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    async def open(
+        self, attachment: Attachment, capabilities: ev.Capabilities, *, beta: bool
+    ) -> LiveSession:
+        engine = self.engine
+        assert engine is not None
+        cfg = EffectiveSession(
+            instructions=self.instructions,
+            event_names="beta" if beta else "ga",
+            model=self.model,
+            output_rate=self.output_rate,
+        )
+        res = await engine.open(cfg.settings(), route_key=self.route_key)
+        assert res.session_id is not None
+        core = SessionCore(
+            res.session_id,
+            cfg,
+            lease_generation=res.lease_generation,
+            encode_output=OutputEncoder().encode,
+        )
+        session = LiveSession(engine, core, self.limits, self.inputs, self.metrics)
+        self.live[session.session_id] = session
+        task = asyncio.create_task(self._run(session), name=f"session:{session.session_id}")
+        self._runs[session.session_id] = task
+        session.open(attachment, capabilities)
+        return session
+
+    async def resume(self, attachment: Attachment, req: ev.SessionResume) -> LiveSession:
+        session = self.live.get(req.session_id)
+        if session is None:
+            raise SessionFatal("session_not_found", f"no live session {req.session_id}")
+        await session.resume(attachment, req)
+        return session
+
+    async def _run(self, session: LiveSession) -> None:
+        try:
+            await session.run()
+        except Exception:
+            log.exception("%s: session tasks failed", session.session_id)
+        finally:
+            self.live.pop(session.session_id, None)
+            self._runs.pop(session.session_id, None)
+
+    async def shutdown(self, grace_s: float) -> None:
+        runs = list(self._runs.values())
+        for task in runs:
+            task.cancel()
+        if runs:
+            await asyncio.wait(runs, timeout=grace_s)
 
 
 class _CallQueue:

@@ -4,7 +4,7 @@ sessions share one scheduler that batches them into few executor jobs.
 
 The lane turns raw client audio into ``(pcm16 16 kHz, [VadStart | VadStop])`` for the
 protocol core, which owns the barge-in policy (minimum speech before interrupting, the
-uninterruptible window at the start of a response: see ``protocol/session.py``).
+uninterruptible window at the start of a response: see ``protocol/input.py``).
 
 Back-pressure: the lane holds at most ``max_backlog`` bytes of unprocessed audio; an append
 beyond that is refused with ``input_backpressure`` and dropped (the client is told).
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Literal
 
+from duplex_contract.audio import INPUT_RATE, input_ms
 from duplex_server.protocol.codec import AudioFormat, g711_to_pcm16
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
@@ -27,7 +28,7 @@ from engine.stages.vad_silero import VadSegmenter, VadStream, make_vad
 
 log = logging.getLogger(__name__)
 
-ENGINE_RATE = 16000
+
 #: VAD chunks of speech needed before speech_started (the segmenter's min_speech_ms).
 MIN_SPEECH_MS = 64.0
 #: Silence inside speech after which the engine transcribes speculatively (``input.pause``),
@@ -47,7 +48,7 @@ class InputProcessor:
     ) -> None:
         self.format = fmt
         self.turn_detection = turn_detection
-        self._resampler = StreamResampler(fmt.rate, ENGINE_RATE)
+        self._resampler = StreamResampler(fmt.rate, INPUT_RATE)
         self._vad: VadStream | None = None
         if turn_detection is not None:
             segmenter = VadSegmenter(
@@ -143,7 +144,7 @@ class InputLane:
             self._scheduler.ready(self)
 
     def close(self) -> None:
-        """The socket is gone: drop queued audio; a job in flight delivers nothing."""
+        """The session ended: drop queued audio; a job in flight delivers nothing."""
         self._closed = True
         self._queue.clear()
         self._backlog = 0
@@ -180,7 +181,7 @@ class InputLane:
                 if proc is None:
                     continue  # no format configured yet: cannot interpret the bytes
                 pcm, vad = proc.process(item, self._origin_ms)
-                self._fed_ms += len(pcm) / 32.0
+                self._fed_ms += input_ms(len(pcm))
                 out.append((pcm, vad))
         except Exception as exc:  # reported to this lane's session only
             return exc

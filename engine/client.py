@@ -93,7 +93,7 @@ class AsyncEngine:
         self._dead: EngineDeadError | None = None
         self._ready = False
         self._req: RequestSink | None = None
-        # the orchestrator puts single items or lists of them (one per loop iteration)
+        # session events, batch items and the fatal error, one message per put
         self._out: janus.Queue[EngineOutput] | None = None
         self._rpc: janus.Queue[Any] | None = None
         self._orch: Orchestrator | None = None

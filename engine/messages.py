@@ -1,5 +1,8 @@
 """Typed messages that cross the engine's boundaries (janus queues, stage workers).
 
+What the server side also needs (fences, session events, errors in transit, session
+settings) is defined in :mod:`duplex_contract` and re-exported here.
+
 Every message is a msgspec struct with a type tag; unknown fields are refused when a
 message is decoded (``decode``), and errors travel as :class:`ErrorInfo`, re-raised on the
 receiving side. Nothing here is a ``dict[str, Any]``.
@@ -12,11 +15,21 @@ from typing import Literal
 
 import msgspec
 
-from engine.errors import EngineError, kind_of, make_error
-
-
-class Msg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type", tag=True):
-    """Base of every queue message."""
+from duplex_contract.audio import INPUT_RATE, OUTPUT_RATE
+from duplex_contract.events import AudioChunk as AudioChunk
+from duplex_contract.events import ErrorInfo as ErrorInfo
+from duplex_contract.events import Msg as Msg
+from duplex_contract.events import ResponseDone as ResponseDone
+from duplex_contract.events import ResponseStarted as ResponseStarted
+from duplex_contract.events import ResponseStatus as ResponseStatus
+from duplex_contract.events import SessionEvent as SessionEvent
+from duplex_contract.events import SessionLifecycle as SessionLifecycle
+from duplex_contract.events import TextDelta as TextDelta
+from duplex_contract.events import UserTranscript as UserTranscript
+from duplex_contract.fence import Fence as Fence
+from duplex_contract.settings import Modality as Modality
+from duplex_contract.settings import SessionSettings as SessionSettings
+from duplex_contract.settings import SessionUpdate as SessionUpdate
 
 
 class Priority(IntEnum):
@@ -24,59 +37,6 @@ class Priority(IntEnum):
 
     REALTIME = 0
     BATCH = 1
-
-
-class Fence(msgspec.Struct, frozen=True, forbid_unknown_fields=True, order=True):
-    """The session position a caller believes current. Immutable; ordered by (epoch, turn, resp)."""
-
-    session_id: str
-    epoch: int = 0
-    turn_id: int = 0
-    response_seq: int = 0
-
-    def key(self) -> str:
-        """Prefix of every stage request id of this fence: ``sess_x/e3/t5/r1``."""
-        return f"{self.session_id}/e{self.epoch}/t{self.turn_id}/r{self.response_seq}"
-
-    def is_stale_against(self, current: Fence) -> bool:
-        """True when this fence is older than ``current`` (DESIGN §3.2)."""
-        if self.session_id != current.session_id:
-            return True
-        if self.epoch != current.epoch:
-            return self.epoch < current.epoch
-        return self.turn_id < current.turn_id or self.response_seq < current.response_seq
-
-
-class ErrorInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """An exception in transit. ``fatal`` means the engine is dead."""
-
-    kind: str
-    code: str
-    message: str
-    retryable: bool = False
-    fatal: bool = False
-    session_id: str | None = None
-    request_id: str | None = None
-
-    @classmethod
-    def from_exc(
-        cls, exc: EngineError, *, session_id: str | None = None, request_id: str | None = None
-    ) -> ErrorInfo:
-        kind = kind_of(exc)
-        return cls(
-            kind=kind,
-            code=exc.code,
-            message=exc.message,
-            retryable=exc.retryable,
-            fatal=kind == "dead",
-            session_id=session_id,
-            request_id=request_id,
-        )
-
-    def to_exc(self) -> EngineError:
-        return make_error(
-            "dead" if self.fatal else self.kind, self.code, self.message, self.retryable
-        )
 
 
 # ----------------------------------------------------------------------------- chat
@@ -89,7 +49,7 @@ class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class AsrRequest(Msg, frozen=True, tag="asr"):
     request_id: str
     audio: bytes  # PCM16 mono, little endian
-    sample_rate: int = 16000
+    sample_rate: int = INPUT_RATE
     language: str = "en"
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
@@ -109,7 +69,7 @@ class TtsRequest(Msg, frozen=True, tag="tts"):
     text: str
     voice: str | None = None
     speed: float = 1.0
-    sample_rate: int = 24000
+    sample_rate: int = OUTPUT_RATE
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
 
@@ -125,7 +85,7 @@ class TokensRequest(Msg, frozen=True, tag="tokens"):
     ids: tuple[int, ...]
     context: int = 0
     final: bool = False  # the last window of its upstream request
-    sample_rate: int = 24000
+    sample_rate: int = OUTPUT_RATE
     voice: str | None = None
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
@@ -175,26 +135,8 @@ StageOutput = TranscriptOut | TextOut | AudioOut | TokensOut | StageDone
 
 
 # ----------------------------------------------------------------------------- sessions
-Modality = Literal["text", "audio"]
-
-
-class SessionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    instructions: str = ""
-    voice: str | None = None
-    output_modalities: tuple[Modality, ...] = ("audio",)
-    output_sample_rate: int = 24000
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-
-
-class SessionUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Partial update: ``None`` leaves a field untouched."""
-
-    instructions: str | None = None
-    voice: str | None = None
-    output_modalities: tuple[Modality, ...] | None = None
-    max_output_tokens: int | None = None
-    temperature: float | None = None
+#: the settings a session opens with (the contract's one settings struct).
+SessionConfig = SessionSettings
 
 
 class OpenCall(Msg, frozen=True, tag="open"):
@@ -205,8 +147,9 @@ class OpenCall(Msg, frozen=True, tag="open"):
 class AppendCall(Msg, frozen=True, tag="append"):
     fence: Fence
     lease_generation: int
-    audio: bytes = b""  # PCM16 mono at the engine input rate (16 kHz)
+    audio: bytes = b""  # PCM16 mono at ``sample_rate``
     text: str | None = None
+    sample_rate: int = INPUT_RATE  # the engine refuses any other rate
     seq: int | None = None  # client append sequence: a resend after reconnect never duplicates
     operation_id: str | None = None
     expected_epoch: int | None = None
@@ -289,65 +232,12 @@ class ControlResult(Msg, frozen=True, tag="result"):
     deduplicated: bool = False
 
 
-# ----------------------------------------------------------------------------- session events
-class UserTranscript(Msg, frozen=True, tag="user_transcript"):
-    fence: Fence
-    text: str
-    final: bool
-
-
-class ResponseStarted(Msg, frozen=True, tag="response_started"):
-    fence: Fence
-
-
-class TextDelta(Msg, frozen=True, tag="text_delta"):
-    fence: Fence
-    text: str
-
-
-class AudioChunk(Msg, frozen=True, tag="audio_chunk"):
-    """Audio of one response; ``text`` is the mark: the characters this chunk speaks."""
-
-    fence: Fence
-    pcm: bytes
-    sample_rate: int
-    audio_start_ms: float
-    duration_ms: float
-    text: str = ""
-    t_stage_ns: int = 0
-
-
-ResponseStatus = Literal["completed", "cancelled", "failed", "incomplete"]
-
-
-class ResponseDone(Msg, frozen=True, tag="response_done"):
-    fence: Fence
-    status: ResponseStatus
-    reason: str | None = None
-    text: str = ""
-    audio_ms: float = 0.0
-    output_tokens: int = 0
-    error: ErrorInfo | None = None
-
-
-class SessionLifecycle(Msg, frozen=True, tag="lifecycle"):
-    session_id: str
-    state: Literal["expiring", "expired", "closed"]
-    reason: str = ""
-    in_s: float | None = None
-
-
-SessionEvent = (
-    UserTranscript | ResponseStarted | TextDelta | AudioChunk | ResponseDone | SessionLifecycle
-)
-
-
 # ----------------------------------------------------------------------------- batch jobs
 class SpeechJob(Msg, frozen=True, tag="speech"):
     text: str
     voice: str | None = None
     speed: float = 1.0
-    sample_rate: int = 24000
+    sample_rate: int = OUTPUT_RATE
 
 
 class ChatJob(Msg, frozen=True, tag="chat"):
@@ -356,12 +246,12 @@ class ChatJob(Msg, frozen=True, tag="chat"):
     temperature: float = 0.0
     audio: bool = False
     voice: str | None = None
-    sample_rate: int = 24000
+    sample_rate: int = OUTPUT_RATE
 
 
 class TranscribeJob(Msg, frozen=True, tag="transcribe"):
     audio: bytes  # PCM16 mono
-    sample_rate: int = 16000
+    sample_rate: int = INPUT_RATE
     language: str = "en"
 
 

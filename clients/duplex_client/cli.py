@@ -153,23 +153,33 @@ def say(base: str, api_key: str | None, text: str, out: Path, fmt: str, voice: s
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duplex-client", description=__doc__.split("\n")[0])
     parser.add_argument("--url", default=DEFAULT_URL, help="WebSocket URL (env DUPLEX_URL)")
     parser.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY"))
+    # the same options after the subcommand (``talk --url X``); given there, they win
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS, help="WebSocket URL")
+    common.add_argument("--api-key", default=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_talk = sub.add_parser("talk", help="speak a WAV file, save the spoken reply")
+    p_talk = sub.add_parser(
+        "talk", parents=[common], help="speak a WAV file, save the spoken reply"
+    )
     p_talk.add_argument("--wav", type=Path, required=True, help="mono 16-bit WAV")
     p_talk.add_argument("--out", type=Path, help="write the reply here (24 kHz WAV)")
     p_talk.add_argument("--fast", action="store_true", help="send faster than real time")
-    p_say = sub.add_parser("say", help="batch speech (POST /v1/audio/speech)")
+    p_say = sub.add_parser("say", parents=[common], help="batch speech (POST /v1/audio/speech)")
     p_say.add_argument("text")
     p_say.add_argument("--out", type=Path, required=True)
     p_say.add_argument("--format", default="wav", choices=["wav", "pcm", "flac", "mp3", "opus"])
     p_say.add_argument("--voice", default="alloy")
-    p_chat = sub.add_parser("chat", help="text session in the terminal")
+    p_chat = sub.add_parser("chat", parents=[common], help="text session in the terminal")
     p_chat.add_argument("text", nargs="?", help="one message (default: interactive)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "talk":
             return asyncio.run(talk(args.url, args.api_key, args.wav, args.out, args.fast))

@@ -14,7 +14,6 @@ import base64
 import binascii
 import functools
 import io
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,6 +21,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from duplex_contract.validation import explain
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.events import (
     BETA_NAMES,
@@ -34,7 +34,6 @@ from duplex_server.protocol.events import (
 
 _DECODER = msgspec.json.Decoder(AnyClientEvent)
 _ENCODER = msgspec.json.Encoder()
-_PATH_RE = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 
 
 class _Envelope(msgspec.Struct):
@@ -57,19 +56,16 @@ def decode_client_event(data: str | bytes) -> AnyClientEvent:
     except msgspec.ValidationError as exc:
         env = _envelope(data)
         event_id = env.event_id if isinstance(env.event_id, str) else None
-        text = str(exc)
-        match = _PATH_RE.search(text)
-        path = match.group("path") if match else None
-        if isinstance(env.type, str) and path == "type":
+        problem = explain(exc)
+        if isinstance(env.type, str) and problem.at == "type":
             raise ProtocolError(
                 "unknown_event", f"unknown event type {env.type!r}", param="type", event_id=event_id
             ) from None
-        if match:
-            text = text[: match.start()]
-        unknown = re.match(r"Object contains unknown field `(?P<f>[^`]+)`", text)
-        if unknown:
-            path = f"{path}.{unknown.group('f')}" if path else unknown.group("f")
-        raise ProtocolError("invalid_event", text, param=path or None, event_id=event_id) from None
+        # a missing field is named by where it is missing (the object), as before
+        path = problem.at if problem.kind == "missing" else problem.path
+        raise ProtocolError(
+            "invalid_event", problem.message, param=path or None, event_id=event_id
+        ) from None
     except msgspec.DecodeError as exc:
         raise ProtocolError("invalid_json", f"invalid JSON: {exc}") from None
 
@@ -98,11 +94,6 @@ Codec = Literal["pcm16", "g711_ulaw", "g711_alaw"]
 class AudioFormat:
     codec: Codec
     rate: int
-
-    @property
-    def bytes_per_ms(self) -> float:
-        width = 2 if self.codec == "pcm16" else 1
-        return width * self.rate / 1000.0
 
     @property
     def beta_name(self) -> str:

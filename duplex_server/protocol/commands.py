@@ -1,6 +1,6 @@
-"""What the protocol core asks its adapter to do: engine calls and local actions.
+"""What the protocol core asks the session runtime to do: engine calls and local actions.
 
-Engine calls carry the epoch decided by the core; the adapter binds the turn and response
+Engine calls carry the epoch decided by the core; the runtime binds the turn and response
 counters from :attr:`SessionCore.position` when it executes them (they run in order, so a
 commit's result is known before the next call is sent).
 """
@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from duplex_contract.settings import SessionSettings
 from duplex_server.protocol.codec import AudioFormat
-from duplex_server.protocol.events import Modality, ServerEvent, TurnDetection
+from duplex_server.protocol.events import ServerEvent, TurnDetection
 
 
 # ---------------------------------------------------------------------------- engine calls
@@ -42,12 +43,10 @@ class Cancel:
 
 @dataclass(frozen=True, slots=True)
 class Update:
+    """The session's engine settings changed: they replace the engine's whole settings."""
+
     epoch: int
-    instructions: str | None = None
-    voice: str | None = None
-    output_modalities: tuple[Modality, ...] | None = None
-    max_output_tokens: int | None = None
-    temperature: float | None = None
+    settings: SessionSettings
     event_id: str | None = None
 
 
@@ -121,8 +120,55 @@ class AckJournal:
 
 @dataclass(frozen=True, slots=True)
 class CloseSocket:
+    """Close the attached transport once what is queued for it has been written."""
+
     code: int
     reason: str
 
 
-Action = Send | Call | ProcessAudio | ConfigureInput | PurgeAudio | AckJournal | CloseSocket
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """A new transport resumes the session while another is attached: journal what the old
+    one never wrote, tell it ``session.replaced`` and close it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Send the new transport the journaled events after ``after_seq``, then report to
+    :meth:`SessionCore.replayed` what the journal still had."""
+
+    after_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendStamped:
+    """Journaled bytes (a replay), sent as they are."""
+
+    frames: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DropOutput:
+    """The client reads too slowly: discard everything queued for its transport."""
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The attached transport is sent nothing more (it closes after what is queued); later
+    events are only journaled."""
+
+
+Action = (
+    Send
+    | Call
+    | ProcessAudio
+    | ConfigureInput
+    | PurgeAudio
+    | AckJournal
+    | CloseSocket
+    | Takeover
+    | Replay
+    | SendStamped
+    | DropOutput
+    | Release
+)

@@ -8,6 +8,8 @@ from typing import Literal, TypeVar
 import msgspec
 from msgspec import UnsetType
 
+from duplex_contract.audio import OUTPUT_RATE
+from duplex_contract.settings import SessionSettings
 from duplex_server.protocol.codec import PCM16_24K, AudioFormat, parse_format
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.events import (
@@ -41,6 +43,20 @@ class EffectiveSession:
     temperature: float | None = None
     event_names: Literal["ga", "beta"] = "ga"
     model: str = "duplex"
+    #: the rate the engine speaks at (server config ``engine.output_sample_rate``; the
+    #: output encoder converts it to ``output_format``); not on the wire
+    output_rate: int = OUTPUT_RATE
+
+    def settings(self) -> SessionSettings:
+        """What the engine is told of this session (the rest is the server's own)."""
+        return SessionSettings(
+            instructions=self.instructions,
+            voice=self.voice,
+            output_modalities=self.output_modalities,
+            max_output_tokens=self.max_output_tokens,
+            temperature=self.temperature,
+            output_sample_rate=self.output_rate,
+        )
 
     def to_wire(self, session_id: str) -> SessionObj:
         return SessionObj(

@@ -12,14 +12,16 @@ Exception tree::
                                 (resource_exhausted 1013, unauthorized 1008, client_too_slow
                                 1008, frame_too_large 1009, engine_unavailable 1011, ...)
 
-Engine errors (:mod:`engine.errors`) are mapped by :func:`to_wire_error` through their
-``code``; anything unexpected becomes ``server_error`` and never leaks a traceback.
+Engine errors (:mod:`duplex_contract.errors`) are mapped by :func:`to_wire_error` through
+their ``code``; anything unexpected becomes ``server_error`` and never leaks a traceback
+(the caller logs it).
 """
 
 from __future__ import annotations
 
 from typing import Final
 
+from duplex_contract.errors import ControlError, EngineDeadError, EngineError
 from duplex_server.protocol.events import ErrorDetail
 
 
@@ -111,9 +113,6 @@ def to_wire_error(
     exc: BaseException, *, event_id: str | None = None
 ) -> tuple[ErrorDetail, int | None]:
     """Map any exception to ``(error detail, close code or None)``. The one place that does it."""
-    # Imported here so the protocol package stays importable without the engine (SDK use).
-    from engine.errors import ControlError, EngineDeadError, EngineError
-
     if isinstance(exc, ProtocolError):
         close = exc.close_code if isinstance(exc, SessionFatal) else None
         detail = ErrorDetail(

@@ -1,19 +1,21 @@
-"""Realtime response events built from one response's state (pure).
+"""The response lifecycle (pure): which response is in progress or requested, and the
+Realtime events of one response.
 
-The session core (``session.py``) decides *when* a response starts, streams and ends;
-these functions build *what* is sent then, in the order OpenAI's Realtime API uses:
-``response.created`` -> output item / content part added -> deltas -> ``.done`` events ->
-``response.done``.
+:class:`Responses` tracks the response in progress and the requested ones not started yet;
+the session core decides when one is requested, cancelled or interrupted. The event
+builders emit *what* is sent, in the order OpenAI's Realtime API uses: ``response.created``
+-> output item / content part added -> deltas -> ``.done`` events -> ``response.done``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from duplex_contract.events import AudioChunk
+from duplex_contract.fence import Fence
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import encode_audio_b64
 from duplex_server.protocol.commands import Action, Send
-from engine.messages import AudioChunk, Fence
 
 
 @dataclass(slots=True)
@@ -53,7 +55,7 @@ def started_events(
 
 def audio_events(resp: Response, chunk: AudioChunk, data: bytes) -> list[Action]:
     """One audio delta and the transcript delta of the text it speaks (its mark)."""
-    resp.audio_ms = chunk.audio_start_ms + chunk.duration_ms
+    resp.audio_ms = chunk.audio_start_ms + chunk.duration_ms  # the engine's own duration
     resp.parts.append(chunk.text)
     return [
         Send(
@@ -115,3 +117,43 @@ def finished_events(
         Send(ev.ResponseDone(response=done)),
     ]
     return item, out
+
+
+class Responses:
+    """The response in progress (``current``) and the requested ones not started (``pending``)."""
+
+    def __init__(self) -> None:
+        self.current: Response | None = None
+        self.pending = 0  # commits with respond=True not started yet
+
+    @property
+    def active(self) -> bool:
+        return self.current is not None or self.pending > 0
+
+    @property
+    def started_ms(self) -> float | None:
+        return None if self.current is None else self.current.started_ms
+
+    def requested(self) -> None:
+        self.pending += 1
+
+    def request_failed(self) -> None:
+        self.pending = max(0, self.pending - 1)
+
+    def started(self, resp: Response) -> None:
+        """``resp`` started (the caller finished any previous one first)."""
+        self.pending = max(0, self.pending - 1)
+        self.current = resp
+
+    def cancelled(self) -> Response | None:
+        """Every requested response is dropped; returns the one in progress, if any."""
+        self.pending = 0
+        return self.current
+
+    def ended(self) -> None:
+        self.current = None
+
+    def matching(self, fence: Fence) -> Response | None:
+        """The response in progress if ``fence`` is its own."""
+        resp = self.current
+        return resp if resp is not None and resp.fence == fence else None

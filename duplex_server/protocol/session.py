@@ -4,10 +4,13 @@
 decisions), engine session events and engine call results, each with the current time in
 milliseconds passed in, and returns :mod:`~duplex_server.protocol.commands` actions: server
 events to send, engine calls to make, local actions. It never awaits, never touches a
-socket and never reads the clock. The adapter (``duplex_server.realtime``) executes actions
-in order and makes no protocol decisions of its own. The events of a response are built by
-:mod:`~duplex_server.protocol.responses`; VAD decisions arrive as
-:mod:`~duplex_server.protocol.vad` events.
+socket and never reads the clock. The session runtime (``duplex_server.session_runtime``)
+executes actions in order and makes no protocol decisions of its own; that includes
+opening, resuming and taking a session over and ending it for a slow client, all decided
+here. Its parts: :mod:`~duplex_server.protocol.items` (conversation items),
+:mod:`~duplex_server.protocol.responses` (the response lifecycle and its events) and
+:mod:`~duplex_server.protocol.input` (input turns; VAD decisions arrive as
+:mod:`~duplex_server.protocol.vad` events).
 
 Epochs: every cancel the core decides advances ``epoch`` at once (the engine accepts exactly
 one epoch step per cancel), so output of an older epoch is dropped here before it becomes an
@@ -18,9 +21,19 @@ event, queued audio below the epoch is purged (:class:`PurgeAudio`), and the wri
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 
+from duplex_contract.errors import ControlError
+from duplex_contract.events import (
+    AudioChunk,
+    ResponseDone,
+    ResponseStarted,
+    SessionEvent,
+    SessionLifecycle,
+    TextDelta,
+    UserTranscript,
+)
+from duplex_contract.fence import Fence
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import AudioFormat, decode_audio_b64
 from duplex_server.protocol.commands import (
@@ -33,39 +46,44 @@ from duplex_server.protocol.commands import (
     CloseSocket,
     Commit,
     ConfigureInput,
+    DropOutput,
     EngineCommand,
     ProcessAudio,
     PurgeAudio,
+    Release,
+    Replay,
     Send,
+    SendStamped,
     Speculate,
+    Takeover,
     Touch,
     Update,
 )
 from duplex_server.protocol.config import EffectiveSession, apply_patch
-from duplex_server.protocol.errors import CloseCode, ProtocolError, to_wire_error
+from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
+from duplex_server.protocol.input import (
+    AudioReady,
+    InputTurns,
+    Paused,
+    Resumed,
+    Speaking,
+    SpeechBegan,
+    SpeechEnded,
+    TurnStep,
+    should_interrupt,
+)
+from duplex_server.protocol.items import Conversation, user_text
 from duplex_server.protocol.responses import (
     Response,
+    Responses,
     audio_events,
     finished_events,
     started_events,
 )
-from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
-from engine.errors import ControlError
-from engine.messages import (
-    AudioChunk,
-    Fence,
-    ResponseDone,
-    ResponseStarted,
-    SessionEvent,
-    SessionLifecycle,
-    TextDelta,
-    UserTranscript,
-)
+from duplex_server.protocol.resume import token_matches
+from duplex_server.protocol.vad import VadEvent
 
 log = logging.getLogger(__name__)
-
-_BYTES_PER_MS = 32  # PCM16 mono 16 kHz (engine input)
-_MAX_ITEMS = 256
 
 
 def _identity(pcm: bytes, rate: int, fmt: AudioFormat) -> bytes:
@@ -73,7 +91,13 @@ def _identity(pcm: bytes, rate: int, fmt: AudioFormat) -> bytes:
 
 
 class SessionCore:
-    """One session's protocol state; survives socket changes (resume, takeover)."""
+    """One session's protocol state; survives socket changes (resume, takeover).
+
+    Three parts, each testable alone: :attr:`items` (the conversation),
+    :attr:`responses` (the response lifecycle) and :attr:`input` (input turns: VAD and
+    the prefix ring). The core owns what joins them: the epoch, the engine's turn and
+    response counters, and the dispatch of client and engine events.
+    """
 
     def __init__(
         self,
@@ -91,27 +115,14 @@ class SessionCore:
         self.response_seq = 0
         self.closed = False
         self.encode_output = encode_output
-        self._n = 0
-        self._response: Response | None = None
-        self._response_pending = 0  # commits with respond=True not started yet
-        self._speech_item: str | None = None  # user item of the speech in progress
-        self._speech_onset_ms: float | None = None
-        self._input_ms = 0.0  # session audio clock (processed input)
-        self._uncommitted_ms = 0.0  # audio appended to the engine since the last commit
-        self._uncommitted_text = False
-        self._ring: deque[bytes] = deque()
-        self._ring_bytes = 0
-        self._pending_items: deque[str] = deque()  # committed audio items, commit unanswered
-        self._item_by_turn: OrderedDict[int, str] = OrderedDict()
-        self._last_item: str | None = None
-        self._items: OrderedDict[str, ev.Item] = OrderedDict()
-        self._assistant: OrderedDict[str, tuple[int, int, float]] = OrderedDict()
+        self.token_hash = b""  # digest of the current resume token
+        self._new_token = ""
+        self.resuming = False  # a resume is waiting for the engine
+        self.items = Conversation(session_id)
+        self.responses = Responses()
+        self.input = InputTurns(lambda: self.items.new_id("item"))
 
-    # ------------------------------------------------------------------ ids and helpers
-    def _id(self, kind: str) -> str:
-        self._n += 1
-        return f"{kind}_{self.session_id[5:17]}{self._n:05d}"
-
+    # ------------------------------------------------------------------ positions
     @property
     def position(self) -> Fence:
         return Fence(self.session_id, self.epoch, self.turn_id, self.response_seq)
@@ -120,21 +131,20 @@ class SessionCore:
         """The fence an engine call decided at ``epoch`` carries when it is executed."""
         return Fence(self.session_id, epoch, self.turn_id, self.response_seq)
 
-    def _remember(self, item: ev.Item) -> None:
-        self._items[item.id] = item
-        while len(self._items) > _MAX_ITEMS:
-            self._items.popitem(last=False)
-
     @property
     def response_active(self) -> bool:
-        return self._response is not None or self._response_pending > 0
+        return self.responses.active
 
     @property
     def beta(self) -> bool:
         return self.config.event_names == "beta"
 
-    # ------------------------------------------------------------------ handshake
-    def opened(self, resume_token: str, capabilities: ev.Capabilities) -> list[Action]:
+    # ------------------------------------------------------------------ attachments
+    def opened(
+        self, resume_token: str, capabilities: ev.Capabilities, *, token_hash: bytes = b""
+    ) -> list[Action]:
+        """The session was opened for its first transport."""
+        self.token_hash = token_hash
         return [
             Send(
                 ev.SessionCreated(
@@ -146,6 +156,80 @@ class SessionCore:
             ConfigureInput(self.config.input_format, self.config.turn_detection),
         ]
 
+    def admit_resume(self, token: str) -> None:
+        """May a new transport resume this session? Raises :class:`SessionFatal` if not;
+        else the session is resuming until :meth:`resumed` or :meth:`resume_failed`."""
+        if self.closed:
+            raise SessionFatal("session_not_found", f"no live session {self.session_id}")
+        if not token_matches(token, self.token_hash):
+            raise SessionFatal("invalid_resume_token", "the resume token does not match")
+        if self.resuming:
+            raise SessionFatal("stale_lease", "another resume of this session is in progress")
+        self.resuming = True
+
+    def resume_failed(self) -> None:
+        self.resuming = False
+
+    def resumed(
+        self,
+        lease_generation: int,
+        token: str,
+        token_hash: bytes,
+        *,
+        after_seq: int,
+        attached: bool,
+    ) -> list[Action]:
+        """The engine renewed the lease: the new transport takes over (the old one, if
+        ``attached``, is replaced) and is sent what it missed after ``after_seq``."""
+        self.resuming = False
+        self.lease_generation = lease_generation
+        self.token_hash = token_hash
+        self._new_token = token
+        return [*([Takeover()] if attached else []), Replay(after_seq)]
+
+    def replayed(
+        self, frames: list[bytes] | None, first_available: int, last_seq: int
+    ) -> list[Action]:
+        """What the journal had after the resume point (``None``: some of it was lost)."""
+        out: list[Action] = []
+        if frames is None:
+            reason = "events after the given seq are no longer journaled"
+            resync = ev.ResyncRequired(
+                reason=reason, first_available_seq=first_available, last_seq=last_seq
+            )
+            out.append(Send(resync))
+        elif frames:
+            out.append(SendStamped(tuple(frames)))
+        resumed = ev.SessionResumed(
+            session_id=self.session_id,
+            resume_token=self._new_token,
+            replayed=0 if frames is None else len(frames),
+            lease_generation=self.lease_generation,
+        )
+        out.append(Send(resumed))
+        return out
+
+    def too_slow(self) -> list[Action]:
+        """The client does not read its output fast enough: the session ends."""
+        if self.closed:
+            return []
+        fatal = SessionFatal("client_too_slow", "the client reads too slowly")
+        return [DropOutput(), *self.error(fatal), *self.close("client_too_slow"), Release()]
+
+    def input_refused(self) -> list[Action]:
+        """The transport's input backlog is full: this audio was dropped."""
+        return self.error(
+            ProtocolError(
+                "input_backpressure",
+                "input audio backlog is full; the audio was dropped (send slower)",
+                error_type="rate_limit_error",
+            )
+        )
+
+    def input_failed(self) -> list[Action]:
+        """Processing this session's input failed (a bug, logged by the caller)."""
+        return [*self.error(RuntimeError()), CloseSocket(CloseCode.INTERNAL, "server_error")]
+
     # ------------------------------------------------------------------ client events
     def on_client_event(self, event: ev.AnyClientEvent, now_ms: float) -> list[Action]:
         if self.closed:
@@ -153,16 +237,10 @@ class SessionCore:
         try:
             return self._dispatch(event, now_ms)
         except ProtocolError as exc:
-            detail, close = to_wire_error(exc, event_id=event.event_id)
-            out: list[Action] = [Send(ev.Error(error=detail))]
-            if close is not None:
-                out.append(CloseSocket(close, detail.code))
-            return out
-
-    def on_binary_audio(self, data: bytes) -> list[Action]:
-        return [] if self.closed or not data else [ProcessAudio(data)]
+            return self.error(exc, event.event_id)
 
     def error(self, exc: BaseException, event_id: str | None = None) -> list[Action]:
+        """The one place an exception becomes actions: the error event, maybe a close."""
         detail, close = to_wire_error(exc, event_id=event_id)
         out: list[Action] = [Send(ev.Error(error=detail))]
         if close is not None:
@@ -182,17 +260,17 @@ class SessionCore:
         if isinstance(e, ev.ConversationItemCreate):
             return self._create_item(e)
         if isinstance(e, ev.ResponseCreate):
-            if self.response_active:
+            if self.responses.active:
                 raise ProtocolError(
                     "conversation_already_has_active_response",
                     "a response is in progress; cancel it first",
                 )
-            self._response_pending += 1
+            self.responses.requested()
             return [Call(Commit(self.epoch, respond=True, event_id=e.event_id))]
         if isinstance(e, ev.ResponseCancel):
-            if not self.response_active or (
-                e.response_id is not None
-                and (self._response is None or self._response.id != e.response_id)
+            current = self.responses.current
+            if not self.responses.active or (
+                e.response_id is not None and (current is None or current.id != e.response_id)
             ):
                 raise ProtocolError(
                     "response_cancel_not_active",
@@ -201,13 +279,13 @@ class SessionCore:
                 )
             return self._cancel("response.cancel", "client_cancelled", e.event_id)
         if isinstance(e, ev.OutputAudioBufferClear):
-            if self.response_active:
+            if self.responses.active:
                 return self._cancel("response.cancel", "client_cancelled", e.event_id)
             return [Send(ev.OutputAudioCleared(response_id=None))]
         if isinstance(e, ev.BargeIn):
             return (
                 self._cancel("barge_in", "turn_detected", e.event_id)
-                if self.response_active
+                if self.responses.active
                 else []
             )
         if isinstance(e, ev.ConversationItemTruncate):
@@ -215,7 +293,7 @@ class SessionCore:
         if isinstance(e, ev.PlaybackAck):
             return self._truncate(e.item_id, e.played_ms, e.event_id, truncate=False)
         if isinstance(e, ev.ConversationItemRetrieve):
-            item = self._items.get(e.item_id)
+            item = self.items.get(e.item_id)
             if item is None:
                 raise ProtocolError("item_not_found", f"no item {e.item_id}", param="item_id")
             return [Send(ev.ItemRetrieved(item=item))]
@@ -250,169 +328,93 @@ class SessionCore:
         new = apply_patch(old, e.session)
         self.config = new
         out: list[Action] = []
-        if (
-            new.instructions != old.instructions
-            or new.voice != old.voice
-            or new.output_modalities != old.output_modalities
-            or new.max_output_tokens != old.max_output_tokens
-            or new.temperature != old.temperature
-        ):
-            out.append(
-                Call(
-                    Update(
-                        self.epoch,
-                        instructions=new.instructions,
-                        voice=new.voice,
-                        output_modalities=new.output_modalities,
-                        max_output_tokens=new.max_output_tokens,
-                        temperature=new.temperature,
-                        event_id=e.event_id,
-                    )
-                )
-            )
+        if new.settings() != old.settings():
+            out.append(Call(Update(self.epoch, new.settings(), event_id=e.event_id)))
         if new.input_format != old.input_format or new.turn_detection != old.turn_detection:
-            self._ring.clear()
-            self._ring_bytes = 0
-            self._speech_item = None
-            self._speech_onset_ms = None
+            self.input.reset()
             out.append(ConfigureInput(new.input_format, new.turn_detection))
         out.append(Send(ev.SessionUpdated(session=new.to_wire(self.session_id))))
         return out
 
     def _commit_input(self, event_id: str | None) -> list[Action]:
-        if self._uncommitted_ms <= 0 and not self._ring_bytes:
+        if not self.input.buffered:
             raise ProtocolError(
                 "input_audio_buffer_commit_empty", "the input audio buffer is empty"
             )
-        out = self._flush_ring()
-        item_id = self._speech_item or self._id("item")
-        self._speech_item = None
-        self._speech_onset_ms = None
+        out = self._steps(self.input.flush(), 0.0)
+        item_id = self.input.take_speech_item() or self.items.new_id("item")
         out += self._commit_user_audio(item_id, respond=False, event_id=event_id)
         return out
 
     def _commit_user_audio(
         self, item_id: str, *, respond: bool, event_id: str | None
     ) -> list[Action]:
-        self._uncommitted_ms = 0.0
-        self._uncommitted_text = False
+        self.input.committed()
         if respond:
-            self._response_pending += 1
-        previous = self._last_item
-        self._last_item = item_id
-        self._pending_items.append(item_id)
-        item = ev.Item(
-            id=item_id,
-            role="user",
-            content=[ev.ContentPart(type="input_audio", transcript=None)],
-            status="in_progress",
-        )
-        self._remember(item)
-        return [
-            Call(Commit(self.epoch, respond=respond, event_id=event_id, item_id=item_id)),
-            Send(ev.InputCommitted(item_id=item_id, previous_item_id=previous)),
-            Send(ev.ItemAdded(item=item, previous_item_id=previous)),
-        ]
+            self.responses.requested()
+        call = Call(Commit(self.epoch, respond=respond, event_id=event_id, item_id=item_id))
+        return [call, *self.items.user_audio(item_id)]
 
     def _clear_input(self, event_id: str | None) -> list[Action]:
         out: list[Action] = []
-        self._ring.clear()
-        self._ring_bytes = 0
-        self._speech_item = None
-        self._speech_onset_ms = None
-        if self._uncommitted_ms > 0 or self._uncommitted_text:
+        self.input.reset()
+        if self.input.uncommitted_ms > 0 or self.input.uncommitted_text:
             # The engine's input.cancel also drops the work of the current epoch.
             out += self._cancel("input.cancel", "input_cancelled", event_id)
-            self._uncommitted_ms = 0.0
-            self._uncommitted_text = False
+            self.input.committed()
         out.append(Send(ev.InputCleared()))
         return out
 
     def _create_item(self, e: ev.ConversationItemCreate) -> list[Action]:
-        item = e.item
-        if item.role != "user":
-            raise ProtocolError("unsupported", "only user items can be created", param="item.role")
-        texts: list[str] = []
-        for i, part in enumerate(item.content):
-            if part.type not in ("input_text", "text") or not isinstance(part.text, str):
-                raise ProtocolError(
-                    "unsupported",
-                    "user items carry input_text content (send audio with input_audio_buffer)",
-                    param=f"item.content.{i}.type",
-                )
-            texts.append(part.text)
-        text = " ".join(t for t in texts if t.strip())
-        if not text:
-            raise ProtocolError("invalid_value", "the item has no text", param="item.content")
-        item_id = item.id if isinstance(item.id, str) else self._id("item")
-        previous = self._last_item
-        self._last_item = item_id
-        self._uncommitted_text = True
-        wire = ev.Item(
-            id=item_id, role="user", content=[ev.ContentPart(type="input_text", text=text)]
-        )
-        self._remember(wire)
+        text = user_text(e.item)  # raises ProtocolError for what cannot be created
+        self.input.uncommitted_text = True
+        item_id = e.item.id if isinstance(e.item.id, str) else None
         return [
             Call(Append(self.epoch, text=text, event_id=e.event_id)),
-            Send(ev.ItemAdded(item=wire, previous_item_id=previous)),
-            Send(ev.ItemDone(item=wire, previous_item_id=previous)),
+            *self.items.user_text(item_id, text),
         ]
 
     def _truncate(
         self, item_id: str, played_ms: float, event_id: str | None, *, truncate: bool
     ) -> list[Action]:
-        rec = self._assistant.get(item_id)
+        rec = self.items.assistant_record(item_id)
         if rec is None:
             raise ProtocolError(
                 "item_not_found", f"no assistant audio item {item_id}", param="item_id"
             )
         turn, resp, sent_ms = rec
-        active = self._response is not None and self._response.item_id == item_id
-        if active:
-            assert self._response is not None
-            sent_ms = self._response.audio_ms
+        current = self.responses.current
+        if current is not None and current.item_id == item_id:
+            sent_ms = current.audio_ms
         applied = min(played_ms, sent_ms)
-        out: list[Action] = [
-            Call(
-                Touch(
-                    self.epoch,
-                    "playback_ack",
-                    turn_id=turn,
-                    response_seq=resp,
-                    played_ms=applied,
-                    truncate=truncate,
-                    event_id=event_id,
-                )
-            )
-        ]
+        touch = Touch(
+            self.epoch,
+            "playback_ack",
+            turn_id=turn,
+            response_seq=resp,
+            played_ms=applied,
+            truncate=truncate,
+            event_id=event_id,
+        )
         if truncate:
-            out.append(
-                Send(
-                    ev.ItemTruncated(
-                        item_id=item_id,
-                        content_index=0,
-                        audio_end_ms=int(applied),
-                        requested_audio_end_ms=int(played_ms),
-                    )
-                )
+            event: ev.ServerEvent = ev.ItemTruncated(
+                item_id=item_id,
+                content_index=0,
+                audio_end_ms=int(applied),
+                requested_audio_end_ms=int(played_ms),
             )
         else:
-            out.append(
-                Send(
-                    ev.PlaybackAcknowledged(
-                        item_id=item_id, played_ms=applied, requested_played_ms=played_ms
-                    )
-                )
+            event = ev.PlaybackAcknowledged(
+                item_id=item_id, played_ms=applied, requested_played_ms=played_ms
             )
-        return out
+        return [Call(touch), Send(event)]
 
     # ------------------------------------------------------------------ cancel / barge-in
     def _cancel(self, kind: str, reason: str, event_id: str | None) -> list[Action]:
         out: list[Action] = []
         old = self.epoch
         self.epoch += 1
-        self._response_pending = 0
-        resp = self._response
+        resp = self.responses.cancelled()
         if resp is not None:
             out += self._finish(resp, "cancelled", reason, None)
             out.append(Send(ev.OutputAudioCleared(response_id=resp.id)))
@@ -420,94 +422,46 @@ class SessionCore:
         out.append(Call(Cancel(old, kind, event_id=event_id)))  # type: ignore[arg-type]
         return out
 
-    # ------------------------------------------------------------------ input audio
-    def on_input_audio(self, pcm16k: bytes, vad: Sequence[VadEvent], now_ms: float) -> list[Action]:
-        """One processed chunk (PCM16 16 kHz) and the VAD decisions it produced."""
-        if self.closed:
-            return []
-        out: list[Action] = []
-        chunk_ms = len(pcm16k) / _BYTES_PER_MS
-        td = self.config.turn_detection
-        if td is None:
-            self._input_ms += chunk_ms
-            if pcm16k:
-                self._uncommitted_ms += chunk_ms
-                out.append(Call(Append(self.epoch, audio=pcm16k)))
-            return out
-        # server VAD: idle audio waits in a ring (prefix padding); speech goes to the engine
-        self._ring.append(pcm16k)
-        self._ring_bytes += len(pcm16k)
-        self._input_ms += chunk_ms
-        for v in vad:
-            if isinstance(v, VadStart) and self._speech_item is None:
-                self._speech_item = self._id("item")
-                self._speech_onset_ms = v.onset_ms
-                start = max(0.0, v.audio_start_ms)
-                self._trim_ring(keep_ms=self._input_ms - start)
-                out.append(
-                    Send(ev.SpeechStarted(audio_start_ms=int(start), item_id=self._speech_item))
-                )
-            elif isinstance(v, VadStop) and self._speech_item is not None:
-                out += self._flush_ring()
-                # A whole utterance can arrive in one processed batch (a backlog): it still
-                # interrupts, judged by its own length, before its turn is committed.
-                assert self._speech_onset_ms is not None
-                out += self._maybe_barge_in(now_ms, v.audio_end_ms - self._speech_onset_ms)
-                item_id = self._speech_item
-                self._speech_item = None
-                self._speech_onset_ms = None
-                out.append(
-                    Send(ev.SpeechStopped(audio_end_ms=int(v.audio_end_ms), item_id=item_id))
-                )
-                out += self._commit_user_audio(item_id, respond=td.create_response, event_id=None)
-            elif isinstance(v, VadPause) and self._speech_item is not None:
-                out += self._flush_ring()  # all speech so far reaches the engine first
-                out.append(Call(Speculate(self.epoch, "input.pause")))
-            elif isinstance(v, VadResume) and self._speech_item is not None:
-                out.append(Call(Speculate(self.epoch, "input.resume")))
-        if self._speech_item is not None:
-            out += self._flush_ring()
-            assert self._speech_onset_ms is not None
-            out += self._maybe_barge_in(now_ms, self._input_ms - self._speech_onset_ms)
-        else:
-            keep = td.prefix_padding_ms + 1000
-            self._trim_ring(keep_ms=keep)
-        return out
-
-    def _trim_ring(self, keep_ms: float) -> None:
-        keep = int(keep_ms * _BYTES_PER_MS)
-        while self._ring and self._ring_bytes - len(self._ring[0]) >= keep:
-            self._ring_bytes -= len(self._ring.popleft())
-        if self._ring and self._ring_bytes > keep:
-            cut = (self._ring_bytes - keep) & ~1
-            self._ring[0] = self._ring[0][cut:]
-            self._ring_bytes -= cut
-
-    def _flush_ring(self) -> list[Action]:
-        if not self._ring_bytes:
-            return []
-        data = b"".join(self._ring)
-        self._ring.clear()
-        self._ring_bytes = 0
-        self._uncommitted_ms += len(data) / _BYTES_PER_MS
-        return [Call(Append(self.epoch, audio=data))]
-
     def _maybe_barge_in(self, now_ms: float, speech_ms: float) -> list[Action]:
         """Interrupt the response if ``speech_ms`` of user speech passes the guards."""
+        interrupt = should_interrupt(
+            self.config.turn_detection,
+            speech_ms,
+            response_active=self.responses.active,
+            response_started_ms=self.responses.started_ms,
+            now_ms=now_ms,
+        )
+        return self._cancel("barge_in", "turn_detected", None) if interrupt else []
+
+    # ------------------------------------------------------------------ input audio
+    def on_input_audio(self, pcm: bytes, vad: Sequence[VadEvent], now_ms: float) -> list[Action]:
+        """One processed chunk (engine input rate) and the VAD decisions it produced."""
+        if self.closed:
+            return []
+        return self._steps(self.input.on_audio(pcm, vad, self.config.turn_detection), now_ms)
+
+    def _steps(self, steps: Sequence[TurnStep], now_ms: float) -> list[Action]:
+        out: list[Action] = []
         td = self.config.turn_detection
-        # A pending response (its user turn still being transcribed) is interrupted too: the
-        # engine keeps that turn's words in the conversation (transcribed, not answered), so a
-        # pause inside a sentence ends in one answer to the whole sentence, not two.
-        if td is None or not td.interrupt_response or not self.response_active:
-            return []
-        if speech_ms < td.min_interrupt_speech_ms:
-            return []
-        if (
-            self._response is not None
-            and now_ms - self._response.started_ms < td.uninterruptible_ms
-        ):
-            return []
-        return self._cancel("barge_in", "turn_detected", None)
+        for step in steps:
+            if isinstance(step, AudioReady):
+                out.append(Call(Append(self.epoch, audio=step.pcm)))
+            elif isinstance(step, SpeechBegan):
+                start = int(step.audio_start_ms)
+                out.append(Send(ev.SpeechStarted(audio_start_ms=start, item_id=step.item_id)))
+            elif isinstance(step, Speaking):
+                out += self._maybe_barge_in(now_ms, step.speech_ms)
+            elif isinstance(step, SpeechEnded):
+                out += self._maybe_barge_in(now_ms, step.speech_ms)
+                end = int(step.audio_end_ms)
+                out.append(Send(ev.SpeechStopped(audio_end_ms=end, item_id=step.item_id)))
+                respond = td is not None and td.create_response
+                out += self._commit_user_audio(step.item_id, respond=respond, event_id=None)
+            elif isinstance(step, Paused):
+                out.append(Call(Speculate(self.epoch, "input.pause")))
+            elif isinstance(step, Resumed):
+                out.append(Call(Speculate(self.epoch, "input.resume")))
+        return out
 
     # ------------------------------------------------------------------ engine events
     def on_engine_event(self, event: SessionEvent, now_ms: float) -> list[Action]:
@@ -518,18 +472,18 @@ class SessionCore:
         if isinstance(event, AudioChunk):
             return self._audio(event)
         if isinstance(event, UserTranscript):
-            return self._user_transcript(event)
+            return self.items.transcript(event.fence.turn_id, event.text, event.final)
         if isinstance(event, ResponseStarted):
             return self._start(event.fence, now_ms)
         if isinstance(event, TextDelta):
-            resp = self._response
+            resp = self.responses.current
             if resp is None or resp.audio:
                 return []
             resp.parts.append(event.text)
             return [Send(ev.TextDelta(response_id=resp.id, item_id=resp.item_id, delta=event.text))]
         assert isinstance(event, ResponseDone)
-        resp = self._response
-        if resp is None or resp.fence != event.fence:
+        resp = self.responses.matching(event.fence)
+        if resp is None:
             return []
         error = None
         if event.error is not None:
@@ -551,56 +505,28 @@ class SessionCore:
         out.append(CloseSocket(CloseCode.NORMAL, event.reason or event.state))
         return out
 
-    def _user_transcript(self, event: UserTranscript) -> list[Action]:
-        item_id = self._item_by_turn.get(event.fence.turn_id)
-        if item_id is None and self._pending_items:
-            # the transcript overtook its commit's reply: jobs run in commit order, so it
-            # belongs to the oldest commit still unanswered
-            item_id = self._pending_items.popleft()
-            self._item_by_turn[event.fence.turn_id] = item_id
-        if item_id is None:
-            return []
-        if not event.final:
-            return [Send(ev.InputTranscriptDelta(item_id=item_id, delta=event.text))]
-        del self._item_by_turn[event.fence.turn_id]
-        item = ev.Item(
-            id=item_id,
-            role="user",
-            content=[ev.ContentPart(type="input_audio", transcript=event.text)],
-        )
-        self._remember(item)
-        return [
-            Send(ev.InputTranscriptDelta(item_id=item_id, delta=event.text)),
-            Send(ev.InputTranscriptCompleted(item_id=item_id, transcript=event.text)),
-            Send(ev.ItemDone(item=item)),
-        ]
-
     def _start(self, fence: Fence, now_ms: float) -> list[Action]:
         out: list[Action] = []
-        if self._response is not None:  # should not happen: close the old one first
-            out += self._finish(self._response, "incomplete", "superseded", None)
-        self._response_pending = max(0, self._response_pending - 1)
+        if self.responses.current is not None:  # should not happen: close the old one first
+            out += self._finish(self.responses.current, "incomplete", "superseded", None)
         audio = "audio" in self.config.output_modalities
         resp = Response(
-            id=self._id("resp"),
-            item_id=self._id("item"),
+            id=self.items.new_id("resp"),
+            item_id=self.items.new_id("item"),
             fence=fence,
             started_ms=now_ms,
             audio=audio,
         )
-        self._response = resp
+        self.responses.started(resp)
         if audio:
-            self._assistant[resp.item_id] = (fence.turn_id, fence.response_seq, 0.0)
-            while len(self._assistant) > _MAX_ITEMS:
-                self._assistant.popitem(last=False)
-        previous = self._last_item
-        self._last_item = resp.item_id
+            self.items.assistant_audio(resp.item_id, fence.turn_id, fence.response_seq, 0.0)
+        previous = self.items.link(resp.item_id)
         out += started_events(resp, list(self.config.output_modalities), previous)
         return out
 
     def _audio(self, chunk: AudioChunk) -> list[Action]:
-        resp = self._response
-        if resp is None or resp.fence != chunk.fence or not resp.audio:
+        resp = self.responses.matching(chunk.fence)
+        if resp is None or not resp.audio:
             return []
         data = self.encode_output(chunk.pcm, chunk.sample_rate, self.config.output_format)
         return audio_events(resp, chunk, data)
@@ -614,17 +540,14 @@ class SessionCore:
         *,
         tokens: int = 0,
     ) -> list[Action]:
-        self._response = None
+        self.responses.ended()
         if resp.audio:
-            self._assistant[resp.item_id] = (
-                resp.fence.turn_id,
-                resp.fence.response_seq,
-                resp.audio_ms,
-            )
+            f = resp.fence
+            self.items.assistant_audio(resp.item_id, f.turn_id, f.response_seq, resp.audio_ms)
         item, out = finished_events(
             resp, status, reason, error, tokens, list(self.config.output_modalities)
         )
-        self._remember(item)
+        self.items.remember(item)
         return out
 
     # ------------------------------------------------------------------ call results
@@ -633,11 +556,7 @@ class SessionCore:
         if accepted is None:
             return
         if isinstance(command, Commit) and command.item_id is not None:
-            if self._pending_items and self._pending_items[0] == command.item_id:
-                self._pending_items.popleft()
-            self._item_by_turn[accepted.turn_id] = command.item_id
-            while len(self._item_by_turn) > _MAX_ITEMS:
-                self._item_by_turn.popitem(last=False)
+            self.items.commit_accepted(command.item_id, accepted.turn_id)
         if (accepted.turn_id, accepted.response_seq) > (self.turn_id, self.response_seq):
             self.turn_id = max(self.turn_id, accepted.turn_id)
             self.response_seq = max(self.response_seq, accepted.response_seq)
@@ -651,9 +570,9 @@ class SessionCore:
                 return []  # the response ended meanwhile; response.done was already sent
         if isinstance(command, Commit):
             if command.respond:
-                self._response_pending = max(0, self._response_pending - 1)
-            if command.item_id is not None and command.item_id in self._pending_items:
-                self._pending_items.remove(command.item_id)
+                self.responses.request_failed()
+            if command.item_id is not None:
+                self.items.commit_failed(command.item_id)
         if isinstance(command, CloseSession):
             return []
         return self.error(exc, command.event_id)

@@ -1,18 +1,22 @@
-"""The duplex control plane as a synchronous state machine (DESIGN.md §3.1-3.4).
+"""The duplex control plane as a synchronous state machine (docs/engine.md).
 
 :class:`DuplexControl` takes control calls with the current time and returns a typed
 :class:`ControlResult` plus :class:`Effects` for the orchestrator to carry out (start turn
 jobs, cancel an epoch's work, clean a closing session up, publish lifecycle events). It
 never awaits, never reads the clock and touches no queue, so every rule is unit- and
 property-testable; the orchestrator thread is its only caller, so calls of one session run
-in arrival order and no session ever waits on another.
+in arrival order and no session ever waits on another. The one exception is
+:meth:`DuplexControl.counts` (metrics, from the server thread): it reads the session table
+under :attr:`DuplexControl.table_lock`, which every insert and removal also holds.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from duplex_contract.audio import INPUT_RATE
 from engine.config import DuplexRuntimeConfig
 from engine.duplex.fence import ROUTE_KEY, initial_fence, merge_forward, new_session_id
 from engine.duplex.lease import Lease
@@ -29,10 +33,8 @@ from engine.messages import (
     Fence,
     OpenCall,
     ResumeCall,
-    SessionConfig,
     SessionLifecycle,
     SessionOutput,
-    SessionUpdate,
     SignalCall,
     TouchCall,
 )
@@ -76,6 +78,8 @@ class DuplexControl:
         self.config = config
         self.default_instructions = default_instructions
         self.sessions: dict[str, DuplexSession] = {}
+        #: held by every insert into and removal from ``sessions`` and by ``counts``
+        self.table_lock = threading.Lock()
         self.tombstones: OrderedDict[str, str] = OrderedDict()
         self.admissions = {"accepted": 0, "rejected": 0}
 
@@ -150,7 +154,8 @@ class DuplexControl:
             lease=Lease(created_at=now, last_activity=now),
             history=ConversationHistory(self.config.history_budget_chars),
         )
-        self.sessions[sid] = session
+        with self.table_lock:
+            self.sessions[sid] = session
         self.admissions["accepted"] += 1
         return self._ok(control_id, session)
 
@@ -195,7 +200,8 @@ class DuplexControl:
     def finish_close(self, session_id: str) -> Effects:
         """The orchestrator finished aborting this session's work: free the slot."""
         effects = Effects()
-        session = self.sessions.pop(session_id, None)
+        with self.table_lock:
+            session = self.sessions.pop(session_id, None)
         if session is None:
             return effects
         session.state = "closed"
@@ -282,6 +288,8 @@ class DuplexControl:
             raise _err("invalid_argument", "append needs audio or text")
         if len(call.audio) % 2:
             raise _err("invalid_argument", "audio must be whole PCM16 samples (even byte count)")
+        if call.audio and call.sample_rate != INPUT_RATE:
+            raise _err("invalid_argument", f"input audio must be {INPUT_RATE} Hz")
         if call.seq is not None and session.last_seq is not None and call.seq <= session.last_seq:
             return self._ok(control_id, session, deduplicated=True)
         size = len(session.audio) + len(call.audio) + sum(map(len, session.text_parts))
@@ -369,7 +377,7 @@ class DuplexControl:
         upd = call.update
         if upd is None:
             raise _err("invalid_argument", "session.update needs update")
-        session.config = apply_update(session.config, upd)
+        session.config = upd.apply(session.config)
         return self._ok(control_id, session)
 
     # ------------------------------------------------------------------ cancels
@@ -459,11 +467,6 @@ class DuplexControl:
         session.active = None
         session.lease.activity(now)
 
-    def model_activity(self, session_id: str, now: float) -> None:
-        session = self.sessions.get(session_id)
-        if session is not None:
-            session.lease.activity(now)
-
     def is_current(self, fence: Fence) -> bool:
         """May output tagged with ``fence`` still be delivered?"""
         session = self.sessions.get(fence.session_id)
@@ -518,8 +521,11 @@ class DuplexControl:
         return True
 
     def counts(self) -> dict[str, int]:
+        """Sessions by state; safe to call from another thread (metrics)."""
         out = {"open": 0, "detached": 0, "closing": 0}
-        for s in self.sessions.values():
+        with self.table_lock:
+            sessions = list(self.sessions.values())
+        for s in sessions:
             if s.state == "closing":
                 out["closing"] += 1
             elif s.lease.detached_at is not None:
@@ -527,18 +533,3 @@ class DuplexControl:
             else:
                 out["open"] += 1
         return out
-
-
-def apply_update(cfg: SessionConfig, upd: SessionUpdate) -> SessionConfig:
-    return SessionConfig(
-        instructions=cfg.instructions if upd.instructions is None else upd.instructions,
-        voice=cfg.voice if upd.voice is None else upd.voice,
-        output_modalities=cfg.output_modalities
-        if upd.output_modalities is None
-        else upd.output_modalities,
-        output_sample_rate=cfg.output_sample_rate,
-        max_output_tokens=cfg.max_output_tokens
-        if upd.max_output_tokens is None
-        else upd.max_output_tokens,
-        temperature=cfg.temperature if upd.temperature is None else upd.temperature,
-    )

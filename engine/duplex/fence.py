@@ -1,4 +1,4 @@
-"""Fence rules (DESIGN.md §3.2) as pure functions."""
+"""Fence rules as pure functions (the Fence itself is in :mod:`duplex_contract.fence`)."""
 
 from __future__ import annotations
 

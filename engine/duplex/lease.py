@@ -1,4 +1,4 @@
-"""Leases (DESIGN.md §3.3): a session lives while its client shows activity."""
+"""Leases: a session lives while its client shows activity."""
 
 from __future__ import annotations
 

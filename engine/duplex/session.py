@@ -49,7 +49,6 @@ class DuplexSession:
     ops: OrderedDict[str, CachedOp] = field(default_factory=OrderedDict)
     # played_ms reported per (turn_id, response_seq), and audio produced per response
     played: dict[tuple[int, int], float] = field(default_factory=dict)
-    cleanup_attempts: int = 0
 
     def has_input(self) -> bool:
         return bool(self.audio) or any(p.strip() for p in self.text_parts)

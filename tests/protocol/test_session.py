@@ -4,6 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from duplex_contract.errors import ControlError
+from duplex_contract.events import (
+    AudioChunk,
+    ResponseDone,
+    ResponseStarted,
+    SessionLifecycle,
+    TextDelta,
+    UserTranscript,
+)
+from duplex_contract.fence import Fence
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import (
     Action,
@@ -21,16 +31,6 @@ from duplex_server.protocol.commands import (
 from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.session import SessionCore
 from duplex_server.protocol.vad import VadPause, VadResume, VadStart, VadStop
-from engine.errors import ControlError
-from engine.messages import (
-    AudioChunk,
-    Fence,
-    ResponseDone,
-    ResponseStarted,
-    SessionLifecycle,
-    TextDelta,
-    UserTranscript,
-)
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 CHUNK = b"\x00\x01" * 320  # 20 ms at 16 kHz
@@ -125,7 +125,7 @@ def test_server_vad_turn_commits_and_transcribes_before_response() -> None:
 
 
 def _speak(c: SessionCore, ms: int, now: float) -> list[Action]:
-    out = c.on_input_audio(CHUNK, [VadStart(onset_ms=c._input_ms, audio_start_ms=0.0)], now)
+    out = c.on_input_audio(CHUNK, [VadStart(onset_ms=c.input.input_ms, audio_start_ms=0.0)], now)
     for _ in range(ms // 20):
         out += c.on_input_audio(CHUNK, [], now)
     return out
@@ -183,7 +183,8 @@ def test_truncate_is_clamped_to_audio_sent() -> None:
     )
     c.on_engine_event(chunk, 1)
     c.on_engine_event(ResponseDone(fence=fence, status="completed"), 2)
-    item_id = next(iter(c._assistant))
+    item_id = c.items.last_item
+    assert item_id is not None
     out = c.on_client_event(ev.ConversationItemTruncate(item_id=item_id, audio_end_ms=5000), 3)
     truncated = sent(out)[0]
     assert isinstance(truncated, ev.ItemTruncated)

@@ -1,0 +1,26 @@
+"""The session position a caller believes current."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Fence(msgspec.Struct, frozen=True, forbid_unknown_fields=True, order=True):
+    """Immutable; ordered by ``(epoch, turn_id, response_seq)`` within a session."""
+
+    session_id: str
+    epoch: int = 0
+    turn_id: int = 0
+    response_seq: int = 0
+
+    def key(self) -> str:
+        """Prefix of every stage request id of this fence: ``sess_x/e3/t5/r1``."""
+        return f"{self.session_id}/e{self.epoch}/t{self.turn_id}/r{self.response_seq}"
+
+    def is_stale_against(self, current: Fence) -> bool:
+        """True when this fence is older than ``current``."""
+        if self.session_id != current.session_id:
+            return True
+        if self.epoch != current.epoch:
+            return self.epoch < current.epoch
+        return self.turn_id < current.turn_id or self.response_seq < current.response_seq

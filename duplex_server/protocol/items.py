@@ -1,0 +1,151 @@
+"""Conversation items (pure): ids, the item chain (``previous_item_id``), what can be
+retrieved, which user item an engine turn belongs to, and the assistant audio items a
+playback ack or truncate may refer to.
+
+:class:`Conversation` builds the item events; it makes no decision about turns or
+responses (the session core calls it when they happen).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Any
+
+from duplex_server.protocol import events as ev
+from duplex_server.protocol.commands import Action, Send
+from duplex_server.protocol.errors import ProtocolError
+
+_MAX_ITEMS = 256
+
+
+def user_text(item: ev.ItemParam) -> str:
+    """The text of a user item a client creates; refuses anything else."""
+    if item.role != "user":
+        raise ProtocolError("unsupported", "only user items can be created", param="item.role")
+    texts: list[str] = []
+    for i, part in enumerate(item.content):
+        if part.type not in ("input_text", "text") or not isinstance(part.text, str):
+            raise ProtocolError(
+                "unsupported",
+                "user items carry input_text content (send audio with input_audio_buffer)",
+                param=f"item.content.{i}.type",
+            )
+        texts.append(part.text)
+    text = " ".join(t for t in texts if t.strip())
+    if not text:
+        raise ProtocolError("invalid_value", "the item has no text", param="item.content")
+    return text
+
+
+class Conversation:
+    """The items of one session, newest last (bounded: the oldest are forgotten)."""
+
+    def __init__(self, session_id: str) -> None:
+        self._tag = session_id[5:17]
+        self._n = 0
+        self.last_item: str | None = None
+        self._items: OrderedDict[str, ev.Item] = OrderedDict()
+        #: assistant audio items: (turn_id, response_seq, audio sent in ms)
+        self._assistant: OrderedDict[str, tuple[int, int, float]] = OrderedDict()
+        self._pending: deque[str] = deque()  # committed audio items, commit unanswered
+        self._by_turn: OrderedDict[int, str] = OrderedDict()
+
+    # ------------------------------------------------------------------ ids and the chain
+    def new_id(self, kind: str) -> str:
+        self._n += 1
+        return f"{kind}_{self._tag}{self._n:05d}"
+
+    def link(self, item_id: str) -> str | None:
+        """Make ``item_id`` the newest item; returns the one before it."""
+        previous = self.last_item
+        self.last_item = item_id
+        return previous
+
+    def remember(self, item: ev.Item) -> None:
+        self._items[item.id] = item
+        _bound(self._items)
+
+    def get(self, item_id: str) -> ev.Item | None:
+        return self._items.get(item_id)
+
+    # ------------------------------------------------------------------ user items
+    def user_audio(self, item_id: str) -> list[Action]:
+        """A user audio turn was committed as ``item_id`` (its transcript follows)."""
+        previous = self.link(item_id)
+        self._pending.append(item_id)
+        item = ev.Item(
+            id=item_id,
+            role="user",
+            content=[ev.ContentPart(type="input_audio", transcript=None)],
+            status="in_progress",
+        )
+        self.remember(item)
+        return [
+            Send(ev.InputCommitted(item_id=item_id, previous_item_id=previous)),
+            Send(ev.ItemAdded(item=item, previous_item_id=previous)),
+        ]
+
+    def user_text(self, item_id: str | None, text: str) -> list[Action]:
+        item_id = item_id if item_id is not None else self.new_id("item")
+        previous = self.link(item_id)
+        item = ev.Item(
+            id=item_id, role="user", content=[ev.ContentPart(type="input_text", text=text)]
+        )
+        self.remember(item)
+        return [
+            Send(ev.ItemAdded(item=item, previous_item_id=previous)),
+            Send(ev.ItemDone(item=item, previous_item_id=previous)),
+        ]
+
+    def commit_accepted(self, item_id: str, turn_id: int) -> None:
+        """The engine numbered the turn of ``item_id``."""
+        if self._pending and self._pending[0] == item_id:
+            self._pending.popleft()
+        self._by_turn[turn_id] = item_id
+        _bound(self._by_turn)
+
+    def commit_failed(self, item_id: str) -> None:
+        if item_id in self._pending:
+            self._pending.remove(item_id)
+
+    def transcript(self, turn_id: int, text: str, final: bool) -> list[Action]:
+        """A transcript of the user turn ``turn_id``."""
+        item_id = self._by_turn.get(turn_id)
+        if item_id is None and self._pending:
+            # the transcript overtook its commit's reply: jobs run in commit order, so it
+            # belongs to the oldest commit still unanswered
+            item_id = self._pending.popleft()
+            self._by_turn[turn_id] = item_id
+        if item_id is None:
+            return []
+        if not final:
+            return [Send(ev.InputTranscriptDelta(item_id=item_id, delta=text))]
+        del self._by_turn[turn_id]
+        item = ev.Item(
+            id=item_id,
+            role="user",
+            content=[ev.ContentPart(type="input_audio", transcript=text)],
+        )
+        self.remember(item)
+        return [
+            Send(ev.InputTranscriptDelta(item_id=item_id, delta=text)),
+            Send(ev.InputTranscriptCompleted(item_id=item_id, transcript=text)),
+            Send(ev.ItemDone(item=item)),
+        ]
+
+    # ------------------------------------------------------------------ assistant audio
+    def assistant_audio(
+        self, item_id: str, turn_id: int, response_seq: int, sent_ms: float
+    ) -> None:
+        """Record (or update) what was sent of an assistant audio item."""
+        self._assistant[item_id] = (turn_id, response_seq, sent_ms)
+        _bound(self._assistant)
+
+    def assistant_record(self, item_id: str) -> tuple[int, int, float] | None:
+        """``(turn_id, response_seq, audio sent in ms)`` of an assistant audio item."""
+        return self._assistant.get(item_id)
+
+
+def _bound(d: OrderedDict[Any, Any]) -> None:
+    while len(d) > _MAX_ITEMS:
+        d.popitem(last=False)

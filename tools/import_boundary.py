@@ -1,0 +1,110 @@
+"""The layering rule, checked: which first-party packages each layer may import.
+
+    duplex_contract           imports no first-party package but itself
+    duplex_server.protocol    the sans-I/O core: itself and duplex_contract only
+    duplex_client             the SDK: itself, the protocol core and duplex_contract
+
+Every ``import`` and ``from ... import`` in a layer's files counts, wherever it is written
+(inside a function or under ``TYPE_CHECKING`` too), and so does the ``__init__`` of every
+package the import passes through (``duplex_server/__init__.py`` runs before the core).
+Third-party and standard-library imports are not restricted. Exit status 1 and one line
+per violation when the rule is broken: ``python -m tools.import_boundary [ROOT]``.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+FIRST_PARTY = ("duplex_contract", "duplex_server", "duplex_client", "engine")
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    files: tuple[str, ...]  # globs relative to the repository root
+    allowed: tuple[str, ...]  # module prefixes this layer may import
+
+
+LAYERS = (
+    Layer("contract", ("duplex_contract/**/*.py",), ("duplex_contract",)),
+    Layer(
+        "protocol core",
+        ("duplex_server/protocol/**/*.py", "duplex_server/__init__.py"),
+        ("duplex_contract", "duplex_server.protocol"),
+    ),
+    Layer(
+        "client SDK",
+        ("clients/duplex_client/**/*.py",),
+        ("duplex_client", "duplex_contract", "duplex_server.protocol"),
+    ),
+)
+
+
+def _module_of(path: Path, root: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    parts = list(rel.parts)
+    if parts[0] == "clients":
+        parts = parts[1:]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """``(line, absolute module)`` of every import in ``source``."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = module.split(".") if is_package else module.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join([*pkg, base] if base else pkg)
+            out.append((node.lineno, base))
+            # ``from pkg import mod`` imports ``pkg.mod`` when it is a module
+            out += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return out
+
+
+def _allowed(name: str, allowed: tuple[str, ...]) -> bool:
+    if not name.startswith(FIRST_PARTY) or name.split(".")[0] not in FIRST_PARTY:
+        return True
+    # a parent package of an allowed one is fine (its __init__ is checked on its own)
+    return any(name == a or name.startswith(a + ".") or a.startswith(name + ".") for a in allowed)
+
+
+def check(root: Path) -> list[str]:
+    errors: list[str] = []
+    for layer in LAYERS:
+        for pattern in layer.files:
+            for path in sorted(root.glob(pattern)):
+                module = _module_of(path, root)
+                is_package = path.name == "__init__.py"
+                seen: set[int] = set()
+                for line, name in imports_of(path.read_text(), module, is_package):
+                    if line not in seen and not _allowed(name, layer.allowed):
+                        seen.add(line)  # one report per import statement
+                        rel = path.relative_to(root)
+                        errors.append(f"{rel}:{line}: the {layer.name} imports {name}")
+    return errors
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent.parent
+    errors = check(root)
+    for err in errors:
+        print(err, file=sys.stderr)
+    if errors:
+        print(f"import boundary: {len(errors)} violation(s)", file=sys.stderr)
+        return 1
+    print("import boundary: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
