@@ -90,9 +90,12 @@ class FakeEngine:
             control_id=1, ok=True, session_id=SID, accepted_fence=fence, lease_generation=1
         )
 
-    async def open(self, config: SessionSettings | None = None) -> ControlResult:
+    async def open(
+        self, config: SessionSettings | None = None, *, route_key: str | None = None
+    ) -> ControlResult:
         self.calls.append("open")
         self.opened_with = config
+        self.route_key = route_key
         return self._res(Fence(SID))
 
     async def resume(self, session_id: str, expected_lease_generation: int) -> ControlResult:
