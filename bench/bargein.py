@@ -7,7 +7,7 @@ spoken reply; 1 s after its first audio it starts talking. Measured from the fir
 sample sent (the clip is trimmed to its speech onset):
 
 * onset -> ``input_audio_buffer.speech_started``: the client flushes its player here, so
-  this is when the assistant stops talking for the listener (DESIGN §7 target <= ~200 ms);
+  this is when the assistant stops talking for the listener (the design target is <= ~200 ms);
 * onset -> ``response.done{status: cancelled}``;
 * audio bytes of the cancelled response received after that done (must be 0).
 

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
+
+#: a front end's route key (``serve --route-key``): session ids carry it
+ROUTE_KEY = re.compile(r"^[a-z0-9]{1,16}$")
+
+
+def route_key_of(session_id: str) -> str | None:
+    """The route key a session id carries (``sess_<key>_<hex>``), if any."""
+    parts = session_id.split("_")
+    return parts[1] if len(parts) == 3 and ROUTE_KEY.match(parts[1]) else None
+
+
+def resume_query(session_id: str) -> str:
+    """The query string a client opens its resume socket with: a load balancer routes
+    on ``route`` to the front end that owns the session (docs/scale.md)."""
+    key = route_key_of(session_id)
+    return "intent=resume" if key is None else f"intent=resume&route={key}"
 
 
 class Fence(msgspec.Struct, frozen=True, forbid_unknown_fields=True, order=True):

@@ -10,6 +10,8 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from duplex_contract.audio import duration_ms as contract_duration_ms
+
 Float32Array = npt.NDArray[np.float32]
 Int16Array = npt.NDArray[np.int16]
 
@@ -55,7 +57,7 @@ def resample_pcm16(pcm: bytes, in_rate: int, out_rate: int) -> bytes:
 
 def duration_ms(pcm: bytes, sample_rate: int) -> float:
     """Duration of a PCM16 mono buffer in milliseconds."""
-    return len(pcm) / 2 / sample_rate * 1000.0
+    return contract_duration_ms(len(pcm), sample_rate)
 
 
 def samples_for_ms(sample_rate: int, ms: float) -> int:

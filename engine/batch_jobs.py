@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from duplex_contract.audio import duration_ms
 from engine.messages import (
     AudioOut,
     BatchDone,
@@ -45,7 +46,7 @@ async def run_batch(
             language=job.language,
         )
         put(TranscriptOut(request_id=rid, text=text, final=True))
-        put(BatchDone(request_id=rid, audio_ms=len(job.audio) / 2 / job.sample_rate * 1000))
+        put(BatchDone(request_id=rid, audio_ms=duration_ms(len(job.audio), job.sample_rate)))
     elif isinstance(job, SpeechJob):
         audio_ms = await pipeline.speak(
             prefix,

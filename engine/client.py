@@ -458,19 +458,8 @@ class AsyncEngine:
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:
         """(stage, batch size) of each step the batching stages ran since the last drain."""
-        orch = self._orch
-        if orch is None:
-            return []
-        with orch.counters.lock:
-            out = orch.counters.stage_steps
-            orch.counters.stage_steps = []
-        return out
+        return self._orch.counters.drain_steps() if self._orch is not None else []
 
     def drain_stage_latencies(self) -> list[tuple[str, float]]:
-        orch = self._orch
-        if orch is None:
-            return []
-        with orch.counters.lock:
-            out = orch.counters.stage_latency
-            orch.counters.stage_latency = []
-        return out
+        """(stage, seconds to first output) of each stage request since the last drain."""
+        return self._orch.counters.drain_latencies() if self._orch is not None else []

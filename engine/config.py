@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 import yaml
 
+from duplex_contract.validation import explain
 from engine.errors import ConfigError
 
 T = TypeVar("T")
@@ -42,7 +43,6 @@ class StageConfig(_Frozen, frozen=True):
 
 class VadConfig(_Frozen, frozen=True):
     backend: Literal["silero", "energy"] = "silero"
-    threshold: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
 
 
 class PartialsConfig(_Frozen, frozen=True):
@@ -69,7 +69,6 @@ class DuplexRuntimeConfig(_Frozen, frozen=True):
     max_input_bytes: PositiveInt = 16 * 1024 * 1024
     operation_cache: PositiveInt = 256
     history_budget_chars: PositiveInt = 6000
-    cleanup_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     cleanup_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
 
 
@@ -88,25 +87,14 @@ class EngineConfig(_Frozen, frozen=True):
     control_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
 
 
-_PATH_RE = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
-
-
 def convert(data: Any, type_: type[T], *, where: str) -> T:
     """msgspec.convert with errors rewritten as ``where.field: message``."""
     try:
         return msgspec.convert(data, type_, strict=False)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        match = _PATH_RE.search(text)
-        path = where
-        if match:
-            inner = match.group("path").replace("[", ".").replace("]", "")
-            path = f"{where}.{inner}" if inner else where
-            text = text[: match.start()]
-        unknown = re.match(r"Object contains unknown field `(?P<f>[^`]+)`", text)
-        if unknown:
-            path = f"{path}.{unknown.group('f')}"
-        raise ConfigError(f"{path}: {text}") from None
+        problem = explain(exc)
+        path = f"{where}.{problem.path}" if problem.path else where
+        raise ConfigError(f"{path}: {problem.message}") from None
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

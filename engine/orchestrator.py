@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import janus
@@ -22,6 +21,7 @@ import janus
 from engine.admission import BatchAdmission
 from engine.batch_jobs import run_batch
 from engine.config import EngineConfig
+from engine.counters import Counters
 from engine.duplex.control import Cancel, DuplexControl, Effects
 from engine.duplex.fence import epoch_prefix, session_prefix
 from engine.duplex.session import DuplexSession, TurnJob
@@ -60,29 +60,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _BATCH_MAX = 512
 AbortPlan = list[tuple[StagePool, list[tuple[int, list[str]]]]]
-
-
-@dataclass
-class Counters:
-    """Cumulative figures the server exports as metrics (read from another thread)."""
-
-    stale_dropped: int = 0
-    stage_latency: list[tuple[str, float]] = field(default_factory=list)
-    stage_steps: list[tuple[str, int]] = field(default_factory=list)  # (stage, batch size)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def step(self, stage: str, size: int) -> None:
-        """A batching stage ran one step over ``size`` requests (called from its worker)."""
-        with self.lock:
-            self.stage_steps.append((stage, size))
-            if len(self.stage_steps) > 10_000:
-                del self.stage_steps[:5_000]
-
-    def latency(self, stage: str, seconds: float) -> None:
-        with self.lock:
-            self.stage_latency.append((stage, seconds))
-            if len(self.stage_latency) > 10_000:
-                del self.stage_latency[:5_000]
 
 
 @dataclass

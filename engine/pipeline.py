@@ -26,6 +26,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+from duplex_contract.audio import duration_ms
 from engine.admission import BatchAdmission
 from engine.chunkers import Chunk, Chunker, default_chunker
 from engine.config import EngineConfig
@@ -223,7 +224,7 @@ class Pipeline:
                                 outq.put_nowait((c, pending_mark))
                                 pending_mark = ""
                         elif isinstance(out, AudioOut) and out.pcm:
-                            dur = len(out.pcm) / 2 / out.sample_rate * 1000.0
+                            dur = duration_ms(len(out.pcm), out.sample_rate)
                             spoken = out.text or pending_mark
                             pending_mark = ""
                             on_chunk(SpokenChunk(out, cursor, dur, spoken))

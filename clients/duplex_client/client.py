@@ -110,6 +110,7 @@ class DuplexClient:
         self._end = asyncio.Event()
         self.session_id = ""
         self.resume_token = ""
+        self.resume_query = "intent=resume"
         self.last_seq = 0  # highest server_event_seq delivered
         self._acked = 0
         self.session: ev.SessionObj | None = None
@@ -137,6 +138,7 @@ class DuplexClient:
             await ws.close()
             raise SessionRefused(f"expected session.created, got {first!r}")
         self.session_id, self.resume_token = first.session.id, first.resume_token
+        self.resume_query = first.resume_query  # where a load balancer sends our resume
         self.session = first.session
         self._attach(ws)
         self._deliver(first)
@@ -148,8 +150,9 @@ class DuplexClient:
 
     async def _open(self, timeout_s: float, *, resume: bool = False) -> ClientConnection:
         url = self.url
-        if resume:  # the server waits for session.resume instead of opening a new session
-            url += ("&" if "?" in url else "?") + "intent=resume"
+        if resume:  # the server waits for session.resume instead of opening a new session;
+            # the query names the front end that owns the session (behind a load balancer)
+            url += ("&" if "?" in url else "?") + self.resume_query
         try:
             return await websockets.connect(
                 url,

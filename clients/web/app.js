@@ -81,7 +81,9 @@ class Session {
     return p;
   }
   open(resume) {
-    const url = resume ? this.url + (this.url.includes("?") ? "&" : "?") + "intent=resume" : this.url;
+    // a resume names the front end that owns the session (session.created's resume_query)
+    const query = this.resumeQuery || "intent=resume";
+    const url = resume ? this.url + (this.url.includes("?") ? "&" : "?") + query : this.url;
     const ws = new WebSocket(url, this.protocols());
     ws.binaryType = "arraybuffer";
     this.ws = ws;
@@ -129,6 +131,7 @@ class Session {
       case "session.created":
         state.sessionId = ev.session.id;
         this.token = ev.resume_token;
+        this.resumeQuery = ev.resume_query || "intent=resume";
         $("session").textContent = ev.session.id;
         this.send({ type: "session.update", session: {
           output_modalities: ["audio"],

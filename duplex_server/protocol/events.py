@@ -350,6 +350,8 @@ class SessionCreated(ServerEvent, frozen=True, tag="session.created"):
     session: SessionObj
     resume_token: str
     capabilities: Capabilities
+    # extension: the query a resume socket opens with (intent=resume[&route=<key>])
+    resume_query: str = "intent=resume"
 
 
 class SessionUpdated(ServerEvent, frozen=True, tag="session.updated"):

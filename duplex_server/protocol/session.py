@@ -33,7 +33,7 @@ from duplex_contract.events import (
     TextDelta,
     UserTranscript,
 )
-from duplex_contract.fence import Fence
+from duplex_contract.fence import Fence, resume_query
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import AudioFormat, decode_audio_b64
 from duplex_server.protocol.commands import (
@@ -151,6 +151,7 @@ class SessionCore:
                     session=self.config.to_wire(self.session_id),
                     resume_token=resume_token,
                     capabilities=capabilities,
+                    resume_query=resume_query(self.session_id),
                 )
             ),
             ConfigureInput(self.config.input_format, self.config.turn_detection),

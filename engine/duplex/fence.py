@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 import uuid
 
+from duplex_contract.fence import ROUTE_KEY as ROUTE_KEY
+from duplex_contract.fence import route_key_of as route_key_of
 from engine.messages import Fence
-
-ROUTE_KEY = re.compile(r"^[a-z0-9]{1,16}$")
 
 
 def new_session_id(route_key: str | None = None) -> str:
@@ -16,12 +15,6 @@ def new_session_id(route_key: str | None = None) -> str:
     if route_key is None:
         return f"sess_{uuid.uuid4().hex}"
     return f"sess_{route_key}_{uuid.uuid4().hex}"
-
-
-def route_key_of(session_id: str) -> str | None:
-    """The route key a session id carries, if any."""
-    parts = session_id.split("_")
-    return parts[1] if len(parts) == 3 and ROUTE_KEY.match(parts[1]) else None
 
 
 def initial_fence(session_id: str) -> Fence:

@@ -23,6 +23,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 import numpy as np
 
+from duplex_contract.audio import duration_ms
 from engine.chunkers import Chunker, WindowChunker, WindowOptions
 from engine.edges import Edge
 from engine.errors import ConfigError, StageError
@@ -209,7 +210,7 @@ class TestStage:
 
     async def _asr(self, req: AsrRequest, cancelled: _Abort) -> AsyncIterator[StageOutput]:
         await self._sleep(self.options.asr_delay_s, cancelled)
-        ms = len(req.audio) / 2 / req.sample_rate * 1000
+        ms = duration_ms(len(req.audio), req.sample_rate)
         text = self.options.transcript or f"user audio of {ms:.0f} milliseconds"
         self._check_faults(text)
         yield TranscriptOut(request_id=req.request_id, text=text, final=True)
@@ -327,7 +328,7 @@ class BatchTestStage(BatchingBackend):
     def prepare(self, request: StageRequest) -> Any:
         o = self.opts
         if isinstance(request, AsrRequest):
-            ms = len(request.audio) / 2 / request.sample_rate * 1000
+            ms = duration_ms(len(request.audio), request.sample_rate)
             text = o.transcript or f"user audio of {ms:.0f} milliseconds"
             return [text]
         if isinstance(request, LlmRequest):

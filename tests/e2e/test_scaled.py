@@ -131,3 +131,34 @@ def test_sessions_spread_over_front_ends_and_resume_through_haproxy(tmp_path: Pa
                         await b._cm.__aexit__(None, None, None)  # type: ignore[attr-defined]
 
         asyncio.run(run())
+
+
+def test_the_sdk_resumes_through_haproxy_on_the_owning_front_end(tmp_path: Path) -> None:
+    from duplex_client import DuplexClient
+
+    from duplex_server.protocol import events as ev
+    from tests.client.test_sdk import _until
+
+    with scaled(tmp_path) as lb:
+
+        async def run() -> None:
+            clients = [await DuplexClient.connect(f"ws://{lb}/v1/realtime") for _ in range(4)]
+            try:
+                for client in clients:  # session.created told each where to resume
+                    key = route_key_of(client.session_id)
+                    assert client.resume_query == f"intent=resume&route={key}"
+                for client in clients:
+                    await client.update_session({"turn_detection": None})
+                    await _until(client, ev.SessionUpdated)
+                    await client.send_text("hi")
+                    await _until(client, ev.AudioDelta)
+                    client._ws.transport.abort()  # type: ignore[union-attr]  # abrupt drop
+                for client in clients:
+                    done, _ = await _until(client, ev.ResponseDone, 20)
+                    assert done.response.status == "completed"
+                    assert client.resumes == 1
+            finally:
+                for client in clients:
+                    await client.close()
+
+        asyncio.run(run())

@@ -106,3 +106,11 @@ def test_input_refusals() -> None:
     assert isinstance(failed[0], Send) and isinstance(failed[0].event, ev.Error)
     assert failed[0].event.error.code == "server_error"
     assert failed[1] == CloseSocket(1011, "server_error")
+
+
+def test_session_created_says_where_to_resume() -> None:
+    plain = SessionCore(SID, EffectiveSession()).opened("t", _caps())
+    routed = SessionCore("sess_w2_" + "0" * 32, EffectiveSession()).opened("t", _caps())
+    created = [a.event for a in (plain[0], routed[0])]  # type: ignore[attr-defined]
+    assert created[0].resume_query == "intent=resume"
+    assert created[1].resume_query == "intent=resume&route=w2"

@@ -1,0 +1,41 @@
+"""Cumulative engine figures the server exports as metrics (written by the orchestrator
+and stage workers, read and drained from the server's thread)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+_KEEP = 10_000  # undrained samples kept (the oldest half is dropped beyond this)
+
+
+@dataclass
+class Counters:
+    stale_dropped: int = 0
+    stage_latency: list[tuple[str, float]] = field(default_factory=list)
+    stage_steps: list[tuple[str, int]] = field(default_factory=list)  # (stage, batch size)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def latency(self, stage: str, seconds: float) -> None:
+        """A stage request produced its first output ``seconds`` after it was submitted."""
+        with self.lock:
+            self.stage_latency.append((stage, seconds))
+            if len(self.stage_latency) > _KEEP:
+                del self.stage_latency[: _KEEP // 2]
+
+    def step(self, stage: str, size: int) -> None:
+        """A batching stage ran one step over ``size`` requests (called from its worker)."""
+        with self.lock:
+            self.stage_steps.append((stage, size))
+            if len(self.stage_steps) > _KEEP:
+                del self.stage_steps[: _KEEP // 2]
+
+    def drain_latencies(self) -> list[tuple[str, float]]:
+        with self.lock:
+            out, self.stage_latency = self.stage_latency, []
+        return out
+
+    def drain_steps(self) -> list[tuple[str, int]]:
+        with self.lock:
+            out, self.stage_steps = self.stage_steps, []
+        return out
