@@ -296,5 +296,16 @@ class VllmTalker(VllmLlm):
             if not task.done():
                 task.cancel()  # cancels engine.generate there, which aborts it in vLLM
 
+    async def engine_request_ids(self) -> list[str]:
+        """The (external) ids of the requests vLLM itself still holds: what an abort must
+        have removed (tests check barge-ins here, not in our own bookkeeping)."""
+        if self._engine is None:
+            return []
+        return await self._call(self._held_ids())
+
+    async def _held_ids(self) -> list[str]:
+        states = getattr(getattr(self._engine, "output_processor", None), "request_states", {})
+        return sorted(str(getattr(s, "external_req_id", None) or k) for k, s in states.items())
+
 
 __all__ = ["TalkerOptions", "VllmTalker", "VoiceSampling"]
