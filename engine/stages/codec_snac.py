@@ -6,8 +6,9 @@ codebooks; a window with a partial frame or a code out of range fails with a cle
 nothing of it is decoded.
 
 Async chunking (:class:`CodecChunker`, this backend's ``make_chunker``): the first window
-is ``first_frames`` frames (time to first audio), later windows ``window_frames`` new frames
-each, with ``context_frames`` of left context re-sent in front. SNAC's decoder is not causal:
+emits ``first_frames`` frames (time to first audio), later windows twice as many as the one
+before, up to ``window_frames`` new frames each (so the client's buffer grows while the talker
+runs ahead), with ``context_frames`` of left context re-sent in front. SNAC's decoder is not causal:
 a frame's samples depend on about 2.3 frames either side (measured: changing one frame moves
 samples from 2.31 frames before it to 2.31 after it; convolutions, transposed convolutions
 and dilated residual units, no attention in the 24 kHz model). So each non-final window also
@@ -54,26 +55,10 @@ from engine.codec_layout import CodecLayout, FrameError, IntArray, get_layout
 from engine.edges import Edge
 from engine.errors import ConfigError, StageError
 from engine.messages import AudioOut, StageDone, StageOutput, StageRequest, TokensOut, TokensRequest
+from engine.snac_model import EXACT_MARGIN_FRAMES, SNAC_24KHZ, build_snac, decode_rows
 from engine.stages.base import BatchingBackend, BatchSlot
 
 log = logging.getLogger(__name__)
-
-# hubertsiuzdak/snac_24khz config.json (public): 24 kHz, hop 512, codebooks at 12/23/47 Hz.
-SNAC_24KHZ: dict[str, Any] = {
-    "sampling_rate": 24000,
-    "encoder_dim": 48,
-    "encoder_rates": [2, 4, 8, 8],
-    "decoder_dim": 1024,
-    "decoder_rates": [8, 8, 4, 2],
-    "attn_window_size": None,
-    "codebook_size": 4096,
-    "codebook_dim": 8,
-    "vq_strides": [4, 2, 1],
-    "noise": True,
-    "depthwise": True,
-}
-# Frames either side of a frame that its samples depend on (2.31 measured, rounded up).
-EXACT_MARGIN_FRAMES = 3
 
 
 class CodecSnacOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -104,14 +89,16 @@ def stream_key(request_id: str) -> str:
 
 
 class CodecChunker:
-    """Codec ids -> windows: ``first`` frames, then ``window`` new frames, each with
-    ``context`` frames before and (not final) ``lookahead`` frames after what it emits."""
+    """Codec ids -> windows: ``first`` new frames, then twice as many each time up to
+    ``window``, each with ``context`` frames before and (not final) ``lookahead`` frames
+    after what it emits."""
 
     def __init__(self, frame_size: int, first: int, window: int, context: int, lookahead: int):
         self.f = frame_size
         self.first, self.window, self.context, self.lookahead = first, window, context, lookahead
         self._ids: list[int] = []
         self.emitted = 0  # frames whose audio a released window emits
+        self._last = 0  # new frames of the last window
 
     def _frames(self) -> int:
         return len(self._ids) // self.f
@@ -129,12 +116,15 @@ class CodecChunker:
         self._ids.extend(out.ids)
         chunks: list[Chunk] = []
         while True:
-            new = self.first if self.emitted == 0 else self.window
+            # windows grow from ``first`` by doubling up to ``window``: the audio buffered at
+            # the client grows as fast as the talker can fill it
+            new = self.first if self.emitted == 0 else min(self.window, 2 * self._last)
             upto = self.emitted + new + self.lookahead
             if self._frames() < upto:
                 return chunks
             chunks.append(self._chunk(upto, final=False))
             self.emitted += new
+            self._last = new
 
     def flush(self) -> list[Chunk]:
         frames = self._frames()
@@ -206,8 +196,16 @@ class SnacCodec(BatchingBackend):
 
     # ------------------------------------------------------------------ model
     def load(self) -> None:
+        o = self.opts
         self._model, self._torch = build_snac(
-            self.opts, self.device, where=f"engine.stages.{self.stage}.options"
+            self.device,
+            model=o.model,
+            seed=o.seed,
+            config=o.config,
+            dtype=o.dtype,
+            noise=o.noise,
+            threads=o.threads,
+            where=f"engine.stages.{self.stage}.options",
         )
         self.decode(
             [[np.zeros(self.opts.first_frames * p, dtype=np.int64) for p in self.layout.per_frame]]
@@ -218,14 +216,8 @@ class SnacCodec(BatchingBackend):
 
     def decode(self, rows: Sequence[Sequence[IntArray]]) -> Any:
         """One decoder call on equal-length rows of per-codebook codes -> float32 [B, T]."""
-        torch = self._torch
         t0 = time.perf_counter()
-        codes = [
-            torch.from_numpy(np.stack([r[cb] for r in rows])).to(self.device)
-            for cb in range(self.layout.n_codebooks)
-        ]
-        with torch.inference_mode():
-            audio = self._model.decode(codes)[:, 0, :].float().cpu().numpy()
+        audio = decode_rows(self._model, self._torch, rows, self.device)
         self.decode_calls += 1
         self.rows_decoded += len(rows)
         self.decode_s += time.perf_counter() - t0
@@ -312,61 +304,6 @@ class SnacCodec(BatchingBackend):
             slot.emit(AudioOut(request_id=req.request_id, pcm=piece, sample_rate=rate, t_ns=now))
         slot.emit(StageDone(request_id=req.request_id))
         slot.finish()
-
-
-def build_snac(options: CodecSnacOptions, device: str, *, where: str) -> tuple[Any, Any]:
-    """The SNAC model on ``device`` (weights from ``options.model`` or random) and torch."""
-    try:
-        import torch
-        from snac import SNAC
-        from snac.layers import DecoderBlock, NoiseBlock
-    except ImportError as exc:
-        raise ConfigError(
-            f"{where}: the snac codec needs torch and snac ({exc}); use the vLLM venv "
-            "(`make install-vllm`) or a GPU install"
-        ) from None
-    if options.threads is not None and device == "cpu":
-        torch.set_num_threads(options.threads)
-    if options.model is not None:
-        import json
-        from pathlib import Path
-
-        path = Path(options.model).expanduser()
-        if not (path / "config.json").is_file() or not (path / "pytorch_model.bin").is_file():
-            raise ConfigError(
-                f"{where}.model: {options.model} is not a SNAC directory "
-                "(config.json + pytorch_model.bin)"
-            )
-        config = json.loads((path / "config.json").read_text())
-        if config.get("sampling_rate") != 24000 or config.get("vq_strides") != [4, 2, 1]:
-            raise ConfigError(f"{where}.model: {options.model} is not a 24 kHz SNAC model")
-        model = SNAC(**config)
-        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        model.load_state_dict(state)
-    else:
-        unknown = set(options.config) - set(SNAC_24KHZ)
-        if unknown:
-            raise ConfigError(f"{where}.config: unknown SNAC config keys {sorted(unknown)}")
-        for key in ("sampling_rate", "decoder_rates", "vq_strides", "codebook_size"):
-            if key in options.config and options.config[key] != SNAC_24KHZ[key]:
-                raise ConfigError(f"{where}.config.{key}: fixed by the 24 kHz layout")
-        gen_state = torch.random.get_rng_state()
-        torch.manual_seed(options.seed)
-        try:
-            model = SNAC(**{**SNAC_24KHZ, **options.config})
-        finally:
-            torch.random.set_rng_state(gen_state)
-        log.warning("codec: SNAC 24 kHz with random weights (seed %d): noise", options.seed)
-    if not options.noise:
-        for block in model.decoder.modules():
-            if isinstance(block, DecoderBlock):
-                block.block = torch.nn.Sequential(
-                    *[m for m in block.block if not isinstance(m, NoiseBlock)]
-                )
-    dtype = getattr(torch, options.dtype)
-    model = model.eval().to(device=device, dtype=dtype)
-    model.encoder = None  # the decoder is all a codec stage needs
-    return model, torch
 
 
 __all__ = ["EXACT_MARGIN_FRAMES", "SNAC_24KHZ", "CodecChunker", "CodecSnacOptions", "SnacCodec"]
