@@ -94,6 +94,16 @@ class VllmTalker(VllmLlm):
             raise ConfigError(f"{self.field}.layout: {exc}") from None
 
     # ------------------------------------------------------------------ start-up
+    def _own_field(self, message: str) -> str:
+        """The text LM's messages name ``engine.stages.llm``; ours name this stage."""
+        return message.replace("engine.stages.llm.", f"engine.stages.{self.stage}.")
+
+    async def start(self) -> None:
+        try:
+            await super().start()
+        except ConfigError as exc:
+            raise ConfigError(self._own_field(exc.message)) from None
+
     def _resolve_model(self) -> str:
         if self.options.model is not None:
             return super()._resolve_model()
@@ -153,10 +163,7 @@ class VllmTalker(VllmLlm):
             raise
         except Exception as exc:
             log.exception("%s: vLLM start-up failed", self.name)
-            err = _option_error(exc)
-            raise ConfigError(
-                str(err).replace("engine.stages.llm.", f"engine.stages.{self.stage}.")
-            ) from None
+            raise _option_error(exc) from None
         self._tokenizer = self._engine.get_tokenizer()
         self.max_model_len = int(self._engine.model_config.max_model_len)
         vocab = int(self._engine.model_config.get_vocab_size())

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from engine.errors import ConfigError
 from engine.messages import StageDone, StageOutput, TokensOut, TtsRequest
 from engine.stages.talker_vllm import TalkerOptions, VllmTalker, VoiceSampling
 
@@ -96,3 +97,10 @@ def test_abort_ends_the_stream_and_leaves_vllm_within_a_step(talker: VllmTalker)
     assert isinstance(outs[-1], StageDone) and outs[-1].finish_reason == "aborted"
     assert sum(isinstance(o, TokensOut) for o in outs) == 1  # nothing after the abort
     assert outs[-1].tokens < 7 * FRAMES
+
+
+def test_start_up_errors_name_the_talker_stage() -> None:
+    bad = VllmTalker(TalkerOptions(model="/nonexistent/orpheus"), "talker0", stage="talker")
+    with pytest.raises(ConfigError) as err:
+        asyncio.run(bad.start())
+    assert str(err.value).startswith("engine.stages.talker.options.model: /nonexistent/orpheus")
