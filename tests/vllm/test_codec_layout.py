@@ -69,3 +69,17 @@ def test_malformed_code_windows_are_refused_not_decoded() -> None:
         L.split([0] * 10 + [4096] + [0] * 3)
     with pytest.raises(FrameError, match="code -1 at frame 0 position 0"):
         L.split([-1] + [0] * 6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 160_000), max_size=21), st.integers(0, 6))
+def test_arbitrary_token_streams_parse_or_are_refused(tokens: list[int], start: int) -> None:
+    """Any id stream: either every token is its position's audio token (codes in range), or
+    the stream is refused with a FrameError; never an out-of-range code."""
+    valid = all(t in L.position_range((start + i) % 7) for i, t in enumerate(tokens))
+    if valid:
+        codes = L.tokens_to_codes(tokens, start)
+        assert all(0 <= c < 4096 for c in codes)
+    else:
+        with pytest.raises(FrameError):
+            L.tokens_to_codes(tokens, start)
