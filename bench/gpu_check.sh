@@ -6,11 +6,16 @@
 #   2. start the server on it and time start-up until /health is 200,
 #   3. run bench/turn_latency.py on that config (time to first audio of spoken turns),
 #   4. run bench/realtime.py for 1, 8 and 32 sessions,
-#   5. print one table (and write $OUT/gpu_check.json).
+#   5. print one table (and write $OUT/gpu_check.json),
+#   6. the talker route (docs/gpu.md): bench/talker.py with the codec on the GPU and the
+#      talker on vLLM (a config derived from configs/cpu-talker-test.yaml moved onto the GPU;
+#      TALKER_MODEL / SNAC_MODEL: real weights, else the tiny talker and random SNAC), if
+#      snac is installed (`pip install snac==1.2.1 einops`).
 #
 #   MODEL=Qwen/Qwen2.5-0.5B-Instruct PY=python bench/gpu_check.sh
 # Env: MODEL, PY (python with the project), OUT (results dir), PORT, SESSIONS ("1 8 32"),
-#      START_TIMEOUT_S (600), QUICK (1: pass --quick to the benches).
+#      START_TIMEOUT_S (600), QUICK (1: pass --quick to the benches), TALKER_MODEL,
+#      SNAC_MODEL (directories; unset: tiny talker, random-weight SNAC).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -105,3 +110,27 @@ print("|" + "---|" * len(cols))
 for r in rows:
     print("| " + " | ".join(fmt(r[c]) for c in cols) + " |")
 PYEOF
+
+# 6. the talker route: codec on the GPU (batched vs serial), talker on vLLM (CUDA)
+if "$PY" -c "import snac, einops" 2>/dev/null; then
+  TCONFIG="$OUT/gpu-talker-small.yaml"
+  "$PY" - "$TCONFIG" "${TALKER_MODEL:-}" "${SNAC_MODEL:-}" <<'PYEOF'
+import sys, yaml
+dest, talker_model, snac_model = sys.argv[1], sys.argv[2] or None, sys.argv[3] or None
+cfg = yaml.safe_load(open("configs/cpu-talker-test.yaml"))
+st = cfg["engine"]["stages"]
+st["talker"]["options"].update(model=talker_model, device="cuda", enforce_eager=False,
+                               gpu_memory_utilization=0.3, max_num_seqs=64, max_frames=64)
+for key in ("kv_cache_memory_gib", "cpu_threads"):
+    st["talker"]["options"].pop(key, None)
+st["talker"]["devices"] = ["cuda:0"]
+st["codec"]["devices"] = ["cuda:0"]
+st["codec"]["options"].update(model=snac_model, max_batch=64)
+st["codec"]["options"].pop("threads", None)
+yaml.safe_dump(cfg, open(dest, "w"), sort_keys=False)
+PYEOF
+  "$PY" bench/talker.py --device cuda --config "$TCONFIG" "${quick[@]}" \
+    --json "$OUT/talker.json" | tee "$OUT/talker.txt"
+else
+  echo "talker route skipped: snac is not installed (pip install snac==1.2.1 einops)"
+fi

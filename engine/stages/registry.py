@@ -37,6 +37,10 @@ BACKENDS: dict[str, str] = {
     # speech synthesis: text -> audio
     "piper": "engine.stages.tts_piper:PiperTts",
     "espeak": "engine.stages.tts_espeak:EspeakTts",
+    # talkers: text -> codec frames (a codec LM on vLLM; engine/codec_layout.py)
+    "vllm-talker": "engine.stages.talker_vllm:VllmTalker",
+    # codec decoders: codec frames -> audio (torch)
+    "snac": "engine.stages.codec_snac:SnacCodec",
 }
 
 

@@ -30,3 +30,35 @@ def test_vllm_configs_validate(name: str) -> None:
         assert llm.options.device == "cuda" and llm.options.model
     else:
         assert llm.options.model is None and llm.options.enforce_eager
+
+
+@pytest.mark.parametrize("name", ["cpu-talker-test.yaml", "gpu-talker.yaml"])
+def test_talker_configs_validate(name: str) -> None:
+    """Both talker configs build their stages and routes (GPU placements checked as CPU here:
+    this machine has no GPU; the options are validated all the same)."""
+    import msgspec
+
+    from engine.stages.codec_snac import SnacCodec
+    from engine.stages.talker_vllm import VllmTalker
+
+    config = load_app_config(ROOT / "configs" / name).engine
+    stages = {
+        k: msgspec.structs.replace(
+            s, devices=None if s.devices is None else ("cpu",) * len(s.devices)
+        )
+        for k, s in config.stages.items()
+    }
+    graph = build_graph(msgspec.structs.replace(config, stages=stages))
+    (talker,) = graph.replicas["talker"]
+    (codec,) = graph.replicas["codec"]
+    assert isinstance(talker, VllmTalker) and isinstance(codec, SnacCodec)
+    assert graph.routes["voice"].describe() == (
+        "asr(audio -> text) -> llm(text -> text) -> talker(text -> codec) -> codec(codec -> audio)"
+    )
+    assert graph.routes["speech"].describe() == "talker(text -> codec) -> codec(codec -> audio)"
+    assert codec.exact  # context and look-ahead cover SNAC's reach: chunks join exactly
+    if name == "gpu-talker.yaml":
+        assert config.stages["codec"].devices == ("cuda:0",)
+        assert talker.topts.model and codec.opts.model and talker.topts.device == "cuda"
+    else:
+        assert talker.topts.model is None and codec.opts.model is None
