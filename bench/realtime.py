@@ -18,7 +18,13 @@ real time, then drives it with real WebSocket clients:
    task or await per frame), so that hundreds of them fit beside the server on 2 cores.
 
 Usage: ``python bench/realtime.py [--sessions N] [--quick] [--json PATH] [--chunk-ms MS]
-[--binary]``
+[--binary] [--workers N [--via-lb]]``
+
+With ``--workers N`` it measures the scaled topology instead (docs/scale.md): one engine
+process and N front ends (``serve --workers N``), clients spread over the front ends or sent
+through HAProxy (``--via-lb``); JSON keys ``max_sessions_realtime_w<N>`` and
+``cpu_ms_per_session_s`` (CPU of the engine and front-end processes per session-second at
+that step).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from typing import Any
 
 import websockets
 import yaml
-from serverproc import ROOT, running_server
+from serverproc import ROOT, running_scaled, running_server
 from websockets.speedups import apply_mask
 from websockets.utils import accept_key
 
@@ -67,15 +73,17 @@ def cpu_seconds(pid: int) -> float:
     return float("nan")
 
 
-def scrape(addr: str) -> dict[float, float]:
-    """Cumulative bucket counts of the chunk-overhead histogram."""
-    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as r:
-        text = r.read().decode()
+def scrape(addr: str | list[str]) -> dict[float, float]:
+    """Cumulative bucket counts of the chunk-overhead histogram (summed over front ends)."""
     out: dict[float, float] = {}
-    for line in text.splitlines():
-        if line.startswith(f"{HIST}_bucket"):
-            le = line.split('le="')[1].split('"')[0]
-            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    for one in [addr] if isinstance(addr, str) else addr:
+        with urllib.request.urlopen(f"http://{one}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            if line.startswith(f"{HIST}_bucket"):
+                le = line.split('le="')[1].split('"')[0]
+                key = float("inf") if le == "+Inf" else float(le)
+                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -309,28 +317,89 @@ def audio_chunk(chunk_ms: int, binary: bool) -> bytes:
 
 
 async def load_step(
-    addr: str, pid: int, n: int, seconds: float, chunk_ms: int = CHUNK_MS, binary: bool = False
+    addr: str | list[str],
+    pid: int | list[int],
+    n: int,
+    seconds: float,
+    chunk_ms: int = CHUNK_MS,
+    binary: bool = False,
+    scrape_from: list[str] | None = None,
 ) -> dict[str, Any]:
+    """``n`` sessions for ``seconds``; ``addr`` may list several (clients round-robin) and
+    ``pid`` several server processes (their CPU is summed)."""
     stats = {"ok": 0, "failed": 0, "errors": 0, "audio": 0}
     chunk = audio_chunk(chunk_ms, binary)
-    before = scrape(addr)
-    t0, cpu0, own0 = time.perf_counter(), cpu_seconds(pid), time.process_time()
+    targets = [addr] if isinstance(addr, str) else addr
+    pids = [pid] if isinstance(pid, int) else pid
+    metrics_from = scrape_from or targets
+    before = scrape(metrics_from)
+    t0, own0 = time.perf_counter(), time.process_time()
+    cpu0 = sum(cpu_seconds(p) for p in pids)
     clients = []
-    for _ in range(n):  # ramp: ~200 connects per second
-        clients.append(asyncio.create_task(load_client(addr, seconds, chunk, chunk_ms, stats)))
+    for i in range(n):  # ramp: ~200 connects per second
+        target = targets[i % len(targets)]
+        clients.append(asyncio.create_task(load_client(target, seconds, chunk, chunk_ms, stats)))
         await asyncio.sleep(0.005)
     await asyncio.gather(*clients)
     wall = time.perf_counter() - t0
-    after = scrape(addr)
+    after = scrape(metrics_from)
+    server_cpu_s = sum(cpu_seconds(p) for p in pids) - cpu0
     return {
         "sessions": n,
         "p50_ms": quantile(before, after, 0.5) * 1000,
         "p99_ms": quantile(before, after, 0.99) * 1000,
         **stats,
-        "server_cpu_pct": round(100 * (cpu_seconds(pid) - cpu0) / wall, 1),
+        "server_cpu_pct": round(100 * server_cpu_s / wall, 1),
+        "server_cpu_ms_per_session_s": round(1000 * server_cpu_s / (n * seconds), 2),
         "client_cpu_pct": round(100 * (time.process_time() - own0) / wall, 1),
         "loadavg_1m": os.getloadavg()[0],
     }
+
+
+async def run_scaled(args: argparse.Namespace) -> dict[str, Any]:
+    """Capacity of ``serve --workers N`` (clients straight to the front ends, or through
+    HAProxy with ``--via-lb``): the largest step with p99 <= 10 ms and every client healthy."""
+    steps = [25, 50, 100, 150, 200, 300, 400] if args.quick else [50, 100, 150, 200, 300, 400, 600]
+    if args.sessions:
+        steps = [s for s in steps if s < args.sessions] + [args.sessions]
+    seconds = 3.0 if args.quick else 8.0
+    result: dict[str, Any] = {
+        "workers": args.workers,
+        "via_lb": args.via_lb,
+        "client_audio": "binary frames" if args.binary else "base64 JSON appends",
+        "chunk_ms": args.chunk_ms,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        config = write_config(Path(tmp), sum(steps) + 50)
+        with running_scaled(config, args.workers, args.via_lb) as (targets, fronts, pids):
+            table, best = [], 0
+            for n in steps:
+                row = await load_step(
+                    targets, pids, n, seconds, args.chunk_ms, args.binary, scrape_from=fronts
+                )
+                table.append(row)
+                print(
+                    f"  {n:4d} sessions: p99 {row['p99_ms']:.2f} ms, ok {row['ok']},"
+                    f" failed {row['failed']}, errors {row['errors']}; server cpu"
+                    f" {row['server_cpu_pct']}% ({row['server_cpu_ms_per_session_s']} ms per"
+                    f" session-second), client cpu {row['client_cpu_pct']}%,"
+                    f" load {row['loadavg_1m']:.2f}",
+                    flush=True,
+                )
+                if (
+                    row["failed"] == 0
+                    and row["errors"] == 0
+                    and row["ok"] == n
+                    and (row["p99_ms"] <= 10.0)
+                ):
+                    best = n
+                else:
+                    break
+    at = next((r for r in table if r["sessions"] == best), table[0])
+    result[f"max_sessions_realtime_w{args.workers}"] = best
+    result["cpu_ms_per_session_s"] = at["server_cpu_ms_per_session_s"]
+    result["load_steps"] = table
+    return result
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -393,7 +462,21 @@ def main() -> int:
     parser.add_argument(
         "--binary", action="store_true", help="send input audio as binary frames (raw PCM16)"
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="measure `serve --workers N` (engine process + N front ends) instead",
+    )
+    parser.add_argument("--via-lb", action="store_true", help="with --workers: through HAProxy")
     args = parser.parse_args()
+    if args.workers:
+        result = asyncio.run(run_scaled(args))
+        key = f"max_sessions_realtime_w{args.workers}"
+        print(f"{key} = {result[key]}; cpu_ms_per_session_s = {result['cpu_ms_per_session_s']}")
+        if args.json is not None:
+            args.json.write_text(json.dumps(result, indent=2))
+        return 0
     result = asyncio.run(run(args))
     print(f"barge-in stop latency p50 {result['bargein_ms_p50']:.2f} ms")
     print(f"barge-in stop latency p99 {result['bargein_ms_p99']:.2f} ms")

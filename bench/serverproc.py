@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -51,3 +52,59 @@ def running_server(
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def children(pid: int) -> list[int]:
+    """Direct child processes of ``pid`` (Linux /proc)."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+@contextlib.contextmanager
+def running_scaled(
+    config: Path, workers: int, via_lb: bool, ready_s: float = 120.0
+) -> Iterator[tuple[list[str], list[str], list[int]]]:
+    """``duplex-server serve --workers N`` (engine process + N front ends), and HAProxy in
+    front when ``via_lb``. Yields (addresses clients connect to, front-end addresses,
+    server pids: the engine's and the front ends')."""
+    first = free_port()
+    exe = Path(sys.executable).with_name("duplex-server")
+    cmd = [str(exe), "serve", "--config", str(config), "--port", str(first)]
+    cmd += ["--workers", str(workers), "--log-level", "warning"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    sup = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    fronts = [f"127.0.0.1:{first + i}" for i in range(workers)]
+    procs = [sup]
+    try:
+        deadline = time.monotonic() + ready_s
+        for addr in fronts:
+            while True:
+                if sup.poll() is not None:
+                    raise RuntimeError(f"serve --workers exited with {sup.returncode}")
+                with contextlib.suppress(OSError):
+                    with urllib.request.urlopen(f"http://{addr}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("front ends did not become ready")
+                time.sleep(0.2)
+        targets = fronts
+        if via_lb:
+            from duplex_server.scale import haproxy_config
+
+            lb_port = free_port()
+            cfg = Path(tempfile.mkdtemp(prefix="duplex-lb-")) / "haproxy.cfg"
+            hosts = [(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in fronts]
+            cfg.write_text(haproxy_config(hosts, f"127.0.0.1:{lb_port}"))
+            procs.append(subprocess.Popen(["haproxy", "-db", "-f", str(cfg)]))
+            targets = [f"127.0.0.1:{lb_port}"]
+            time.sleep(1.5)  # HAProxy's first health checks
+        yield targets, fronts, children(sup.pid)
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            p.wait(30)
