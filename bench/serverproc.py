@@ -22,6 +22,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], addrs: list[str], deadline: float) -> None:
+    """Wait until every address answers /health with 200 (the process must stay up)."""
+    for addr in addrs:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://{addr}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{addr} did not become ready")
+            time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def running_server(
     config: Path, ready_s: float = 180.0, quiet: bool = True
@@ -37,17 +52,7 @@ def running_server(
     )
     addr = f"127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + ready_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://{addr}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("server did not become ready")
+        wait_healthy(proc, [addr], time.monotonic() + ready_s)
         yield addr, proc.pid
     finally:
         proc.terminate()
@@ -79,18 +84,7 @@ def running_scaled(
     fronts = [f"127.0.0.1:{first + i}" for i in range(workers)]
     procs = [sup]
     try:
-        deadline = time.monotonic() + ready_s
-        for addr in fronts:
-            while True:
-                if sup.poll() is not None:
-                    raise RuntimeError(f"serve --workers exited with {sup.returncode}")
-                with contextlib.suppress(OSError):
-                    with urllib.request.urlopen(f"http://{addr}/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("front ends did not become ready")
-                time.sleep(0.2)
+        wait_healthy(sup, fronts, time.monotonic() + ready_s)
         targets = fronts
         if via_lb:
             from duplex_server.scale import haproxy_config

@@ -117,12 +117,12 @@ class _Job:
             pass
 
 
-def _option_error(exc: BaseException) -> ConfigError:
+def _option_error(exc: BaseException, field: str = FIELD) -> ConfigError:
     text = f"{type(exc).__name__}: {exc}".strip()
     for needle, option in _FIELD_HINTS:
         if needle in text:
-            return ConfigError(f"{FIELD}.{option}: vLLM refused it: {text}")
-    return ConfigError(f"{FIELD}: vLLM failed to start: {text}")
+            return ConfigError(f"{field}.{option}: vLLM refused it: {text}")
+    return ConfigError(f"{field}: vLLM failed to start: {text}")
 
 
 @contextlib.contextmanager
@@ -178,6 +178,7 @@ class VllmLlm:
         self.name = name
         self.device = device  # this replica's placement: auto, cpu or cuda:N
         self.stage = stage or name
+        self.field = f"engine.stages.{self.stage}.options"  # named in start-up errors
         self.restarts = 0
         self.model_path: str | None = None
         self.max_model_len = 0
@@ -212,7 +213,7 @@ class VllmLlm:
         except TimeoutError:
             await self.close()
             raise ConfigError(
-                f"{FIELD}.start_timeout_s: vLLM did not start within "
+                f"{self.field}.start_timeout_s: vLLM did not start within "
                 f"{self.options.start_timeout_s:.0f} s"
             ) from None
         except BaseException:
@@ -252,8 +253,9 @@ class VllmLlm:
             raise StageError(f"{self.name}: not started", code="stage_failed")
         return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._vloop))
 
-    async def _boot(self) -> None:
-        """Import vLLM, spawn the engine, warm it up (vLLM loop; blocks only its thread)."""
+    async def _start_engine(self, extra: dict[str, Any]) -> str:
+        """Import vLLM, check the platform, spawn the engine with the options plus ``extra``
+        engine arguments (vLLM loop). Returns the model path. Shared with the talker."""
         opts = self.options
         try:
             import vllm
@@ -262,13 +264,13 @@ class VllmLlm:
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:
             raise ConfigError(
-                f"engine.stages.llm.backend: vllm is not installed here ({exc}); "
+                f"engine.stages.{self.stage}.backend: vllm is not installed here ({exc}); "
                 "use the vLLM venv (`make install-vllm`) or a GPU install"
             ) from None
         platform = str(current_platform.device_type)
         if opts.device != "auto" and opts.device != platform:
             raise ConfigError(
-                f"{FIELD}.device: {opts.device!r} requested, but the installed vLLM "
+                f"{self.field}.device: {opts.device!r} requested, but the installed vLLM "
                 f"{vllm.__version__} runs on {platform!r}"
             )
         model = self._resolve_model()
@@ -285,6 +287,7 @@ class VllmLlm:
             "tensor_parallel_size": opts.tensor_parallel_size,
             "scheduling_policy": opts.scheduling_policy,
             "disable_log_stats": True,
+            **extra,
         }
         if opts.seed is not None:
             kwargs["seed"] = opts.seed
@@ -300,12 +303,17 @@ class VllmLlm:
             raise
         except Exception as exc:
             log.exception("%s: vLLM start-up failed", self.name)
-            raise _option_error(exc) from None
+            raise _option_error(exc, self.field) from None
         self._tokenizer = self._engine.get_tokenizer()
         self.max_model_len = int(self._engine.model_config.max_model_len)
+        return model
+
+    async def _boot(self) -> None:
+        """Spawn the engine and warm it up (vLLM loop; blocks only its thread)."""
+        model = await self._start_engine({})
         if getattr(self._tokenizer, "chat_template", None) is None:
-            raise ConfigError(f"{FIELD}.model: {model} has no chat template")
-        if opts.warmup:
+            raise ConfigError(f"{self.field}.model: {model} has no chat template")
+        if self.options.warmup:
             warm = LlmRequest(
                 request_id=f"{self.name}/warmup",
                 messages=(ChatMessage(role="user", content="Hi"),),
@@ -345,17 +353,20 @@ class VllmLlm:
 
                 path = prepare()
             except ConfigError as exc:
-                raise ConfigError(f"{FIELD}.model: default SmolLM2: {exc}") from None
+                raise ConfigError(f"{self.field}.model: default SmolLM2: {exc}") from None
             except Exception as exc:
                 log.exception("%s: preparing the default model failed", self.name)
-                raise ConfigError(f"{FIELD}.model: preparing the default SmolLM2: {exc}") from None
+                raise ConfigError(
+                    f"{self.field}.model: preparing the default SmolLM2: {exc}"
+                ) from None
             self.model_path = str(path)
             return self.model_path
         if _looks_like_path(model):
             path = Path(model).expanduser()
             if not (path / "config.json").is_file():
                 raise ConfigError(
-                    f"{FIELD}.model: {model} is not a Hugging Face model directory (no config.json)"
+                    f"{self.field}.model: {model} is not a Hugging Face model directory "
+                    "(no config.json)"
                 )
             model = str(path)
         self.model_path = model

@@ -411,27 +411,20 @@ class OpenAIStage:
             kind = resp.headers.get("content-type", "")
             if kind.startswith(("application/json", "text/")):
                 raise _Failure(f"expected audio/pcm, got {kind}", retry=False)
-            async for data in resp.aiter_bytes():
-                for piece in chunker.push(resampler.process(data)):
-                    emit(
-                        AudioOut(
-                            request_id=rid,
-                            pcm=piece,
-                            sample_rate=req.sample_rate,
-                            t_ns=time.monotonic_ns(),
+
+            def out(pieces: list[bytes]) -> None:
+                for piece in pieces:
+                    if piece:
+                        now = time.monotonic_ns()
+                        emit(
+                            AudioOut(
+                                request_id=rid, pcm=piece, sample_rate=req.sample_rate, t_ns=now
+                            )
                         )
-                    )
-        tail = resampler.flush()
-        for piece in [*chunker.push(tail), chunker.flush()]:
-            if piece:
-                emit(
-                    AudioOut(
-                        request_id=rid,
-                        pcm=piece,
-                        sample_rate=req.sample_rate,
-                        t_ns=time.monotonic_ns(),
-                    )
-                )
+
+            async for data in resp.aiter_bytes():
+                out(chunker.push(resampler.process(data)))
+            out([*chunker.push(resampler.flush()), chunker.flush()])
         emit(StageDone(request_id=rid))
 
 

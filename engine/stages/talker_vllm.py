@@ -45,8 +45,6 @@ from engine.stages.llm_vllm import (
     VllmLlm,
     VllmOptions,
     _Job,
-    _option_error,
-    _scoped_env,
 )
 
 log = logging.getLogger(__name__)
@@ -87,23 +85,12 @@ class VllmTalker(VllmLlm):
     ) -> None:
         super().__init__(options, name, device=device, stage=stage)
         self.topts = options
-        self.field = f"engine.stages.{self.stage}.options"
         try:
             self.layout: CodecLayout = get_layout(options.layout)
         except FrameError as exc:
             raise ConfigError(f"{self.field}.layout: {exc}") from None
 
     # ------------------------------------------------------------------ start-up
-    def _own_field(self, message: str) -> str:
-        """The text LM's messages name ``engine.stages.llm``; ours name this stage."""
-        return message.replace("engine.stages.llm.", f"engine.stages.{self.stage}.")
-
-    async def start(self) -> None:
-        try:
-            await super().start()
-        except ConfigError as exc:
-            raise ConfigError(self._own_field(exc.message)) from None
-
     def _resolve_model(self) -> str:
         if self.options.model is not None:
             return super()._resolve_model()
@@ -118,54 +105,8 @@ class VllmTalker(VllmLlm):
 
     async def _boot(self) -> None:
         opts = self.topts
-        try:
-            import vllm
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.platforms import current_platform
-            from vllm.v1.engine.async_llm import AsyncLLM
-        except ImportError as exc:
-            raise ConfigError(
-                f"engine.stages.{self.stage}.backend: vllm is not installed here ({exc}); "
-                "use the vLLM venv (`make install-vllm`) or a GPU install"
-            ) from None
-        platform = str(current_platform.device_type)
-        if opts.device != "auto" and opts.device != platform:
-            raise ConfigError(
-                f"{self.field}.device: {opts.device!r} requested, but the installed vLLM "
-                f"{vllm.__version__} runs on {platform!r}"
-            )
-        model = self._resolve_model()
-        kwargs: dict[str, Any] = {
-            "model": model,
-            "tokenizer": opts.tokenizer,
-            "dtype": opts.dtype,
-            "max_model_len": opts.max_model_len,
-            "gpu_memory_utilization": opts.gpu_memory_utilization,
-            "max_num_seqs": opts.max_num_seqs,
-            "max_num_batched_tokens": opts.max_num_batched_tokens,
-            "enforce_eager": opts.enforce_eager,
-            "enable_prefix_caching": opts.enable_prefix_caching,
-            "tensor_parallel_size": opts.tensor_parallel_size,
-            "scheduling_policy": opts.scheduling_policy,
-            "logits_processors": [LOGITS_PROCESSOR],
-            "disable_log_stats": True,
-        }
-        if opts.seed is not None:
-            kwargs["seed"] = opts.seed
-        if opts.kv_cache_memory_gib is not None:
-            kwargs["kv_cache_memory_bytes"] = int(opts.kv_cache_memory_gib * (1 << 30))
-        if opts.device_ids is not None:
-            kwargs["device_ids"] = list(opts.device_ids)
-        try:
-            with _scoped_env({**self._cpu_env(platform), **self._placement_env(platform)}):
-                self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
-        except ConfigError:
-            raise
-        except Exception as exc:
-            log.exception("%s: vLLM start-up failed", self.name)
-            raise _option_error(exc) from None
-        self._tokenizer = self._engine.get_tokenizer()
-        self.max_model_len = int(self._engine.model_config.max_model_len)
+        # the text LM's start-up, with the frame-constraining logits processor
+        model = await self._start_engine({"logits_processors": [LOGITS_PROCESSOR]})
         vocab = int(self._engine.model_config.get_vocab_size())
         if vocab < self.layout.audio_range.stop:
             raise ConfigError(
