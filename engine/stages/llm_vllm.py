@@ -500,17 +500,23 @@ class VllmLlm:
             job.out.put_nowait(last)
             job.out.put_nowait(_END)
 
-    async def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
+    def _producer(self, request: StageRequest, job: _Job) -> Coroutine[Any, Any, None]:
+        """The coroutine (run on the vLLM loop) that feeds ``job`` for ``request``; the
+        talker overrides it."""
         if not isinstance(request, LlmRequest):
             raise StageError(f"{self.name}: expected an LlmRequest, got {type(request).__name__}")
+        return self._produce(request, job)
+
+    async def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
         if self._closing or self._engine is None or self._vloop is None:
             raise StageError(f"{self.name}: not running", code="stage_failed")
         rid = request.request_id
         if rid in self._jobs:
             raise StageError(f"{self.name}: request id {rid} is already running")
         job = _Job(request_id=rid, loop=asyncio.get_running_loop())
+        coro = self._producer(request, job)
         self._jobs[rid] = job
-        task = asyncio.run_coroutine_threadsafe(self._produce(request, job), self._vloop)
+        task = asyncio.run_coroutine_threadsafe(coro, self._vloop)
         try:
             while True:
                 item = await job.out.get()

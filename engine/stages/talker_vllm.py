@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import Coroutine
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -38,7 +38,7 @@ import msgspec
 from engine.codec_layout import CodecLayout, FrameError, get_layout
 from engine.edges import Edge
 from engine.errors import ConfigError, StageError
-from engine.messages import StageDone, StageOutput, StageRequest, TokensOut, TtsRequest
+from engine.messages import StageDone, StageRequest, TokensOut, TtsRequest
 from engine.stages.llm_vllm import (
     _END,
     FinishReason,
@@ -216,33 +216,10 @@ class VllmTalker(VllmLlm):
         finally:
             job.deliver(_END)
 
-    async def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
+    def _producer(self, request: StageRequest, job: _Job) -> Coroutine[Any, Any, None]:
         if not isinstance(request, TtsRequest):
             raise StageError(f"{self.name}: expected a TtsRequest, got {type(request).__name__}")
-        if self._closing or self._engine is None or self._vloop is None:
-            raise StageError(f"{self.name}: not running", code="stage_failed")
-        rid = request.request_id
-        if rid in self._jobs:
-            raise StageError(f"{self.name}: request id {rid} is already running")
-        job = _Job(request_id=rid, loop=asyncio.get_running_loop())
-        self._jobs[rid] = job
-        task = asyncio.run_coroutine_threadsafe(self._speak(request, job), self._vloop)
-        try:
-            while True:
-                item = await job.out.get()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                if job.ended and not isinstance(item, StageDone):
-                    continue  # aborted: never forward another frame
-                yield item
-                if isinstance(item, StageDone):
-                    return
-        finally:
-            self._jobs.pop(rid, None)
-            if not task.done():
-                task.cancel()  # cancels engine.generate there, which aborts it in vLLM
+        return self._speak(request, job)
 
     async def engine_request_ids(self) -> list[str]:
         """The (external) ids of the requests vLLM itself still holds: what an abort must
