@@ -40,7 +40,8 @@ def talker_engine_config() -> object:
 
 def test_two_sessions_share_codec_decode_calls_and_speech_uses_the_route() -> None:
     async def main() -> None:
-        o = TestStageOptions(reply=REPLY, transcript="hi", token_interval_s=0.005)
+        # frames come at 50 ms per word, so both sessions stream at once for a while
+        o = TestStageOptions(reply=REPLY, transcript="hi", token_interval_s=0.05)
         codec = SnacCodec(CODEC, "codec")
         backends = {
             "asr": [TestStage(o, "asr")],
