@@ -55,9 +55,10 @@ CHUNK_MS = 40
 HIST = "duplex_chunk_overhead_seconds"
 
 
-def write_config(tmp: Path, max_sessions: int) -> Path:
+def write_config(tmp: Path, max_sessions: int, vad: str = "energy") -> Path:
     raw = yaml.safe_load((ROOT / "configs" / "test.yaml").read_text())
     raw["engine"]["stages"]["tts"]["options"] = {"realtime": True}
+    raw["engine"]["vad"] = {"backend": vad}
     raw["engine"]["duplex"] = {"max_sessions": max_sessions}
     raw["server"] = {}
     path = tmp / "bench.yaml"
@@ -366,11 +367,12 @@ async def run_scaled(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "workers": args.workers,
         "via_lb": args.via_lb,
+        "vad": args.vad,
         "client_audio": "binary frames" if args.binary else "base64 JSON appends",
         "chunk_ms": args.chunk_ms,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        config = write_config(Path(tmp), sum(steps) + 50)
+        config = write_config(Path(tmp), sum(steps) + 50, args.vad)
         with running_scaled(config, args.workers, args.via_lb) as (targets, fronts, pids):
             table, best = [], 0
             for n in steps:
@@ -409,7 +411,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         steps = [s for s in steps if s < args.sessions] + [args.sessions]
     with tempfile.TemporaryDirectory() as tmp:
         # sessions of a finished step may still hold their slot while the engine closes them
-        config = write_config(Path(tmp), sum(steps) + 50)
+        config = write_config(Path(tmp), sum(steps) + 50, args.vad)
         with running_server(config, ready_s=60) as (addr, pid):
             trials = [await one_bargein(addr) for _ in range(10 if quick else 40)]
             lat = sorted(t[0] for t in trials)
@@ -418,6 +420,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "bargein_ms_p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
                 "stale_bytes": sum(t[1] for t in trials),
                 "bargein_trials": len(trials),
+                "vad": args.vad,
                 "client_audio": "binary frames" if args.binary else "base64 JSON appends",
                 "chunk_ms": args.chunk_ms,
             }
@@ -469,6 +472,12 @@ def main() -> int:
         help="measure `serve --workers N` (engine process + N front ends) instead",
     )
     parser.add_argument("--via-lb", action="store_true", help="with --workers: through HAProxy")
+    parser.add_argument(
+        "--vad",
+        choices=["energy", "silero"],
+        default="energy",
+        help="server VAD: energy (an RMS level) or silero (the model the CPU default runs)",
+    )
     args = parser.parse_args()
     if args.workers:
         result = asyncio.run(run_scaled(args))

@@ -20,6 +20,7 @@ import uvicorn
 from duplex_server.app import create_app
 from duplex_server.config import ServerConfig, load_app_config
 from duplex_server.scale import haproxy_config, serve_workers
+from duplex_server.ws_protocol import BufferedReadsProtocol
 from engine.config import convert
 from engine.errors import ConfigError
 from engine.graph import build_graph
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        ws=BufferedReadsProtocol,
         ws_max_size=config.server.max_frame_bytes + 1024 * 1024,
         ws_ping_interval=20.0,
         ws_ping_timeout=20.0,

@@ -17,14 +17,24 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
 
 from duplex_contract.audio import INPUT_RATE, input_ms
 from duplex_server.protocol.codec import AudioFormat, g711_to_pcm16
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
 from engine.audio import StreamResampler
-from engine.stages.vad_silero import VadSegmenter, VadStream, make_vad
+from engine.stages.vad_silero import (
+    VadSegmenter,
+    VadStream,
+    VoiceActivityDetector,
+    make_vad,
+    probabilities,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +72,38 @@ class InputProcessor:
 
     def process(self, data: bytes, origin_ms: float) -> tuple[bytes, list[VadEvent]]:
         """Decode and resample ``data``; VAD times are offset by ``origin_ms``."""
+        pcm, chunks = self.prepare(data)
+        if self._vad is None:
+            return pcm, []
+        detector = self._vad.detector
+        return pcm, self.events([detector.probability(c) for c in chunks], origin_ms)
+
+    @property
+    def detector(self) -> VoiceActivityDetector | None:
+        return None if self._vad is None else self._vad.detector
+
+    def prepare(self, data: bytes) -> tuple[bytes, list[npt.NDArray[np.float32]]]:
+        """Decode and resample ``data``: the PCM16 16 kHz audio and the VAD chunks it
+        completes, to be scored (possibly batched with other sessions') and passed to
+        :meth:`events` in order."""
         if self.format.codec != "pcm16":
             data = g711_to_pcm16(data, self.format.codec)
         pcm = self._resampler.process(data)
         if self._vad is None or not pcm:
             return pcm, []
+        return pcm, self._vad.split(pcm)
+
+    def events(self, probs: list[float], origin_ms: float) -> list[VadEvent]:
+        """The VAD events of the prepared chunks' probabilities, offset by ``origin_ms``."""
+        if self._vad is None:
+            return []
         out: list[VadEvent] = []
         td = self.turn_detection
         assert td is not None
-        for v in self._vad.feed(pcm):
+        for p in probs:
+            v = self._vad.observe(p)
+            if v is None:
+                continue
             if v.kind == "speech_started":
                 onset = min(v.at_ms, v.audio_ms + td.prefix_padding_ms)
                 out.append(
@@ -82,7 +115,21 @@ class InputProcessor:
                 out.append(VadPause(at_ms=origin_ms + v.at_ms))
             else:
                 out.append(VadResume(at_ms=origin_ms + v.at_ms))
-        return pcm, out
+        return out
+
+
+@dataclass(slots=True)
+class _Step:
+    """One prepared piece of a lane's audio, between the two halves of a job."""
+
+    processor: InputProcessor
+    origin_ms: float
+    pcm: bytes
+    chunks: list[npt.NDArray[np.float32]]
+
+    @property
+    def detector(self) -> VoiceActivityDetector | None:
+        return self.processor.detector if self.chunks else None
 
 
 Processed = Callable[[bytes, list[VadEvent]], None]
@@ -169,8 +216,19 @@ class InputLane:
         return items
 
     def _work(self, items: list[bytes | _Config]) -> _Result:
-        """Worker thread: configure and process ``items`` in order."""
-        out: list[tuple[bytes, list[VadEvent]]] = []
+        """Worker thread: configure and process ``items`` in order (this lane alone)."""
+        staged = self._stage(items)
+        if isinstance(staged, BaseException):
+            return staged
+        try:
+            scores = probabilities([(d, step.chunks) for step in staged if (d := step.detector)])
+        except Exception as exc:
+            return exc
+        return self._finish(staged, scores)
+
+    def _stage(self, items: list[bytes | _Config]) -> list[_Step] | BaseException:
+        """Worker thread, first half: configure, decode, resample and cut VAD chunks."""
+        steps: list[_Step] = []
         try:
             for item in items:
                 if not isinstance(item, bytes):
@@ -180,10 +238,24 @@ class InputLane:
                 proc = self._processor
                 if proc is None:
                     continue  # no format configured yet: cannot interpret the bytes
-                pcm, vad = proc.process(item, self._origin_ms)
+                pcm, chunks = proc.prepare(item)
+                steps.append(_Step(proc, self._origin_ms, pcm, chunks))
                 self._fed_ms += input_ms(len(pcm))
-                out.append((pcm, vad))
         except Exception as exc:  # reported to this lane's session only
+            return exc
+        return steps
+
+    @staticmethod
+    def _finish(steps: list[_Step], scores: list[list[float]]) -> _Result:
+        """Worker thread, second half: the scored chunks -> VAD events, in order. ``scores``
+        holds one list per step that has a detector, in step order."""
+        out: list[tuple[bytes, list[VadEvent]]] = []
+        it = iter(scores)
+        try:
+            for step in steps:
+                probs = next(it) if step.detector is not None else []
+                out.append((step.pcm, step.processor.events(probs, step.origin_ms)))
+        except Exception as exc:
             return exc
         return out
 
@@ -211,7 +283,32 @@ def _deliver(lane: InputLane, result: _Result) -> None:
 
 
 def _run_jobs(jobs: list[tuple[InputLane, list[bytes | _Config]]]) -> list[_Result]:
-    return [lane._work(items) for lane, items in jobs]
+    """One worker-thread job for many lanes: their Silero chunks are scored together
+    (:func:`probabilities`: one onnxruntime call per round for all streams) instead of one
+    call per chunk per session."""
+    staged = [lane._stage(items) for lane, items in jobs]
+    work: list[tuple[VoiceActivityDetector, list[npt.NDArray[np.float32]]]] = []
+    for st in staged:
+        if not isinstance(st, BaseException):
+            work += [(d, step.chunks) for step in st if (d := step.detector) is not None]
+    try:
+        scores = probabilities(work)
+    except Exception:  # one bad stream must not fail the others: score each lane alone
+        log.exception("batched VAD failed; scoring each session alone")
+        return [
+            lane._work(items) if not isinstance(st, BaseException) else st
+            for (lane, items), st in zip(jobs, staged, strict=True)
+        ]
+    results: list[_Result] = []
+    pos = 0
+    for st in staged:
+        if isinstance(st, BaseException):
+            results.append(st)
+            continue
+        n = sum(1 for step in st if step.detector is not None)
+        results.append(InputLane._finish(st, scores[pos : pos + n]))
+        pos += n
+    return results
 
 
 class InputScheduler:

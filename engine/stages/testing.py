@@ -154,6 +154,7 @@ class TestStage:
         self.restarts = 0
         self.submitted: list[str] = []
         self._rng = np.random.default_rng(1234)
+        self._tones: dict[tuple[int, float], bytes] = {}
 
     async def start(self) -> None:
         if self.options.load_delay_s:
@@ -239,9 +240,24 @@ class TestStage:
         elif kind == "noise":
             data = (self._rng.standard_normal(n) * 3000).clip(-32000, 32000).astype(np.int16)
         else:
-            t = (np.arange(n) + offset) / rate
-            data = (np.sin(2 * math.pi * self.options.tone_hz * t) * 8000).astype(np.int16)
+            return self._tone(n, offset, rate)
         return data.tobytes()
+
+    def _tone(self, n: int, offset: int, rate: int) -> bytes:
+        """Samples ``offset .. offset + n`` of the tone. A whole-Hz tone repeats every second,
+        so it is sliced from a cached 2 s table: the benchmarks run hundreds of these streams,
+        and the test stage must not be their cost."""
+        hz = self.options.tone_hz
+        if n > rate or hz != int(hz):
+            t = (np.arange(n) + offset) / rate
+            return (np.sin(2 * math.pi * hz * t) * 8000).astype("<i2").tobytes()
+        table = self._tones.get((rate, hz))
+        if table is None:
+            t = np.arange(2 * rate) / rate
+            table = (np.sin(2 * math.pi * hz * t) * 8000).astype("<i2").tobytes()
+            self._tones[(rate, hz)] = table
+        start = 2 * (offset % rate)
+        return table[start : start + 2 * n]
 
     async def _tts(self, req: TtsRequest, cancelled: _Abort) -> AsyncIterator[StageOutput]:
         self._check_faults(req.text)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -49,18 +51,35 @@ def _check_chunk(chunk: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     return np.asarray(chunk, dtype=np.float32)
 
 
+_SESSIONS: dict[tuple[str, int], ort.InferenceSession] = {}
+_SESSIONS_LOCK = threading.Lock()
+
+
+def _silero_session(path: Path, threads: int) -> ort.InferenceSession:
+    """One onnxruntime session per model file, shared by every stream of the process: the
+    weights load once, and ``run`` is thread-safe (streams keep their own recurrent state)."""
+    key = (str(path), threads)
+    with _SESSIONS_LOCK:
+        session = _SESSIONS.get(key)
+        if session is None:
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+            opts.log_severity_level = 3
+            session = ort.InferenceSession(
+                str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+            )
+            _SESSIONS[key] = session
+        return session
+
+
 class SileroVad:
-    """Silero VAD v6 on onnxruntime (1 thread). One instance per audio stream."""
+    """Silero VAD v6 on onnxruntime (1 thread). One instance per audio stream; the ONNX
+    session is shared. :func:`silero_batch` runs one chunk of many streams in one call."""
 
     def __init__(self, model_path: Path | None = None, *, threads: int = 1) -> None:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
         path = model_path if model_path is not None else silero_vad_onnx()
-        self._session = ort.InferenceSession(
-            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        self._session = _silero_session(path, threads)
         self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
         self._state = np.zeros((2, 1, 128), dtype=np.float32)
         self._context = np.zeros((1, _CONTEXT), dtype=np.float32)
@@ -75,6 +94,68 @@ class SileroVad:
         self._state = np.asarray(state, dtype=np.float32)
         self._context = x[:, -_CONTEXT:]
         return float(np.asarray(out).reshape(-1)[0])
+
+
+def silero_batch(items: Sequence[tuple[SileroVad, npt.NDArray[np.float32]]]) -> list[float]:
+    """The next chunk of several streams in one onnxruntime call (batch = streams).
+
+    Same result as ``vad.probability(chunk)`` for each item (the model's rows are
+    independent), for a fraction of the cost: here one stream alone takes ~300 us per chunk,
+    50 streams batched ~80 us each. Each stream appears at most once; all share a session.
+    """
+    if not items:
+        return []
+    if len(items) == 1:
+        vad, chunk = items[0]
+        return [vad.probability(chunk)]
+    first = items[0][0]
+    if any(vad._session is not first._session for vad, _ in items):
+        raise ValueError("silero_batch: streams must share one model session")
+    x = np.empty((len(items), _CONTEXT + CHUNK_SAMPLES), dtype=np.float32)
+    state = np.empty((2, len(items), 128), dtype=np.float32)
+    for i, (vad, chunk) in enumerate(items):
+        x[i, :_CONTEXT] = vad._context[0]
+        x[i, _CONTEXT:] = _check_chunk(chunk)
+        state[:, i, :] = vad._state[:, 0, :]
+    out, new_state = first._session.run(None, {"input": x, "state": state, "sr": first._sr})
+    new_state = np.asarray(new_state, dtype=np.float32)
+    probs = np.asarray(out, dtype=np.float32).reshape(len(items), -1)[:, 0]
+    for i, (vad, _) in enumerate(items):
+        vad._state = new_state[:, i : i + 1, :].copy()
+        vad._context = x[i : i + 1, -_CONTEXT:].copy()
+    return [float(p) for p in probs]
+
+
+def probabilities(
+    work: Sequence[tuple[VoiceActivityDetector, Sequence[npt.NDArray[np.float32]]]],
+) -> list[list[float]]:
+    """Speech probabilities of many streams' chunks, Silero streams batched per round.
+
+    ``work`` pairs a stream's detector with its next chunks, in order; a detector may appear
+    in several entries (its chunks are scored in entry order). Round ``r`` runs the ``r``-th
+    chunk of every Silero stream that has one in one batched call (a stream's chunk ``r``
+    needs the state left by chunk ``r - 1``); other detectors score one chunk at a time.
+    """
+    out: list[list[float]] = [[] for _ in work]
+    streams: dict[int, list[int]] = {}  # detector -> its entries, in order
+    for i, (det, chunks) in enumerate(work):
+        if isinstance(det, SileroVad):
+            streams.setdefault(id(det), []).append(i)
+        else:
+            out[i] = [det.probability(c) for c in chunks]
+    groups: dict[int, list[tuple[SileroVad, list[tuple[int, npt.NDArray[np.float32]]]]]] = {}
+    for entries in streams.values():
+        vad = cast(SileroVad, work[entries[0]][0])
+        queue = [(i, c) for i in entries for c in work[i][1]]
+        groups.setdefault(id(vad._session), []).append((vad, queue))
+    for members in groups.values():
+        rounds = max(len(queue) for _, queue in members)
+        for r in range(rounds):
+            live = [(vad, queue[r]) for vad, queue in members if len(queue) > r]
+            probs = silero_batch([(vad, chunk) for vad, (_, chunk) in live])
+            for (_, (i, _)), p in zip(live, probs, strict=True):
+                out[i].append(p)
+    return out
 
 
 class EnergyVad:
@@ -95,7 +176,7 @@ class EnergyVad:
 
     def probability(self, chunk: npt.NDArray[np.float32]) -> float:
         x = _check_chunk(chunk)
-        rms = float(np.sqrt(np.mean(np.square(x, dtype=np.float64))))
+        rms = math.sqrt(float(np.dot(x, x)) / CHUNK_SAMPLES)  # one BLAS call, not three
         db = 20.0 * math.log10(max(rms, 1e-9))
         p = (db - self.floor_db) / (self.speech_db - self.floor_db)
         return min(1.0, max(0.0, p))
@@ -234,22 +315,33 @@ class VadStream:
         return self._origin_ms + self._samples / SAMPLE_RATE * 1000.0
 
     def feed(self, pcm: bytes) -> list[VadEvent]:
-        data = self._carry + pcm
-        cut = len(data) - len(data) % 2
-        self._carry = data[cut:]
-        audio = np.concatenate([self._pending, pcm16_to_float32(data[:cut])])
         events: list[VadEvent] = []
-        n_chunks = len(audio) // CHUNK_SAMPLES
-        for i in range(n_chunks):
-            chunk = audio[i * CHUNK_SAMPLES : (i + 1) * CHUNK_SAMPLES]
-            start = self.position_ms
-            self._samples += CHUNK_SAMPLES
-            self.last_probability = self.detector.probability(chunk)
-            event = self.segmenter.update(self.last_probability, start, self.position_ms)
+        for chunk in self.split(pcm):
+            event = self.observe(self.detector.probability(chunk))
             if event is not None:
                 events.append(event)
-        self._pending = audio[n_chunks * CHUNK_SAMPLES :].copy()
         return events
+
+    def split(self, pcm: bytes) -> list[npt.NDArray[np.float32]]:
+        """Buffer ``pcm``; return the whole 512-sample chunks now ready, in order. Each must
+        then be scored and passed to :meth:`observe`, in order (``feed`` does both; the
+        server scores many streams' chunks in one batch with :func:`probabilities`)."""
+        data = self._carry + pcm if self._carry else pcm
+        cut = len(data) - len(data) % 2
+        self._carry = data[cut:]
+        samples = pcm16_to_float32(data[:cut])
+        audio = np.concatenate([self._pending, samples]) if self._pending.size else samples
+        n_chunks = len(audio) // CHUNK_SAMPLES
+        chunks = [audio[i * CHUNK_SAMPLES : (i + 1) * CHUNK_SAMPLES] for i in range(n_chunks)]
+        self._pending = audio[n_chunks * CHUNK_SAMPLES :].copy()
+        return chunks
+
+    def observe(self, probability: float) -> VadEvent | None:
+        """The next chunk's speech probability: advance the clock, update the segmenter."""
+        start = self.position_ms
+        self._samples += CHUNK_SAMPLES
+        self.last_probability = probability
+        return self.segmenter.update(probability, start, self.position_ms)
 
     def finish(self) -> VadEvent | None:
         return self.segmenter.finish(self.position_ms)

@@ -141,3 +141,43 @@ def test_segmenter_pause_and_resume_inside_speech() -> None:
         "speech_stopped",
     ]
     assert events[1][1] == 160.0  # the pause is dated where the silence began
+
+
+@pytest.mark.models
+def test_batched_silero_scores_like_one_stream_at_a_time(beckett: bytes) -> None:
+    """Three streams at different offsets of a real recording: one onnxruntime call per
+    round gives each stream the probabilities it gets alone, and the same speech events."""
+    from engine.stages.vad_silero import probabilities
+
+    offsets = [0, 5000, 17000]  # samples: the streams are out of phase
+    alone, together = [], []
+    for off in offsets:
+        stream = VadStream(SileroVad(), VadSegmenter(prefix_padding_ms=0))
+        chunks = stream.split(beckett[2 * off :])
+        alone.append([stream.detector.probability(c) for c in chunks])
+    streams = [VadStream(SileroVad(), VadSegmenter(prefix_padding_ms=0)) for _ in offsets]
+    energy = VadStream(EnergyVad(), VadSegmenter())
+    pieces = [s.split(beckett[2 * off :]) for s, off in zip(streams, offsets, strict=True)]
+    # uneven work: each stream's chunks in two entries of the batch, plus a non-Silero stream
+    work: list[tuple[object, list[np.ndarray]]] = []
+    for s, p in zip(streams, pieces, strict=True):
+        work += [(s.detector, p[:40]), (s.detector, p[40:])]
+    work.append((energy.detector, energy.split(beckett[:32000])))
+    scores = probabilities(work)  # type: ignore[arg-type]
+    for k in range(len(offsets)):
+        together.append(scores[2 * k] + scores[2 * k + 1])
+        np.testing.assert_allclose(together[k], alone[k], atol=1e-5)
+    assert len(scores[-1]) == 16000 // CHUNK_SAMPLES  # 32000 bytes = 16000 samples
+    # same segments: the streams keep their own state across batched rounds
+    for s, probs in zip(streams, together, strict=True):
+        events = [e for p in probs if (e := s.observe(p)) is not None]
+        assert [e.kind for e in events][:2] == ["speech_started", "speech_stopped"]
+
+
+@pytest.mark.models
+def test_silero_streams_share_one_model_session() -> None:
+    a, b = SileroVad(), SileroVad()
+    assert a._session is b._session
+    chunk = np.zeros(CHUNK_SAMPLES, np.float32)
+    a.probability(chunk)
+    assert not np.array_equal(a._state, b._state)  # state is per stream
