@@ -31,6 +31,7 @@ CONTROL_CODES: Final = frozenset(
         "resource_exhausted",
         "nothing_to_cancel",
         "deadline_exceeded",
+        "item_not_found",
     }
 )
 #: codes a StageError carries.

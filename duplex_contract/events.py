@@ -66,6 +66,24 @@ class TextDelta(Msg, frozen=True, tag="text_delta"):
     text: str
 
 
+class FunctionCallDelta(Msg, frozen=True, tag="function_call_delta"):
+    """A piece of the arguments of the call ``call_id`` (the first carries ``name``)."""
+
+    fence: Fence
+    call_id: str
+    name: str
+    delta: str
+
+
+class FunctionCallDone(Msg, frozen=True, tag="function_call_done"):
+    """The call ``call_id`` is complete; ``arguments`` is JSON that matches the schema."""
+
+    fence: Fence
+    call_id: str
+    name: str
+    arguments: str
+
+
 class AudioChunk(Msg, frozen=True, tag="audio_chunk"):
     """Audio of one response; ``text`` is the mark: the characters this chunk speaks.
 
@@ -103,5 +121,12 @@ class SessionLifecycle(Msg, frozen=True, tag="lifecycle"):
 
 
 SessionEvent = (
-    UserTranscript | ResponseStarted | TextDelta | AudioChunk | ResponseDone | SessionLifecycle
+    UserTranscript
+    | ResponseStarted
+    | TextDelta
+    | FunctionCallDelta
+    | FunctionCallDone
+    | AudioChunk
+    | ResponseDone
+    | SessionLifecycle
 )

@@ -9,6 +9,15 @@ import msgspec
 from duplex_contract.audio import OUTPUT_RATE
 
 Modality = Literal["text", "audio"]
+ToolChoice = Literal["auto", "none", "required", "function"]
+
+
+class Tool(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A function the model may call; ``parameters`` is its JSON Schema as JSON text."""
+
+    name: str
+    description: str = ""
+    parameters: str = '{"type": "object"}'
 
 
 class SessionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -23,6 +32,9 @@ class SessionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_output_tokens: int | None = None
     temperature: float | None = None
     output_sample_rate: int = OUTPUT_RATE
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    tool_name: str | None = None  # tool_choice "function": the function to call
 
 
 class SessionUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -37,6 +49,9 @@ class SessionUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     output_modalities: tuple[Modality, ...] | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
+    tools: tuple[Tool, ...] | None = None
+    tool_choice: ToolChoice | None = None
+    tool_name: str | None = None
     settings: SessionSettings | None = None
 
     @classmethod

@@ -30,6 +30,7 @@ from duplex_contract.errors import EngineDeadError, EngineError
 from duplex_contract.events import AudioChunk, SessionEvent
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings, SessionUpdate
+from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.attach import Attachment, Journal, Outgoing, Stamper
 from duplex_server.metrics import Metrics
 from duplex_server.output import OutputEncoder
@@ -45,6 +46,7 @@ from duplex_server.protocol.commands import (
     CloseSocket,
     Commit,
     ConfigureInput,
+    DeleteItem,
     DropOutput,
     EngineCommand,
     ProcessAudio,
@@ -83,11 +85,24 @@ class EngineSessions(Protocol):
     async def resume(self, session_id: str, expected_lease_generation: int) -> ControlResult: ...
 
     async def append(
-        self, fence: Fence, lease_generation: int, *, audio: bytes = b"", text: str | None = None
+        self,
+        fence: Fence,
+        lease_generation: int,
+        *,
+        audio: bytes = b"",
+        text: str | None = None,
+        item_id: str | None = None,
+        tool_output: ToolOutput | None = None,
     ) -> ControlResult: ...
 
     async def commit(
-        self, fence: Fence, lease_generation: int, *, respond: bool = True
+        self,
+        fence: Fence,
+        lease_generation: int,
+        *,
+        respond: bool = True,
+        item_id: str | None = None,
+        response: ResponseOptions | None = None,
     ) -> ControlResult: ...
 
     async def signal(
@@ -98,6 +113,7 @@ class EngineSessions(Protocol):
         *,
         next_fence: Fence | None = None,
         update: SessionUpdate | None = None,
+        item: ItemRef | None = None,
     ) -> ControlResult: ...
 
     async def touch(
@@ -370,7 +386,7 @@ class LiveSession:
             return cmd
         parts = [cmd.audio]
         while isinstance(nxt := self._calls.peek(), Append):
-            if nxt.epoch != cmd.epoch or nxt.text is not None or not nxt.audio:
+            if nxt.epoch != cmd.epoch or nxt.text is not None or not nxt.audio or nxt.tool_output:
                 break
             self._calls.get_nowait()
             parts.append(nxt.audio)
@@ -386,9 +402,20 @@ class LiveSession:
             return None
         fence = core.fence_for(cmd.epoch)
         if isinstance(cmd, Append):
-            res = await eng.append(fence, gen, audio=cmd.audio, text=cmd.text)
+            res = await eng.append(
+                fence,
+                gen,
+                audio=cmd.audio,
+                text=cmd.text,
+                item_id=cmd.item_id,
+                tool_output=cmd.tool_output,
+            )
         elif isinstance(cmd, Commit):
-            res = await eng.commit(fence, gen, respond=cmd.respond)
+            res = await eng.commit(
+                fence, gen, respond=cmd.respond, item_id=cmd.item_id, response=cmd.response
+            )
+        elif isinstance(cmd, DeleteItem):
+            res = await eng.signal(fence, gen, "item.delete", item=cmd.item)
         elif isinstance(cmd, Cancel):
             nxt = Fence(fence.session_id, cmd.epoch + 1, fence.turn_id, fence.response_seq)
             res = await eng.signal(fence, gen, cmd.event, next_fence=nxt)

@@ -40,8 +40,10 @@ from engine.messages import (
     EngineRequest,
     Fence,
     GenerateRequest,
+    ItemRef,
     OpenCall,
     PlaybackMark,
+    ResponseOptions,
     ResumeCall,
     SessionConfig,
     SessionEvent,
@@ -50,6 +52,7 @@ from engine.messages import (
     ShutdownRequest,
     SignalCall,
     SignalEvent,
+    ToolOutput,
     TouchCall,
 )
 from engine.orchestrator import Orchestrator
@@ -311,6 +314,8 @@ class AsyncEngine:
         seq: int | None = None,
         operation_id: str | None = None,
         expected_epoch: int | None = None,
+        item_id: str | None = None,
+        tool_output: ToolOutput | None = None,
     ) -> ControlResult:
         return await self.call(
             AppendCall(
@@ -321,6 +326,8 @@ class AsyncEngine:
                 seq=seq,
                 operation_id=operation_id,
                 expected_epoch=expected_epoch,
+                item_id=item_id,
+                tool_output=tool_output,
             )
         )
 
@@ -331,6 +338,8 @@ class AsyncEngine:
         *,
         respond: bool = True,
         operation_id: str | None = None,
+        item_id: str | None = None,
+        response: ResponseOptions | None = None,
     ) -> ControlResult:
         return await self.call(
             CommitCall(
@@ -338,6 +347,8 @@ class AsyncEngine:
                 lease_generation=lease_generation,
                 respond=respond,
                 operation_id=operation_id,
+                item_id=item_id,
+                response=response,
             )
         )
 
@@ -350,6 +361,7 @@ class AsyncEngine:
         next_fence: Fence | None = None,
         update: SessionUpdate | None = None,
         operation_id: str | None = None,
+        item: ItemRef | None = None,
     ) -> ControlResult:
         return await self.call(
             SignalCall(
@@ -359,6 +371,7 @@ class AsyncEngine:
                 next_fence=next_fence,
                 update=update,
                 operation_id=operation_id,
+                item=item,
             )
         )
 

@@ -16,6 +16,14 @@ Truncation (:meth:`ConversationHistory.truncate`)
     larger ``played_ms`` moves the cut forward), and a truncated turn never shows audio text
     past its cut, even if more chunks are appended afterwards.
 
+Tools and deletion
+    A response that called a function holds the call (:meth:`set_tool_call`), shown in the
+    prompt as the JSON object the model wrote; a function's result (:meth:`add_tool_output`)
+    is a user message ``<tool_response>...</tool_response>`` (the Hermes/Qwen convention;
+    over ``budget_chars // 2`` characters it is cut and marked). User and tool turns carry
+    the client's item id; :meth:`delete_item` and :meth:`delete_assistant` drop a turn so
+    the next prompt no longer contains it.
+
 Prompt (:meth:`ConversationHistory.messages`)
     The system message, then the turns in order, with contents stripped; empty turns (an
     assistant turn cancelled before any audio was heard) are dropped and consecutive messages
@@ -31,10 +39,12 @@ Prompt (:meth:`ConversationHistory.messages`)
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from duplex_contract.tools import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, ToolCall, ToolOutput
 from engine.messages import ChatMessage, ResponseStatus
 
 __all__ = ["ConversationHistory"]
@@ -54,9 +64,33 @@ class _Piece:
 class _UserTurn:
     turn_id: int
     text: str
+    item_id: str | None = None
 
     def content(self) -> str:
         return self.text
+
+
+@dataclass
+class _ToolTurn:
+    """A function's result (a user message in the prompt)."""
+
+    turn_id: int
+    output: ToolOutput
+    max_chars: int
+
+    @property
+    def item_id(self) -> str | None:
+        return self.output.item_id
+
+    @property
+    def text(self) -> str:
+        return self.content()
+
+    def content(self) -> str:
+        out = self.output.output
+        if len(out) > self.max_chars:
+            out = f"{out[: self.max_chars]} ...[{len(out) - self.max_chars} characters cut]"
+        return f"{TOOL_RESPONSE_OPEN}\n{out}\n{TOOL_RESPONSE_CLOSE}"
 
 
 @dataclass
@@ -67,8 +101,12 @@ class _AssistantTurn:
     produced_ms: float = 0.0
     heard_ms: float | None = None  # None: not truncated
     status: ResponseStatus | None = None
+    call: ToolCall | None = None
 
     def content(self) -> str:
+        if self.call is not None:
+            args = json.loads(self.call.arguments)
+            return json.dumps({"name": self.call.name, "arguments": args})
         if self.heard_ms is None:
             return "".join(p.text for p in self.pieces)
         heard = self.heard_ms + _EPS_MS
@@ -118,7 +156,7 @@ class ConversationHistory:
         if budget_chars < 1:
             raise ValueError(f"budget_chars must be >= 1, got {budget_chars}")
         self._budget = budget_chars
-        self._turns: list[_UserTurn | _AssistantTurn] = []
+        self._turns: list[_UserTurn | _ToolTurn | _AssistantTurn] = []
         self._assistant: dict[tuple[int, int], _AssistantTurn] = {}
 
     @property
@@ -130,10 +168,34 @@ class ConversationHistory:
         return len(self._turns)
 
     # ------------------------------------------------------------------------ recording
-    def add_user(self, text: str, turn_id: int) -> None:
+    def add_user(self, text: str, turn_id: int, item_id: str | None = None) -> None:
         """Record user input (final ASR text or text input) for ``turn_id``."""
-        self._turns.append(_UserTurn(turn_id, text))
+        self._turns.append(_UserTurn(turn_id, text, item_id))
         self._forget_unreachable()
+
+    def add_tool_output(self, output: ToolOutput, turn_id: int) -> None:
+        """Record a function's result (a ``function_call_output`` item)."""
+        self._turns.append(_ToolTurn(turn_id, output, max(1, self._budget // 2)))
+        self._forget_unreachable()
+
+    def set_tool_call(self, turn_id: int, response_seq: int, call: ToolCall) -> None:
+        """The response ``turn_id/response_seq`` is a call of a function."""
+        self._open_turn(turn_id, response_seq).call = call
+
+    def delete_item(self, item_id: str) -> bool:
+        """Drop the user or tool turns of ``item_id``; False if none is held."""
+        keep = [t for t in self._turns if isinstance(t, _AssistantTurn) or t.item_id != item_id]
+        found = len(keep) != len(self._turns)
+        self._turns = keep
+        return found
+
+    def delete_assistant(self, turn_id: int, response_seq: int) -> bool:
+        """Drop an assistant turn (message or call); False if it is not held."""
+        turn = self._assistant.pop((turn_id, response_seq), None)
+        if turn is None:
+            return False
+        self._turns.remove(turn)
+        return True
 
     def start_assistant(self, turn_id: int, response_seq: int) -> None:
         """Open an assistant turn; raises ValueError if it was already started."""
@@ -230,7 +292,7 @@ class ConversationHistory:
             content = turn.content().strip()
             if not content:
                 continue
-            role: Role = "user" if isinstance(turn, _UserTurn) else "assistant"
+            role: Role = "assistant" if isinstance(turn, _AssistantTurn) else "user"
             if merged and merged[-1][0] == role:
                 merged[-1] = (role, merged[-1][1] + _JOIN + content)
             else:
@@ -254,8 +316,8 @@ class ConversationHistory:
                         del self._assistant[(old.turn_id, old.response_seq)]
                 del self._turns[: i + 1]
                 return
-            if isinstance(turn, _UserTurn):
-                newer_user += len(turn.text.strip())
+            if not isinstance(turn, _AssistantTurn):
+                newer_user += len(turn.content().strip())
 
     def _get(self, turn_id: int, response_seq: int) -> _AssistantTurn:
         try:

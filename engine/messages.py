@@ -30,6 +30,11 @@ from duplex_contract.fence import Fence as Fence
 from duplex_contract.settings import Modality as Modality
 from duplex_contract.settings import SessionSettings as SessionSettings
 from duplex_contract.settings import SessionUpdate as SessionUpdate
+from duplex_contract.settings import Tool as Tool
+from duplex_contract.settings import ToolChoice as ToolChoice
+from duplex_contract.tools import ItemRef as ItemRef
+from duplex_contract.tools import ResponseOptions as ResponseOptions
+from duplex_contract.tools import ToolOutput as ToolOutput
 
 
 class Priority(IntEnum):
@@ -56,12 +61,18 @@ class AsrRequest(Msg, frozen=True, tag="asr"):
 
 
 class LlmRequest(Msg, frozen=True, tag="llm"):
+    """``tools`` (if any) may be called: under ``tool_required`` the output must be one call
+    ``{"name", "arguments"}`` of them, else it is either plain text (not starting with
+    ``{``) or one call. Backends constrain their decoding to that (duplex_contract.tools)."""
+
     request_id: str
     messages: tuple[ChatMessage, ...]
     max_tokens: int = 128
     temperature: float = 0.0
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
+    tools: tuple[Tool, ...] = ()
+    tool_required: bool = False
 
 
 class TtsRequest(Msg, frozen=True, tag="tts"):
@@ -153,6 +164,8 @@ class AppendCall(Msg, frozen=True, tag="append"):
     seq: int | None = None  # client append sequence: a resend after reconnect never duplicates
     operation_id: str | None = None
     expected_epoch: int | None = None
+    item_id: str | None = None  # the client's item this text belongs to
+    tool_output: ToolOutput | None = None  # a function_call_output item
 
 
 class CommitCall(Msg, frozen=True, tag="commit"):
@@ -160,6 +173,8 @@ class CommitCall(Msg, frozen=True, tag="commit"):
     lease_generation: int
     respond: bool = True
     operation_id: str | None = None
+    item_id: str | None = None  # the user audio item this commit closes
+    response: ResponseOptions | None = None  # overrides of the response (if respond)
 
 
 SignalEvent = Literal[
@@ -172,6 +187,8 @@ SignalEvent = Literal[
     "input.pause",
     # The user resumed speaking: drop the speculation.
     "input.resume",
+    # conversation.item.delete: drop ``item`` from the history
+    "item.delete",
 ]
 
 
@@ -182,6 +199,7 @@ class SignalCall(Msg, frozen=True, tag="signal"):
     next_fence: Fence | None = None
     update: SessionUpdate | None = None
     operation_id: str | None = None
+    item: ItemRef | None = None  # item.delete
 
 
 class PlaybackMark(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

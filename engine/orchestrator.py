@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import janus
 
+from duplex_contract.events import FunctionCallDelta, FunctionCallDone
+from duplex_contract.tools import (
+    ToolCall,
+    ToolCallError,
+    active_tools,
+    check_call,
+    tools_prompt,
+)
 from engine.admission import BatchAdmission
 from engine.batch_jobs import run_batch
 from engine.config import EngineConfig
@@ -32,6 +41,7 @@ from engine.messages import (
     AppendCall,
     AudioChunk,
     BatchOutput,
+    ChatMessage,
     CloseCall,
     ControlRequest,
     DetachRequest,
@@ -42,17 +52,20 @@ from engine.messages import (
     GenerateRequest,
     Priority,
     ResponseDone,
+    ResponseOptions,
     ResponseStarted,
     SessionEvent,
     SessionOutput,
     ShutdownRequest,
     SignalCall,
     TextDelta,
+    Tool,
     UserTranscript,
 )
 from engine.pipeline import Pipeline, SpokenChunk
 from engine.speculation import SpeculativeAsr
 from engine.stages.base import StageBackend, StagePool
+from engine.tool_calls import CallStream
 
 if TYPE_CHECKING:
     from engine.partials import PartialTranscriber
@@ -363,15 +376,21 @@ class Orchestrator:
     async def _run_turn(self, session: DuplexSession, job: TurnJob, runner: _Runner) -> None:
         assert self.pipeline is not None
         sid, fence = session.session_id, job.fence
-        prefix = fence.key()
+        history = session.history
         text = job.text
+        heard = ""
         if job.audio:
             assert self.speculation is not None
             heard = await self.speculation.transcript(fence, job.audio)
             self.emit(sid, UserTranscript(fence=fence, text=heard, final=True))
             text = f"{text} {heard}".strip()
-        if text:
-            session.history.add_user(text, fence.turn_id)
+        for item_id, part in job.items or ((None, job.text),):
+            if part.strip():
+                history.add_user(part, fence.turn_id, item_id)
+        for output in job.tool_outputs:
+            history.add_tool_output(output, fence.turn_id)
+        if heard:
+            history.add_user(heard, fence.turn_id, job.audio_item)
         job.heard = True
         if not job.respond:
             return
@@ -380,27 +399,66 @@ class Orchestrator:
         if job.audio and not text:
             self.emit(sid, ResponseDone(fence=fence, status="incomplete", reason="no_speech"))
             return
+        await self._respond(session, job)
+
+    async def _respond(self, session: DuplexSession, job: TurnJob) -> None:
+        """The response of ``job``: text and audio, or one function call."""
+        assert self.pipeline is not None
+        sid, fence = session.session_id, job.fence
+        prefix = fence.key()
         cfg = session.config
+        opts = job.response or ResponseOptions()
         history = session.history
+        record = opts.conversation != "none"  # out of band: the history is not written
         turn, resp = fence.turn_id, fence.response_seq
-        history.start_assistant(turn, resp)
-        want_text = "text" in cfg.output_modalities
-        want_audio = "audio" in cfg.output_modalities
-        route = self.route_of(sid)
+        modalities = opts.output_modalities or cfg.output_modalities
+        want_text = "text" in modalities
+        want_audio = "audio" in modalities
+        route = "voice" if want_audio else "text"
+        choice = opts.tool_choice or cfg.tool_choice
+        name = opts.tool_name if opts.tool_choice is not None else cfg.tool_name
+        tools = active_tools(opts.tools if opts.tools is not None else cfg.tools, choice, name)
+        required = bool(tools) and choice in ("required", "function")
+        instructions = opts.instructions or cfg.instructions or self.config.default_instructions
+        if tools:
+            instructions = f"{instructions}\n\n{tools_prompt(tools, required)}"
+        if opts.input is not None:
+            messages: tuple[ChatMessage, ...] = (
+                ChatMessage(role="system", content=instructions),
+                *(ChatMessage(role=m.role, content=m.content) for m in opts.input),
+            )
+        else:
+            messages = history.messages(instructions)
+        if record:
+            history.start_assistant(turn, resp)
+        calls = CallStream()
+        call_id = f"call_{secrets.token_hex(12)}"
 
         def on_text(delta: str) -> None:
             if not want_audio:
                 self.admission.leave_critical(prefix)
             if want_text:
                 self.emit(sid, TextDelta(fence=fence, text=delta))
-            if not want_audio:
+            if not want_audio and record:
                 history.append_assistant_text(turn, resp, delta)
+
+        def on_call(piece: str) -> None:
+            self.admission.leave_critical(prefix)
+            delta = calls.push(piece)
+            if delta:
+                self.emit(
+                    sid,
+                    FunctionCallDelta(
+                        fence=fence, call_id=call_id, name=calls.name or "", delta=delta
+                    ),
+                )
 
         def on_chunk(chunk: SpokenChunk) -> None:
             self.admission.leave_critical(prefix)
-            history.append_assistant(
-                turn, resp, chunk.mark, chunk.audio_start_ms, chunk.duration_ms
-            )
+            if record:
+                history.append_assistant(
+                    turn, resp, chunk.mark, chunk.audio_start_ms, chunk.duration_ms
+                )
             self.emit(
                 sid,
                 AudioChunk(
@@ -416,19 +474,35 @@ class Orchestrator:
 
         result = await self.pipeline.respond(
             prefix,
-            history.messages(cfg.instructions or self.config.default_instructions),
+            messages,
             route=route,
-            max_tokens=cfg.max_output_tokens or self.config.max_output_tokens,
-            temperature=cfg.temperature if cfg.temperature is not None else 0.0,
+            max_tokens=opts.max_output_tokens
+            or cfg.max_output_tokens
+            or self.config.max_output_tokens,
+            temperature=next(
+                (t for t in (opts.temperature, cfg.temperature) if t is not None), 0.0
+            ),
             voice=cfg.voice,
             sample_rate=cfg.output_sample_rate,
             session_id=sid,
             priority=Priority.REALTIME,
             on_text=on_text,
             on_chunk=on_chunk,
+            tools=tools,
+            tool_required=required,
+            on_call=on_call,
         )
-        history.finish_assistant(turn, resp, "completed")
         length = result.finish_reason == "length"
+        if result.call:
+            self._finish_call(session, job, calls, call_id, tools, record)
+            if record:
+                history.finish_assistant(turn, resp, "completed")
+            if length:
+                raise StageError(
+                    "the function call was cut at max_output_tokens", code="invalid_tool_call"
+                )
+        elif record:
+            history.finish_assistant(turn, resp, "completed")
         self.emit(
             sid,
             ResponseDone(
@@ -439,6 +513,40 @@ class Orchestrator:
                 audio_ms=result.audio_ms,
                 output_tokens=result.tokens,
             ),
+        )
+
+    def _finish_call(
+        self,
+        session: DuplexSession,
+        job: TurnJob,
+        calls: CallStream,
+        call_id: str,
+        tools: tuple[Tool, ...],
+        record: bool,
+    ) -> None:
+        """Validate the call the model wrote and announce it (or fail the response)."""
+        sid, fence = session.session_id, job.fence
+        try:
+            call = check_call(calls.text, tools)
+        except ToolCallError as exc:
+            raise StageError(str(exc), code="invalid_tool_call") from None
+        args = calls.arguments()
+        if args is None or calls.name != call.name:  # not the expected layout: send it whole
+            args = call.arguments
+            self.emit(
+                sid, FunctionCallDelta(fence=fence, call_id=call_id, name=call.name, delta=args)
+            )
+        else:
+            rest = calls.finish()
+            if rest:
+                self.emit(
+                    sid, FunctionCallDelta(fence=fence, call_id=call_id, name=call.name, delta=rest)
+                )
+        call = ToolCall(call_id=call_id, name=call.name, arguments=args)
+        if record:
+            session.history.set_tool_call(fence.turn_id, fence.response_seq, call)
+        self.emit(
+            sid, FunctionCallDone(fence=fence, call_id=call_id, name=call.name, arguments=args)
         )
 
     # ------------------------------------------------------------------ live partials

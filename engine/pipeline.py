@@ -44,6 +44,7 @@ from engine.messages import (
     StageRequest,
     TextOut,
     TokensRequest,
+    Tool,
     TranscriptOut,
     TtsRequest,
 )
@@ -67,6 +68,7 @@ class LlmResult:
     prompt_tokens: int = 0
     finish_reason: str = "stop"
     audio_ms: float = 0.0
+    call: bool = False  # ``text`` is a function call
 
 
 @dataclass(frozen=True)
@@ -299,8 +301,15 @@ class Pipeline:
         priority: Priority,
         on_text: Callable[[str], None],
         on_chunk: Callable[[SpokenChunk], None],
+        tools: tuple[Tool, ...] = (),
+        tool_required: bool = False,
+        on_call: Callable[[str], None] | None = None,
     ) -> LlmResult:
-        """Stream the responder's text to ``on_text`` and through the output stages."""
+        """Stream the responder's text to ``on_text`` and through the output stages.
+
+        With ``tools``, an output that opens with ``{`` (always, under ``tool_required``) is
+        a function call: its text goes to ``on_call`` only (``LlmResult.call``), never to the
+        output stages."""
         r = self.route(route)
         if r.responder is None:
             raise StageError(f"route {route!r} has no responder", code="route_unavailable")
@@ -329,15 +338,30 @@ class Pipeline:
             temperature=temperature,
             priority=priority,
             session_id=session_id,
+            tools=tools,
+            tool_required=tool_required,
         )
 
         def feed(chunks: list[Chunk]) -> None:
             for c in chunks:
                 first.put_nowait((c, c.text))
 
+        # None: not known yet whether the output is a call (the first non-space decides)
+        calling: bool | None = None if tools else False
+        held = ""
         try:
             async for out in self._run(r.responder, req, priority):
-                if isinstance(out, TextOut):
+                if isinstance(out, TextOut) and calling is None:
+                    held += out.text
+                    if not held.strip():
+                        continue
+                    calling = tool_required or held.lstrip().startswith("{")
+                    out = TextOut(request_id=out.request_id, text=held)
+                if isinstance(out, TextOut) and calling:
+                    parts.append(out.text)
+                    if on_call is not None:
+                        on_call(out.text)
+                elif isinstance(out, TextOut):
                     parts.append(out.text)
                     on_text(out.text)
                     if chunker is not None:
@@ -350,6 +374,7 @@ class Pipeline:
                 feed(chunker.flush())
             first.put_nowait(_END)
             result.text = "".join(parts)
+            result.call = bool(calling)
             if chain is not None:
                 result.audio_ms = await chain
         finally:

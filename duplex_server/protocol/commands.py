@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from duplex_contract.settings import SessionSettings
+from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import ServerEvent, TurnDetection
 
@@ -22,6 +23,8 @@ class Append:
     audio: bytes = b""
     text: str | None = None
     event_id: str | None = None
+    item_id: str | None = None  # the text item (or tool output item) this is
+    tool_output: ToolOutput | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,16 @@ class Commit:
     respond: bool
     event_id: str | None = None
     item_id: str | None = None  # the user audio item this commit closes
+    response: ResponseOptions | None = None  # overrides of the response it asks for
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteItem:
+    """``conversation.item.delete``: the engine drops the item from its history."""
+
+    epoch: int
+    item: ItemRef
+    event_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +90,7 @@ class Speculate:
     event_id: str | None = None
 
 
-EngineCommand = Append | Commit | Cancel | Update | Touch | CloseSession | Speculate
+EngineCommand = Append | Commit | Cancel | Update | Touch | CloseSession | Speculate | DeleteItem
 
 
 # ---------------------------------------------------------------------------- local actions

@@ -9,7 +9,8 @@ import msgspec
 from msgspec import UnsetType
 
 from duplex_contract.audio import OUTPUT_RATE
-from duplex_contract.settings import SessionSettings
+from duplex_contract.settings import SessionSettings, Tool, ToolChoice
+from duplex_contract.tools import check_schema
 from duplex_server.protocol.codec import PCM16_24K, AudioFormat, parse_format
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.events import (
@@ -18,8 +19,14 @@ from duplex_server.protocol.events import (
     AudioInputOut,
     AudioOutputOut,
     Modality,
+    NoiseReductionOut,
     SessionObj,
     SessionParam,
+    ToolChoiceFunction,
+    ToolChoiceObj,
+    ToolChoiceParam,
+    ToolObj,
+    ToolParam,
     TurnDetection,
     TurnDetectionParam,
 )
@@ -43,6 +50,11 @@ class EffectiveSession:
     temperature: float | None = None
     event_names: Literal["ga", "beta"] = "ga"
     model: str = "duplex"
+    session_type: Literal["realtime", "transcription"] = "realtime"
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    tool_name: str | None = None
+    noise_reduction: Literal["near_field", "far_field"] | None = None
     #: the rate the engine speaks at (server config ``engine.output_sample_rate``; the
     #: output encoder converts it to ``output_format``); not on the wire
     output_rate: int = OUTPUT_RATE
@@ -56,7 +68,16 @@ class EffectiveSession:
             max_output_tokens=self.max_output_tokens,
             temperature=self.temperature,
             output_sample_rate=self.output_rate,
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            tool_name=self.tool_name,
         )
+
+    @property
+    def create_response(self) -> bool:
+        """Does a VAD commit create a response (never in a transcription session)?"""
+        td = self.turn_detection
+        return self.session_type == "realtime" and td is not None and td.create_response
 
     def to_wire(self, session_id: str) -> SessionObj:
         return SessionObj(
@@ -66,7 +87,13 @@ class EffectiveSession:
             output_modalities=list(self.output_modalities),
             audio=AudioConfigOut(
                 input=AudioInputOut(
-                    format=self.input_format.to_wire(), turn_detection=self.turn_detection
+                    format=self.input_format.to_wire(),
+                    turn_detection=self.turn_detection,
+                    noise_reduction=(
+                        None
+                        if self.noise_reduction is None
+                        else NoiseReductionOut(type=self.noise_reduction)
+                    ),
                 ),
                 output=AudioOutputOut(
                     format=self.output_format.to_wire(), voice=self.voice, speed=self.speed
@@ -75,7 +102,55 @@ class EffectiveSession:
             max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
             temperature=self.temperature,
             event_names=self.event_names,
+            type=self.session_type,
+            tools=[
+                ToolObj(
+                    name=t.name,
+                    description=t.description,
+                    parameters=msgspec.json.decode(t.parameters),
+                )
+                for t in self.tools
+            ],
+            tool_choice=(
+                ToolChoiceObj(name=self.tool_name or "")
+                if self.tool_choice == "function"
+                else self.tool_choice
+            ),
         )
+
+
+def parse_tools(params: list[ToolParam], field: str) -> tuple[Tool, ...]:
+    """Wire tools -> engine tools; refuses bad schemas and duplicate names."""
+    tools: list[Tool] = []
+    for i, t in enumerate(params):
+        if not t.name or any(x.name == t.name for x in tools):
+            raise ProtocolError(
+                "invalid_value",
+                f"tool name {t.name!r} is empty or repeated",
+                param=f"{field}.{i}.name",
+            )
+        schema = {"type": "object"} if isinstance(t.parameters, UnsetType) else t.parameters
+        problem = check_schema(schema)
+        if problem is not None:
+            raise ProtocolError("invalid_value", problem, param=f"{field}.{i}.parameters")
+        description = "" if isinstance(t.description, UnsetType) else t.description
+        tools.append(Tool(t.name, description, msgspec.json.encode(schema).decode()))
+    return tuple(tools)
+
+
+def parse_tool_choice(
+    choice: ToolChoiceParam, tools: tuple[Tool, ...], field: str
+) -> tuple[ToolChoice, str | None]:
+    """``tool_choice`` -> (choice, function name); a named function must be among ``tools``."""
+    if isinstance(choice, ToolChoiceFunction):
+        if not any(t.name == choice.name for t in tools):
+            raise ProtocolError(
+                "invalid_value",
+                f"tool_choice names an unknown function {choice.name!r}",
+                param=f"{field}.name",
+            )
+        return "function", choice.name
+    return choice, None
 
 
 def _pick(ga: T | UnsetType, beta: T | UnsetType) -> T | UnsetType:
@@ -180,4 +255,25 @@ def apply_patch(current: EffectiveSession, patch: SessionParam) -> EffectiveSess
         changes["temperature"] = patch.temperature
     if not isinstance(patch.event_names, UnsetType):
         changes["event_names"] = patch.event_names
+    if not isinstance(patch.type, UnsetType):
+        changes["session_type"] = patch.type
+    tools = current.tools
+    if not isinstance(patch.tools, UnsetType):
+        tools = changes["tools"] = parse_tools(patch.tools, "tools")
+    if not isinstance(patch.tool_choice, UnsetType):
+        changes["tool_choice"], changes["tool_name"] = parse_tool_choice(
+            patch.tool_choice, tools, "tool_choice"
+        )
+    elif current.tool_choice == "function" and not any(t.name == current.tool_name for t in tools):
+        raise ProtocolError(
+            "invalid_value",
+            f"tool_choice names {current.tool_name!r}, which the new tools lack",
+            param="tools",
+        )
+    nr = _pick(
+        audio_in.noise_reduction if audio_in is not None else msgspec.UNSET,
+        patch.input_audio_noise_reduction,
+    )
+    if not isinstance(nr, UnsetType):
+        changes["noise_reduction"] = None if nr is None else nr.type
     return replace(current, **changes)  # type: ignore[arg-type]

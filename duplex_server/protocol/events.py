@@ -51,10 +51,14 @@ class TurnDetectionParam(_Strict, frozen=True):
     uninterruptible_ms: int | UnsetType = UNSET
 
 
+class NoiseReductionParam(_Strict, frozen=True):
+    type: Literal["near_field", "far_field"]
+
+
 class AudioInputParam(_Strict, frozen=True):
     format: AudioFormatParam | UnsetType = UNSET
     transcription: Any = UNSET  # accepted; the engine's ASR always transcribes
-    noise_reduction: Any = UNSET  # accepted, ignored
+    noise_reduction: NoiseReductionParam | UnsetType | None = UNSET
     turn_detection: TurnDetectionParam | UnsetType | None = UNSET
 
 
@@ -69,6 +73,23 @@ class AudioParam(_Strict, frozen=True):
     output: AudioOutputParam | UnsetType = UNSET
 
 
+class ToolParam(_Strict, frozen=True):
+    """A function the model may call (``parameters``: a JSON Schema object)."""
+
+    name: str
+    type: Literal["function"] = "function"
+    description: str | UnsetType = UNSET
+    parameters: dict[str, Any] | UnsetType = UNSET
+
+
+class ToolChoiceFunction(_Strict, frozen=True):
+    name: str
+    type: Literal["function"] = "function"
+
+
+ToolChoiceParam = Literal["auto", "none", "required"] | ToolChoiceFunction
+
+
 class SessionParam(_Strict, frozen=True):
     """A partial session (``session.update``): omitted fields stay as they are.
 
@@ -76,15 +97,15 @@ class SessionParam(_Strict, frozen=True):
     given. Fields marked "accepted" are validated for type only and have no effect.
     """
 
-    type: Literal["realtime"] | UnsetType = UNSET
+    type: Literal["realtime", "transcription"] | UnsetType = UNSET
     model: str | UnsetType = UNSET
     instructions: str | UnsetType = UNSET
     output_modalities: list[Modality] | UnsetType = UNSET
     audio: AudioParam | UnsetType = UNSET
     max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
     temperature: float | UnsetType = UNSET
-    tools: list[Any] | UnsetType = UNSET  # accepted
-    tool_choice: Any = UNSET  # accepted
+    tools: list[ToolParam] | UnsetType = UNSET
+    tool_choice: ToolChoiceParam | UnsetType = UNSET
     parallel_tool_calls: bool | UnsetType = UNSET  # accepted
     tracing: Any = UNSET  # accepted
     truncation: Any = UNSET  # accepted
@@ -99,7 +120,7 @@ class SessionParam(_Strict, frozen=True):
     output_audio_format: BetaFormat | UnsetType = UNSET
     turn_detection: TurnDetectionParam | UnsetType | None = UNSET
     input_audio_transcription: Any = UNSET  # accepted
-    input_audio_noise_reduction: Any = UNSET  # accepted
+    input_audio_noise_reduction: NoiseReductionParam | UnsetType | None = UNSET
     max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET
     # duplex extension: event names this session's server events use
     event_names: Literal["ga", "beta"] | UnsetType = UNSET
@@ -113,12 +134,18 @@ class ContentPartParam(_Strict, frozen=True):
 
 
 class ItemParam(_Strict, frozen=True):
-    type: Literal["message"] = "message"
+    """A message, or a function's result (``function_call_output{call_id, output}``)."""
+
+    type: Literal["message", "function_call", "function_call_output", "item_reference"] = "message"
     role: Literal["user", "system", "assistant"] = "user"
     content: list[ContentPartParam] = []
     id: str | UnsetType = UNSET
     object: Literal["realtime.item"] | UnsetType = UNSET
     status: str | UnsetType = UNSET
+    call_id: str | UnsetType = UNSET
+    output: str | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
 
 
 class ResponseParam(_Strict, frozen=True):
@@ -133,9 +160,9 @@ class ResponseParam(_Strict, frozen=True):
     max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET  # beta
     temperature: float | UnsetType = UNSET
     metadata: dict[str, str] | UnsetType | None = UNSET
-    input: list[Any] | UnsetType = UNSET  # accepted: only the default conversation is used
-    tools: list[Any] | UnsetType = UNSET  # accepted
-    tool_choice: Any = UNSET  # accepted
+    input: list[ItemParam] | UnsetType = UNSET  # the prompt of an out-of-band response
+    tools: list[ToolParam] | UnsetType = UNSET
+    tool_choice: ToolChoiceParam | UnsetType = UNSET
     prompt: Any = UNSET  # accepted
 
 
@@ -248,11 +275,15 @@ class TurnDetection(msgspec.Struct, frozen=True):
     uninterruptible_ms: int = 0
 
 
+class NoiseReductionOut(msgspec.Struct, frozen=True):
+    type: Literal["near_field", "far_field"]
+
+
 class AudioInputOut(msgspec.Struct, frozen=True):
     format: AudioFormatOut
     turn_detection: TurnDetection | None
     transcription: None = None
-    noise_reduction: None = None
+    noise_reduction: NoiseReductionOut | None = None
 
 
 class AudioOutputOut(msgspec.Struct, frozen=True):
@@ -266,6 +297,18 @@ class AudioConfigOut(msgspec.Struct, frozen=True):
     output: AudioOutputOut
 
 
+class ToolObj(msgspec.Struct, frozen=True):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    type: Literal["function"] = "function"
+
+
+class ToolChoiceObj(msgspec.Struct, frozen=True):
+    name: str
+    type: Literal["function"] = "function"
+
+
 class SessionObj(msgspec.Struct, frozen=True):
     """The full effective session (``session.created`` / ``session.updated``)."""
 
@@ -276,10 +319,10 @@ class SessionObj(msgspec.Struct, frozen=True):
     audio: AudioConfigOut
     max_output_tokens: int | Literal["inf"]
     event_names: Literal["ga", "beta"]
-    type: Literal["realtime"] = "realtime"
+    type: Literal["realtime", "transcription"] = "realtime"
     object: Literal["realtime.session"] = "realtime.session"
-    tools: list[Any] = []
-    tool_choice: str = "auto"
+    tools: list[ToolObj] = []
+    tool_choice: str | ToolChoiceObj = "auto"
     temperature: float | None = None
 
 
@@ -302,13 +345,36 @@ class ContentPart(msgspec.Struct, frozen=True, omit_defaults=True):
     transcript: str | None = None
 
 
-class Item(msgspec.Struct, frozen=True):
+class Item(msgspec.Struct, frozen=True, tag_field="type", tag="message"):
     id: str
     role: Literal["user", "assistant", "system"]
     content: list[ContentPart]
     status: Literal["completed", "in_progress", "incomplete"] = "completed"
-    type: Literal["message"] = "message"
     object: Literal["realtime.item"] = "realtime.item"
+
+
+class FunctionCallItem(msgspec.Struct, frozen=True, tag_field="type", tag="function_call"):
+    """A call the model made; ``arguments`` is JSON text that matches the tool's schema."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["completed", "in_progress", "incomplete"] = "completed"
+    object: Literal["realtime.item"] = "realtime.item"
+
+
+class FunctionCallOutputItem(
+    msgspec.Struct, frozen=True, tag_field="type", tag="function_call_output"
+):
+    id: str
+    call_id: str
+    output: str
+    status: Literal["completed", "in_progress", "incomplete"] = "completed"
+    object: Literal["realtime.item"] = "realtime.item"
+
+
+AnyItem = Item | FunctionCallItem | FunctionCallOutputItem
 
 
 class StatusDetails(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -326,7 +392,7 @@ class Usage(msgspec.Struct, frozen=True):
 class ResponseObj(msgspec.Struct, frozen=True):
     id: str
     status: Literal["in_progress", "completed", "cancelled", "incomplete", "failed"]
-    output: list[Item]
+    output: list[AnyItem]
     output_modalities: list[Modality]
     status_details: StatusDetails | None = None
     usage: Usage | None = None
@@ -382,17 +448,17 @@ class InputCleared(ServerEvent, frozen=True, tag="input_audio_buffer.cleared"):
 
 
 class ItemAdded(ServerEvent, frozen=True, tag="conversation.item.added"):
-    item: Item
+    item: AnyItem
     previous_item_id: str | None = None
 
 
 class ItemDone(ServerEvent, frozen=True, tag="conversation.item.done"):
-    item: Item
+    item: AnyItem
     previous_item_id: str | None = None
 
 
 class ItemRetrieved(ServerEvent, frozen=True, tag="conversation.item.retrieved"):
-    item: Item
+    item: AnyItem
 
 
 class ItemTruncated(ServerEvent, frozen=True, tag="conversation.item.truncated"):
@@ -428,13 +494,13 @@ class ResponseCreated(ServerEvent, frozen=True, tag="response.created"):
 
 class OutputItemAdded(ServerEvent, frozen=True, tag="response.output_item.added"):
     response_id: str
-    item: Item
+    item: AnyItem
     output_index: int = 0
 
 
 class OutputItemDone(ServerEvent, frozen=True, tag="response.output_item.done"):
     response_id: str
-    item: Item
+    item: AnyItem
     output_index: int = 0
 
 
@@ -506,6 +572,35 @@ class TextDone(ServerEvent, frozen=True, tag="response.output_text.done"):
 
 class ResponseDone(ServerEvent, frozen=True, tag="response.done"):
     response: ResponseObj
+
+
+class FunctionCallArgumentsDelta(
+    ServerEvent, frozen=True, tag="response.function_call_arguments.delta"
+):
+    response_id: str
+    item_id: str
+    call_id: str
+    delta: str
+    output_index: int = 0
+
+
+class FunctionCallArgumentsDone(
+    ServerEvent, frozen=True, tag="response.function_call_arguments.done"
+):
+    response_id: str
+    item_id: str
+    call_id: str
+    name: str
+    arguments: str
+    output_index: int = 0
+
+
+class InputTimeoutTriggered(ServerEvent, frozen=True, tag="input_audio_buffer.timeout_triggered"):
+    """No speech for ``idle_timeout_ms`` after the last response (turn_detection)."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
 
 
 class OutputAudioCleared(ServerEvent, frozen=True, tag="output_audio_buffer.cleared"):
@@ -599,6 +694,9 @@ AnyServerEvent = (
     | TextDelta
     | TextDone
     | ResponseDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
+    | InputTimeoutTriggered
     | OutputAudioCleared
     | HeartbeatAck
     | PlaybackAcknowledged

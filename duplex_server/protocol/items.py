@@ -44,7 +44,11 @@ class Conversation:
         self._tag = session_id[5:17]
         self._n = 0
         self.last_item: str | None = None
-        self._items: OrderedDict[str, ev.Item] = OrderedDict()
+        self._items: OrderedDict[str, ev.AnyItem] = OrderedDict()
+        #: assistant items (messages and calls): (turn_id, response_seq) in the engine
+        self._turns: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        #: function calls the model made: call_id -> function name
+        self.calls: OrderedDict[str, str] = OrderedDict()
         #: assistant audio items: (turn_id, response_seq, audio sent in ms)
         self._assistant: OrderedDict[str, tuple[int, int, float]] = OrderedDict()
         self._pending: deque[str] = deque()  # committed audio items, commit unanswered
@@ -61,12 +65,42 @@ class Conversation:
         self.last_item = item_id
         return previous
 
-    def remember(self, item: ev.Item) -> None:
+    def remember(self, item: ev.AnyItem) -> None:
         self._items[item.id] = item
         _bound(self._items)
+        if isinstance(item, ev.FunctionCallItem) and item.status == "completed":
+            self.calls[item.call_id] = item.name
+            _bound(self.calls)
 
-    def get(self, item_id: str) -> ev.Item | None:
+    def get(self, item_id: str) -> ev.AnyItem | None:
         return self._items.get(item_id)
+
+    def assistant_turn(self, item_id: str, turn_id: int, response_seq: int) -> None:
+        self._turns[item_id] = (turn_id, response_seq)
+        _bound(self._turns)
+
+    def turn_of(self, item_id: str) -> tuple[int, int] | None:
+        """The engine turn of an assistant item (None: a user or tool item)."""
+        return self._turns.get(item_id)
+
+    def forget(self, item_id: str) -> None:
+        """``item_id`` was deleted."""
+        self._items.pop(item_id, None)
+        self._turns.pop(item_id, None)
+        self._assistant.pop(item_id, None)
+        if self.last_item == item_id:
+            self.last_item = next(reversed(self._items), None)
+
+    def tool_output(self, item_id: str | None, call_id: str, output: str) -> list[Action]:
+        """A ``function_call_output`` item the client created."""
+        item_id = item_id if item_id is not None else self.new_id("item")
+        previous = self.link(item_id)
+        item = ev.FunctionCallOutputItem(id=item_id, call_id=call_id, output=output)
+        self.remember(item)
+        return [
+            Send(ev.ItemAdded(item=item, previous_item_id=previous)),
+            Send(ev.ItemDone(item=item, previous_item_id=previous)),
+        ]
 
     # ------------------------------------------------------------------ user items
     def user_audio(self, item_id: str) -> list[Action]:
@@ -85,8 +119,7 @@ class Conversation:
             Send(ev.ItemAdded(item=item, previous_item_id=previous)),
         ]
 
-    def user_text(self, item_id: str | None, text: str) -> list[Action]:
-        item_id = item_id if item_id is not None else self.new_id("item")
+    def user_text(self, item_id: str, text: str) -> list[Action]:
         previous = self.link(item_id)
         item = ev.Item(
             id=item_id, role="user", content=[ev.ContentPart(type="input_text", text=text)]

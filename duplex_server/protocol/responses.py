@@ -9,10 +9,14 @@ builders emit *what* is sent, in the order OpenAI's Realtime API uses: ``respons
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+
+import msgspec
 
 from duplex_contract.events import AudioChunk
 from duplex_contract.fence import Fence
+from duplex_contract.tools import ResponseOptions
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import encode_audio_b64
 from duplex_server.protocol.commands import Action, Send
@@ -27,30 +31,100 @@ class Response:
     audio: bool
     audio_ms: float = 0.0
     parts: list[str] = field(default_factory=list)
+    #: tools may be called: the output item is announced with the first output, once it is
+    #: known to be a message or a function call
+    deferred: bool = False
+    opened: bool = False  # the message item was announced
+    oob: bool = False  # out of band (conversation "none"): not in the conversation
+    metadata: dict[str, str] | None = None
+    call: ev.FunctionCallItem | None = None  # the function call, once it began
+    call_args: list[str] = field(default_factory=list)
+    previous: str | None = None  # the item before this response's item
 
 
-def started_events(
-    resp: Response, modalities: list[ev.Modality], previous: str | None
-) -> list[Action]:
-    part = (
-        ev.ContentPart(type="output_audio", transcript="")
-        if resp.audio
-        else ev.ContentPart(type="output_text", text="")
-    )
-    item = ev.Item(id=resp.item_id, role="assistant", content=[], status="in_progress")
+@dataclass(frozen=True, slots=True)
+class Requested:
+    """A response.create (or VAD commit) that has not started yet."""
+
+    options: ResponseOptions | None = None
+    metadata: dict[str, str] | None = None
+
+
+def started_events(resp: Response, modalities: list[ev.Modality]) -> list[Action]:
     created = ev.ResponseObj(
         id=resp.id,
         status="in_progress",
         output=[],
         output_modalities=modalities,
         epoch=resp.fence.epoch,
+        metadata=resp.metadata,
+        conversation_id=None if resp.oob else "conv_default",
     )
-    return [
-        Send(ev.ResponseCreated(response=created)),
-        Send(ev.OutputItemAdded(response_id=resp.id, item=item)),
-        Send(ev.ItemAdded(item=item, previous_item_id=previous)),
-        Send(ev.ContentPartAdded(response_id=resp.id, item_id=resp.item_id, part=part)),
+    out: list[Action] = [Send(ev.ResponseCreated(response=created))]
+    if not resp.deferred:
+        out += message_events(resp)
+    return out
+
+
+def message_events(resp: Response) -> list[Action]:
+    """The assistant message item of ``resp`` begins."""
+    resp.opened = True
+    part = (
+        ev.ContentPart(type="output_audio", transcript="")
+        if resp.audio
+        else ev.ContentPart(type="output_text", text="")
+    )
+    item = ev.Item(id=resp.item_id, role="assistant", content=[], status="in_progress")
+    out: list[Action] = [Send(ev.OutputItemAdded(response_id=resp.id, item=item))]
+    if not resp.oob:
+        out.append(Send(ev.ItemAdded(item=item, previous_item_id=resp.previous)))
+    out.append(Send(ev.ContentPartAdded(response_id=resp.id, item_id=resp.item_id, part=part)))
+    return out
+
+
+def call_delta_events(resp: Response, call_id: str, name: str, delta: str) -> list[Action]:
+    """A piece of a function call's arguments (the first one announces the call item)."""
+    out: list[Action] = []
+    if resp.call is None:
+        resp.call = ev.FunctionCallItem(
+            id=resp.item_id, call_id=call_id, name=name, arguments="", status="in_progress"
+        )
+        out.append(Send(ev.OutputItemAdded(response_id=resp.id, item=resp.call)))
+        if not resp.oob:
+            out.append(Send(ev.ItemAdded(item=resp.call, previous_item_id=resp.previous)))
+    resp.call_args.append(delta)
+    out.append(
+        Send(
+            ev.FunctionCallArgumentsDelta(
+                response_id=resp.id, item_id=resp.item_id, call_id=call_id, delta=delta
+            )
+        )
+    )
+    return out
+
+
+def call_done_events(resp: Response, call_id: str, name: str, arguments: str) -> list[Action]:
+    """The call is complete: its arguments and the finished item."""
+    out: list[Action] = []
+    if resp.call is None:
+        out += call_delta_events(resp, call_id, name, arguments)
+    item = ev.FunctionCallItem(id=resp.item_id, call_id=call_id, name=name, arguments=arguments)
+    resp.call = item
+    out += [
+        Send(
+            ev.FunctionCallArgumentsDone(
+                response_id=resp.id,
+                item_id=resp.item_id,
+                call_id=call_id,
+                name=name,
+                arguments=arguments,
+            )
+        ),
+        Send(ev.OutputItemDone(response_id=resp.id, item=item)),
     ]
+    if not resp.oob:
+        out.append(Send(ev.ItemDone(item=item, previous_item_id=resp.previous)))
+    return out
 
 
 def audio_events(resp: Response, chunk: AudioChunk, data: bytes) -> list[Action]:
@@ -79,8 +153,35 @@ def finished_events(
     error: ev.ErrorDetail | None,
     tokens: int,
     modalities: list[ev.Modality],
-) -> tuple[ev.Item, list[Action]]:
-    """The finished assistant item and the events that close the response."""
+) -> tuple[ev.AnyItem | None, list[Action]]:
+    """The finished output item (None: there was none) and the events that close the
+    response."""
+    details = None
+    if status != "completed":
+        details = ev.StatusDetails(type=status, reason=reason, error=error)  # type: ignore[arg-type]
+    if not resp.opened:  # a function call, or nothing at all
+        call = resp.call
+        out: list[Action] = []
+        if call is not None and call.status != "completed":  # cut off mid-call
+            call = msgspec.structs.replace(
+                call, arguments="".join(resp.call_args), status="incomplete"
+            )
+            out.append(Send(ev.OutputItemDone(response_id=resp.id, item=call)))
+            if not resp.oob:
+                out.append(Send(ev.ItemDone(item=call, previous_item_id=resp.previous)))
+        done = ev.ResponseObj(
+            id=resp.id,
+            status=status,  # type: ignore[arg-type]
+            output=[] if call is None else [call],
+            output_modalities=modalities,
+            status_details=details,
+            usage=ev.Usage(total_tokens=tokens, output_tokens=tokens),
+            metadata=resp.metadata,
+            conversation_id=None if resp.oob else "conv_default",
+            epoch=resp.fence.epoch,
+        )
+        out.append(Send(ev.ResponseDone(response=done)))
+        return call, out
     text = "".join(resp.parts)
     if resp.audio:
         part = ev.ContentPart(type="output_audio", transcript=text)
@@ -89,7 +190,7 @@ def finished_events(
     item_status = "completed" if status == "completed" else "incomplete"
     item = ev.Item(id=resp.item_id, role="assistant", content=[part], status=item_status)  # type: ignore[arg-type]
     rid, iid = resp.id, resp.item_id
-    out: list[Action] = []
+    out = []
     if resp.audio:
         out += [
             Send(ev.AudioDone(response_id=rid, item_id=iid)),
@@ -97,9 +198,6 @@ def finished_events(
         ]
     else:
         out.append(Send(ev.TextDone(response_id=rid, item_id=iid, text=text)))
-    details = None
-    if status != "completed":
-        details = ev.StatusDetails(type=status, reason=reason, error=error)  # type: ignore[arg-type]
     done = ev.ResponseObj(
         id=rid,
         status=status,  # type: ignore[arg-type]
@@ -107,15 +205,18 @@ def finished_events(
         output_modalities=modalities,
         status_details=details,
         usage=ev.Usage(total_tokens=tokens, output_tokens=tokens),
+        metadata=resp.metadata,
+        conversation_id=None if resp.oob else "conv_default",
         epoch=resp.fence.epoch,
         audio_ms=resp.audio_ms,
     )
     out += [
         Send(ev.ContentPartDone(response_id=rid, item_id=iid, part=part)),
         Send(ev.OutputItemDone(response_id=rid, item=item)),
-        Send(ev.ItemDone(item=item)),
-        Send(ev.ResponseDone(response=done)),
     ]
+    if not resp.oob:
+        out.append(Send(ev.ItemDone(item=item)))
+    out.append(Send(ev.ResponseDone(response=done)))
     return item, out
 
 
@@ -124,30 +225,38 @@ class Responses:
 
     def __init__(self) -> None:
         self.current: Response | None = None
-        self.pending = 0  # commits with respond=True not started yet
+        self.queue: deque[Requested] = deque()  # requested responses not started yet
+
+    @property
+    def pending(self) -> int:
+        return len(self.queue)
 
     @property
     def active(self) -> bool:
-        return self.current is not None or self.pending > 0
+        return self.current is not None or bool(self.queue)
 
     @property
     def started_ms(self) -> float | None:
         return None if self.current is None else self.current.started_ms
 
-    def requested(self) -> None:
-        self.pending += 1
+    def requested(self, request: Requested | None = None) -> None:
+        self.queue.append(request or Requested())
 
     def request_failed(self) -> None:
-        self.pending = max(0, self.pending - 1)
+        if self.queue:
+            self.queue.pop()
+
+    def next_request(self) -> Requested:
+        """What the next response to start was requested with (it starts now)."""
+        return self.queue.popleft() if self.queue else Requested()
 
     def started(self, resp: Response) -> None:
         """``resp`` started (the caller finished any previous one first)."""
-        self.pending = max(0, self.pending - 1)
         self.current = resp
 
     def cancelled(self) -> Response | None:
         """Every requested response is dropped; returns the one in progress, if any."""
-        self.pending = 0
+        self.queue.clear()
         return self.current
 
     def ended(self) -> None:

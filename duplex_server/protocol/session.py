@@ -21,11 +21,15 @@ event, queued audio below the epoch is purged (:class:`PurgeAudio`), and the wri
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+from msgspec import UnsetType
 
 from duplex_contract.errors import ControlError
 from duplex_contract.events import (
     AudioChunk,
+    FunctionCallDelta,
+    FunctionCallDone,
     ResponseDone,
     ResponseStarted,
     SessionEvent,
@@ -34,6 +38,15 @@ from duplex_contract.events import (
     UserTranscript,
 )
 from duplex_contract.fence import Fence, resume_query
+from duplex_contract.tools import (
+    TOOL_RESPONSE_CLOSE,
+    TOOL_RESPONSE_OPEN,
+    InputMessage,
+    ItemRef,
+    ResponseOptions,
+    ToolOutput,
+    active_tools,
+)
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import AudioFormat, decode_audio_b64
 from duplex_server.protocol.commands import (
@@ -46,6 +59,7 @@ from duplex_server.protocol.commands import (
     CloseSocket,
     Commit,
     ConfigureInput,
+    DeleteItem,
     DropOutput,
     EngineCommand,
     ProcessAudio,
@@ -59,7 +73,12 @@ from duplex_server.protocol.commands import (
     Touch,
     Update,
 )
-from duplex_server.protocol.config import EffectiveSession, apply_patch
+from duplex_server.protocol.config import (
+    EffectiveSession,
+    apply_patch,
+    parse_tool_choice,
+    parse_tools,
+)
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
 from duplex_server.protocol.input import (
     AudioReady,
@@ -74,10 +93,14 @@ from duplex_server.protocol.input import (
 )
 from duplex_server.protocol.items import Conversation, user_text
 from duplex_server.protocol.responses import (
+    Requested,
     Response,
     Responses,
     audio_events,
+    call_delta_events,
+    call_done_events,
     finished_events,
+    message_events,
     started_events,
 )
 from duplex_server.protocol.resume import token_matches
@@ -119,6 +142,9 @@ class SessionCore:
         self._new_token = ""
         self.resuming = False  # a resume is waiting for the engine
         self.items = Conversation(session_id)
+        self.now_ms = 0.0  # the time of the latest input (for the idle timeout)
+        #: idle timeout: silence since (ms); None = not armed (fires once per silence)
+        self.idle_since_ms: float | None = None
         self.responses = Responses()
         self.input = InputTurns(lambda: self.items.new_id("item"))
 
@@ -249,6 +275,7 @@ class SessionCore:
         return out
 
     def _dispatch(self, e: ev.AnyClientEvent, now_ms: float) -> list[Action]:
+        self.now_ms = now_ms
         if isinstance(e, ev.InputAudioBufferAppend):
             data = decode_audio_b64(e.audio)
             return [ProcessAudio(data)] if data else []
@@ -261,13 +288,19 @@ class SessionCore:
         if isinstance(e, ev.ConversationItemCreate):
             return self._create_item(e)
         if isinstance(e, ev.ResponseCreate):
+            if self.config.session_type == "transcription":
+                raise ProtocolError(
+                    "invalid_state", "a transcription session has no responses", param="type"
+                )
             if self.responses.active:
                 raise ProtocolError(
                     "conversation_already_has_active_response",
                     "a response is in progress; cancel it first",
                 )
-            self.responses.requested()
-            return [Call(Commit(self.epoch, respond=True, event_id=e.event_id))]
+            options, metadata = self._response_options(e.response)
+            self.responses.requested(Requested(options, metadata))
+            commit = Commit(self.epoch, respond=True, event_id=e.event_id, response=options)
+            return [Call(commit)]
         if isinstance(e, ev.ResponseCancel):
             current = self.responses.current
             if not self.responses.active or (
@@ -299,9 +332,7 @@ class SessionCore:
                 raise ProtocolError("item_not_found", f"no item {e.item_id}", param="item_id")
             return [Send(ev.ItemRetrieved(item=item))]
         if isinstance(e, ev.ConversationItemDelete):
-            raise ProtocolError(
-                "unsupported", "items cannot be deleted from the engine's history", param="item_id"
-            )
+            return self._delete_item(e.item_id, e.event_id)
         if isinstance(e, ev.SessionHeartbeat):
             return [Call(Touch(self.epoch, "heartbeat")), Send(ev.HeartbeatAck())]
         if isinstance(e, ev.SessionEventAck):
@@ -367,13 +398,130 @@ class SessionCore:
         return out
 
     def _create_item(self, e: ev.ConversationItemCreate) -> list[Action]:
+        item_id = e.item.id if isinstance(e.item.id, str) else None
+        if item_id is not None and self.items.get(item_id) is not None:
+            raise ProtocolError("invalid_value", f"item {item_id} exists", param="item.id")
+        if e.item.type == "function_call_output":
+            return self._tool_output(e.item, item_id, e.event_id)
+        if e.item.type != "message":
+            raise ProtocolError(
+                "unsupported",
+                "items of this type cannot be created (message, function_call_output)",
+                param="item.type",
+            )
         text = user_text(e.item)  # raises ProtocolError for what cannot be created
         self.input.uncommitted_text = True
-        item_id = e.item.id if isinstance(e.item.id, str) else None
+        item_id = item_id if item_id is not None else self.items.new_id("item")
         return [
-            Call(Append(self.epoch, text=text, event_id=e.event_id)),
+            Call(Append(self.epoch, text=text, event_id=e.event_id, item_id=item_id)),
             *self.items.user_text(item_id, text),
         ]
+
+    def _tool_output(
+        self, item: ev.ItemParam, item_id: str | None, event_id: str | None
+    ) -> list[Action]:
+        """A function's result: into the engine's history with the next commit."""
+        if not isinstance(item.call_id, str):
+            raise ProtocolError("invalid_event", "call_id is required", param="item.call_id")
+        if not isinstance(item.output, str):
+            raise ProtocolError("invalid_event", "output is required", param="item.output")
+        name = self.items.calls.get(item.call_id)
+        if name is None:
+            raise ProtocolError(
+                "invalid_value",
+                f"no function call {item.call_id} in this conversation",
+                param="item.call_id",
+            )
+        item_id = item_id if item_id is not None else self.items.new_id("item")
+        self.input.uncommitted_text = True
+        output = ToolOutput(call_id=item.call_id, name=name, output=item.output, item_id=item_id)
+        return [
+            Call(Append(self.epoch, event_id=event_id, item_id=item_id, tool_output=output)),
+            *self.items.tool_output(item_id, item.call_id, item.output),
+        ]
+
+    def _delete_item(self, item_id: str, event_id: str | None) -> list[Action]:
+        item = self.items.get(item_id)
+        if item is None:
+            raise ProtocolError("item_not_found", f"no item {item_id}", param="item_id")
+        current = self.responses.current
+        if current is not None and current.item_id == item_id:
+            raise ProtocolError(
+                "invalid_state",
+                "the item of the response in progress cannot be deleted (cancel it first)",
+                param="item_id",
+            )
+        turn = self.items.turn_of(item_id)
+        ref = (
+            ItemRef(item_id=item_id)
+            if turn is None
+            else ItemRef(turn_id=turn[0], response_seq=turn[1])
+        )
+        self.items.forget(item_id)
+        return [
+            Call(DeleteItem(self.epoch, ref, event_id=event_id)),
+            Send(ev.ItemDeleted(item_id=item_id)),
+        ]
+
+    def _response_options(
+        self, param: ev.ResponseParam | None
+    ) -> tuple[ResponseOptions | None, dict[str, str] | None]:
+        """A response.create's overrides (validated; nothing is changed on error)."""
+        if param is None:
+            return None, None
+        conversation = param.conversation
+        if isinstance(conversation, str) and conversation not in ("auto", "none"):
+            raise ProtocolError(
+                "unsupported",
+                "conversation must be 'auto' or 'none'",
+                param="response.conversation",
+            )
+        modalities = param.output_modalities
+        if isinstance(modalities, UnsetType):
+            modalities = param.modalities
+        mods: tuple[ev.Modality, ...] | None = None
+        if not isinstance(modalities, UnsetType):
+            if not modalities:
+                raise ProtocolError(
+                    "invalid_value",
+                    "output_modalities is empty",
+                    param="response.output_modalities",
+                )
+            mods = ("audio",) if "audio" in modalities else ("text",)
+        max_tokens = param.max_output_tokens
+        if isinstance(max_tokens, UnsetType):
+            max_tokens = param.max_response_output_tokens
+        if isinstance(max_tokens, int) and max_tokens < 1:
+            raise ProtocolError(
+                "invalid_value",
+                "max_output_tokens must be >= 1",
+                param="response.max_output_tokens",
+            )
+        tools = None
+        if not isinstance(param.tools, UnsetType):
+            tools = parse_tools(param.tools, "response.tools")
+        choice, name = None, None
+        if not isinstance(param.tool_choice, UnsetType):
+            offered = tools if tools is not None else self.config.tools
+            choice, name = parse_tool_choice(param.tool_choice, offered, "response.tool_choice")
+        messages = None
+        if not isinstance(param.input, UnsetType):
+            messages = tuple(
+                _input_message(item, i, self.items.calls) for i, item in enumerate(param.input)
+            )
+        options = ResponseOptions(
+            instructions=None if isinstance(param.instructions, UnsetType) else param.instructions,
+            output_modalities=mods,
+            max_output_tokens=max_tokens if isinstance(max_tokens, int) else None,
+            temperature=None if isinstance(param.temperature, UnsetType) else param.temperature,
+            tools=tools,
+            tool_choice=choice,
+            tool_name=name,
+            conversation="none" if conversation == "none" else "auto",
+            input=messages,
+        )
+        metadata = None if isinstance(param.metadata, UnsetType) else param.metadata
+        return options, metadata
 
     def _truncate(
         self, item_id: str, played_ms: float, event_id: str | None, *, truncate: bool
@@ -439,15 +587,47 @@ class SessionCore:
         """One processed chunk (engine input rate) and the VAD decisions it produced."""
         if self.closed:
             return []
-        return self._steps(self.input.on_audio(pcm, vad, self.config.turn_detection), now_ms)
+        self.now_ms = now_ms
+        out = self._steps(self.input.on_audio(pcm, vad, self.config.turn_detection), now_ms)
+        return out + self._idle_check(now_ms)
+
+    def _idle_check(self, now_ms: float) -> list[Action]:
+        """``idle_timeout_ms`` of silence after a response (and its audio): tell the client
+        and prompt the user with a response; once per silence."""
+        td = self.config.turn_detection
+        since = self.idle_since_ms
+        if (
+            td is None
+            or td.idle_timeout_ms is None
+            or since is None
+            or self.responses.active
+            or self.input.speech_item is not None
+            or now_ms - since < td.idle_timeout_ms
+            or self.config.session_type != "realtime"
+        ):
+            return []
+        self.idle_since_ms = None
+        end = int(self.input.input_ms)
+        start = max(0, end - int(now_ms - since))
+        item_id = self.items.new_id("item")
+        note = (
+            "The user has said nothing for a while. Ask them briefly whether they are still there."
+        )
+        instructions = f"{self.config.instructions}\n\n{note}".strip()
+        options = ResponseOptions(instructions=instructions, tool_choice="none")
+        self.responses.requested(Requested(options))
+        return [
+            Send(ev.InputTimeoutTriggered(audio_start_ms=start, audio_end_ms=end, item_id=item_id)),
+            Call(Commit(self.epoch, respond=True, response=options)),
+        ]
 
     def _steps(self, steps: Sequence[TurnStep], now_ms: float) -> list[Action]:
         out: list[Action] = []
-        td = self.config.turn_detection
         for step in steps:
             if isinstance(step, AudioReady):
                 out.append(Call(Append(self.epoch, audio=step.pcm)))
             elif isinstance(step, SpeechBegan):
+                self.idle_since_ms = None  # the user speaks: no idle timeout this silence
                 start = int(step.audio_start_ms)
                 out.append(Send(ev.SpeechStarted(audio_start_ms=start, item_id=step.item_id)))
             elif isinstance(step, Speaking):
@@ -456,7 +636,7 @@ class SessionCore:
                 out += self._maybe_barge_in(now_ms, step.speech_ms)
                 end = int(step.audio_end_ms)
                 out.append(Send(ev.SpeechStopped(audio_end_ms=end, item_id=step.item_id)))
-                respond = td is not None and td.create_response
+                respond = self.config.create_response
                 out += self._commit_user_audio(step.item_id, respond=respond, event_id=None)
             elif isinstance(step, Paused):
                 out.append(Call(Speculate(self.epoch, "input.pause")))
@@ -466,6 +646,7 @@ class SessionCore:
 
     # ------------------------------------------------------------------ engine events
     def on_engine_event(self, event: SessionEvent, now_ms: float) -> list[Action]:
+        self.now_ms = now_ms
         if isinstance(event, SessionLifecycle):
             return self._lifecycle(event)
         if self.closed or event.fence.epoch < self.epoch:
@@ -480,8 +661,20 @@ class SessionCore:
             resp = self.responses.current
             if resp is None or resp.audio:
                 return []
+            out = [] if resp.opened else message_events(resp)
             resp.parts.append(event.text)
-            return [Send(ev.TextDelta(response_id=resp.id, item_id=resp.item_id, delta=event.text))]
+            delta = ev.TextDelta(response_id=resp.id, item_id=resp.item_id, delta=event.text)
+            return [*out, Send(delta)]
+        if isinstance(event, FunctionCallDelta):
+            resp = self.responses.matching(event.fence)
+            if resp is None or resp.opened:
+                return []
+            return call_delta_events(resp, event.call_id, event.name, event.delta)
+        if isinstance(event, FunctionCallDone):
+            resp = self.responses.matching(event.fence)
+            if resp is None or resp.opened:
+                return []
+            return call_done_events(resp, event.call_id, event.name, event.arguments)
         assert isinstance(event, ResponseDone)
         resp = self.responses.matching(event.fence)
         if resp is None:
@@ -510,27 +703,42 @@ class SessionCore:
         out: list[Action] = []
         if self.responses.current is not None:  # should not happen: close the old one first
             out += self._finish(self.responses.current, "incomplete", "superseded", None)
-        audio = "audio" in self.config.output_modalities
+        request = self.responses.next_request()
+        opts = request.options or ResponseOptions()
+        modalities = opts.output_modalities or self.config.output_modalities
+        audio = "audio" in modalities
+        cfg = self.config
+        choice = opts.tool_choice or cfg.tool_choice
+        name = opts.tool_name if opts.tool_choice is not None else cfg.tool_name
+        tools = active_tools(opts.tools if opts.tools is not None else cfg.tools, choice, name)
+        oob = opts.conversation == "none"
         resp = Response(
             id=self.items.new_id("resp"),
             item_id=self.items.new_id("item"),
             fence=fence,
             started_ms=now_ms,
             audio=audio,
+            deferred=bool(tools),
+            oob=oob,
+            metadata=request.metadata,
         )
         self.responses.started(resp)
-        if audio:
-            self.items.assistant_audio(resp.item_id, fence.turn_id, fence.response_seq, 0.0)
-        previous = self.items.link(resp.item_id)
-        out += started_events(resp, list(self.config.output_modalities), previous)
+        self.idle_since_ms = None
+        if not oob:
+            if audio:
+                self.items.assistant_audio(resp.item_id, fence.turn_id, fence.response_seq, 0.0)
+            self.items.assistant_turn(resp.item_id, fence.turn_id, fence.response_seq)
+            resp.previous = self.items.link(resp.item_id)
+        out += started_events(resp, list(modalities))
         return out
 
     def _audio(self, chunk: AudioChunk) -> list[Action]:
         resp = self.responses.matching(chunk.fence)
         if resp is None or not resp.audio:
             return []
+        out = [] if resp.opened else message_events(resp)
         data = self.encode_output(chunk.pcm, chunk.sample_rate, self.config.output_format)
-        return audio_events(resp, chunk, data)
+        return [*out, *audio_events(resp, chunk, data)]
 
     def _finish(
         self,
@@ -542,13 +750,15 @@ class SessionCore:
         tokens: int = 0,
     ) -> list[Action]:
         self.responses.ended()
-        if resp.audio:
+        if resp.audio and not resp.oob:
             f = resp.fence
             self.items.assistant_audio(resp.item_id, f.turn_id, f.response_seq, resp.audio_ms)
-        item, out = finished_events(
-            resp, status, reason, error, tokens, list(self.config.output_modalities)
-        )
-        self.items.remember(item)
+        modalities = ["audio"] if resp.audio else ["text"]
+        item, out = finished_events(resp, status, reason, error, tokens, modalities)  # type: ignore[arg-type]
+        if item is not None and not resp.oob:
+            self.items.remember(item)
+        # idle timeout: the silence is counted from the end of the reply's audio
+        self.idle_since_ms = self.now_ms + resp.audio_ms
         return out
 
     # ------------------------------------------------------------------ call results
@@ -577,3 +787,27 @@ class SessionCore:
         if isinstance(command, CloseSession):
             return []
         return self.error(exc, command.event_id)
+
+
+def _input_message(item: ev.ItemParam, i: int, calls: Mapping[str, str]) -> InputMessage:
+    """One item of an out-of-band response's ``input``."""
+    where = f"response.input.{i}"
+    if item.type == "function_call_output":
+        if not isinstance(item.call_id, str) or item.call_id not in calls:
+            raise ProtocolError("invalid_value", "unknown call_id", param=f"{where}.call_id")
+        output = item.output if isinstance(item.output, str) else ""
+        text = f"{TOOL_RESPONSE_OPEN}\n{output}\n{TOOL_RESPONSE_CLOSE}"
+        return InputMessage(role="user", content=text)
+    if item.type != "message":
+        raise ProtocolError(
+            "unsupported", "input items are messages or function_call_output", param=f"{where}.type"
+        )
+    texts: list[str] = []
+    for j, part in enumerate(item.content):
+        piece = part.text if isinstance(part.text, str) else part.transcript
+        if not isinstance(piece, str):
+            raise ProtocolError(
+                "unsupported", "input content must be text", param=f"{where}.content.{j}"
+            )
+        texts.append(piece)
+    return InputMessage(role=item.role, content=" ".join(t for t in texts if t))

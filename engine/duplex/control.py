@@ -12,6 +12,7 @@ under :attr:`DuplexControl.table_lock`, which every insert and removal also hold
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from engine.messages import (
     SessionLifecycle,
     SessionOutput,
     SignalCall,
+    ToolOutput,
     TouchCall,
 )
 
@@ -284,8 +286,8 @@ class DuplexControl:
                 "stale_fence",
                 f"expected epoch {call.expected_epoch}, current {session.fence.epoch}",
             )
-        if not call.audio and not (call.text and call.text.strip()):
-            raise _err("invalid_argument", "append needs audio or text")
+        if not call.audio and not (call.text and call.text.strip()) and call.tool_output is None:
+            raise _err("invalid_argument", "append needs audio, text or a tool output")
         if len(call.audio) % 2:
             raise _err("invalid_argument", "audio must be whole PCM16 samples (even byte count)")
         if call.audio and call.sample_rate != INPUT_RATE:
@@ -293,7 +295,8 @@ class DuplexControl:
         if call.seq is not None and session.last_seq is not None and call.seq <= session.last_seq:
             return self._ok(control_id, session, deduplicated=True)
         size = len(session.audio) + len(call.audio) + sum(map(len, session.text_parts))
-        size += len(call.text or "")
+        size += len(call.text or "") + sum(len(o.output) for o in session.tool_outputs)
+        size += len(call.tool_output.output) if call.tool_output is not None else 0
         if size > self.config.max_input_bytes:
             raise _err(
                 "input_backpressure",
@@ -304,6 +307,9 @@ class DuplexControl:
             effects.heard.append((session.session_id, call.audio))
         if call.text:
             session.text_parts.append(call.text)
+            session.text_items.append((call.item_id, call.text))
+        if call.tool_output is not None:
+            session.tool_outputs.append(call.tool_output)
         if call.seq is not None:
             session.last_seq = call.seq
         return self._ok(control_id, session)
@@ -311,15 +317,20 @@ class DuplexControl:
     def _commit(
         self, session: DuplexSession, call: CommitCall, control_id: int, effects: Effects
     ) -> ControlResult:
-        has_input = session.has_input()
+        oob = call.response is not None and call.response.conversation == "none"
+        has_input = session.has_input() and not oob  # out of band: the input stays
         if not has_input and not call.respond:
             raise _err("input_audio_buffer_empty", "nothing to commit: the input buffer is empty")
         if session.pending_turns() >= self.config.max_pending_turns:
             raise _err(
                 "input_backpressure", f"{self.config.max_pending_turns} turns are already pending"
             )
-        audio, text = session.take_input()
-        effects.input_reset.append(session.session_id)
+        audio, text = b"", ""
+        items: tuple[tuple[str | None, str], ...] = ()
+        tools: tuple[ToolOutput, ...] = ()
+        if not oob:
+            audio, text, items, tools = session.take_turn()
+            effects.input_reset.append(session.session_id)
         f = session.fence
         session.fence = Fence(
             f.session_id,
@@ -328,7 +339,16 @@ class DuplexControl:
             f.response_seq + (1 if call.respond else 0),
         )
         session.jobs.append(
-            TurnJob(fence=session.fence, audio=audio, text=text, respond=call.respond)
+            TurnJob(
+                fence=session.fence,
+                audio=audio,
+                text=text,
+                respond=call.respond,
+                items=items,
+                tool_outputs=tools,
+                audio_item=call.item_id if audio else None,
+                response=call.response if call.respond else None,
+            )
         )
         effects.start.append(session.session_id)
         return self._ok(control_id, session)
@@ -374,10 +394,35 @@ class DuplexControl:
         if call.event == "input.resume":
             effects.unspeculate.append(session.session_id)
             return self._ok(control_id, session)
+        if call.event == "item.delete":
+            return self._delete(session, call, control_id)
         upd = call.update
         if upd is None:
             raise _err("invalid_argument", "session.update needs update")
         session.config = upd.apply(session.config)
+        return self._ok(control_id, session)
+
+    def _delete(self, session: DuplexSession, call: SignalCall, control_id: int) -> ControlResult:
+        """Drop an item from the input or the history; the next prompt no longer has it.
+
+        A turn still queued or running keeps what it already took (its prompt was built or
+        is being built); later prompts do not show the item."""
+        ref = call.item
+        if ref is None:
+            raise _err("invalid_argument", "item.delete needs item")
+        found = False
+        if ref.item_id is not None:
+            found = session.drop_item(ref.item_id) or session.history.delete_item(ref.item_id)
+            for job in session.jobs:
+                if ref.item_id in (job.audio_item, *(i for i, _ in job.items)):
+                    found = True
+                    job.items = tuple((i, t) for i, t in job.items if i != ref.item_id)
+                    if job.audio_item == ref.item_id:
+                        job.audio, job.audio_item = b"", None
+        if ref.turn_id is not None and ref.response_seq is not None:
+            found = session.history.delete_assistant(ref.turn_id, ref.response_seq) or found
+        if not found:
+            raise _err("item_not_found", "the engine holds no such item")
         return self._ok(control_id, session)
 
     # ------------------------------------------------------------------ cancels
@@ -426,10 +471,12 @@ class DuplexControl:
             return
         f = session.fence
         for job in old:
-            if job.heard or not (job.audio or job.text):
+            if job.heard or not (job.audio or job.text or job.tool_outputs):
                 continue
             fence = Fence(f.session_id, f.epoch, job.fence.turn_id, f.response_seq)
-            session.jobs.append(TurnJob(fence=fence, audio=job.audio, text=job.text, respond=False))
+            session.jobs.append(
+                dataclasses.replace(job, fence=fence, respond=False, response=None, heard=False)
+            )
         if session.jobs:
             effects.start.append(session.session_id)
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 from engine.duplex.lease import Lease
 from engine.history import ConversationHistory
-from engine.messages import ControlResult, Fence, SessionConfig
+from engine.messages import ControlResult, Fence, ResponseOptions, SessionConfig, ToolOutput
 
 SessionState = Literal["open", "closing", "closed"]
 
@@ -23,6 +23,10 @@ class TurnJob:
     text: str
     respond: bool
     heard: bool = False  # set by the orchestrator once the user's words are in the history
+    items: tuple[tuple[str | None, str], ...] = ()  # text items: (item id, text)
+    tool_outputs: tuple[ToolOutput, ...] = ()  # function_call_output items
+    audio_item: str | None = None  # the user audio item of ``audio``
+    response: ResponseOptions | None = None  # overrides of this job's response
 
 
 @dataclass
@@ -43,6 +47,8 @@ class DuplexSession:
     close_reason: str = ""
     audio: bytearray = field(default_factory=bytearray)
     text_parts: list[str] = field(default_factory=list)
+    text_items: list[tuple[str | None, str]] = field(default_factory=list)
+    tool_outputs: list[ToolOutput] = field(default_factory=list)
     last_seq: int | None = None
     jobs: deque[TurnJob] = field(default_factory=deque)
     active: TurnJob | None = None
@@ -51,13 +57,34 @@ class DuplexSession:
     played: dict[tuple[int, int], float] = field(default_factory=dict)
 
     def has_input(self) -> bool:
-        return bool(self.audio) or any(p.strip() for p in self.text_parts)
+        return (
+            bool(self.audio) or any(p.strip() for p in self.text_parts) or bool(self.tool_outputs)
+        )
 
     def take_input(self) -> tuple[bytes, str]:
         audio, text = bytes(self.audio), " ".join(p for p in self.text_parts if p.strip())
         self.audio.clear()
         self.text_parts.clear()
+        self.text_items.clear()
+        self.tool_outputs.clear()
         return audio, text
+
+    def take_turn(
+        self,
+    ) -> tuple[bytes, str, tuple[tuple[str | None, str], ...], tuple[ToolOutput, ...]]:
+        """The input so far (audio, joined text, text items, tool outputs); clears it."""
+        items, tools = tuple(self.text_items), tuple(self.tool_outputs)
+        audio, text = self.take_input()
+        return audio, text, items, tools
+
+    def drop_item(self, item_id: str) -> bool:
+        """Drop an uncommitted text or tool item; False if it is not in the input."""
+        n = len(self.text_items) + len(self.tool_outputs)
+        kept = [(i, t) for i, t in self.text_items if i != item_id]
+        self.text_items = kept
+        self.text_parts = [t for _, t in kept]
+        self.tool_outputs = [o for o in self.tool_outputs if o.item_id != item_id]
+        return len(self.text_items) + len(self.tool_outputs) != n
 
     def pending_turns(self) -> int:
         return len(self.jobs) + (1 if self.active is not None else 0)

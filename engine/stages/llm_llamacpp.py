@@ -14,6 +14,15 @@ One ``Llama`` instance lives as long as the worker thread: ``generate`` keeps th
 of the previous prompt and re-evaluates only the new suffix, so the turns of a session
 (whose prompts share the history as a prefix) are cheap after the first.
 
+Tools (``LlmRequest.tools``): the output is constrained by a llama.cpp grammar built from the
+JSON Schema of one call (:func:`duplex_contract.tools.call_schema`, converted by
+``llama_cpp.llama_grammar.json_schema_to_gbnf``), so a call is always JSON of the right shape
+whose arguments follow the schema's structure (keywords the grammar cannot express, such as
+``maximum``, are checked after generation by the orchestrator). Under ``tool_required`` the
+whole output is under the grammar. Otherwise (``auto``) the first token is sampled freely:
+if it opens a JSON object (``{``) the generation restarts under the call grammar, else it goes
+on as plain text with no grammar (a grammar that admits free text would slow every token).
+
 ``use_extra_bufts``: ``Llama()`` has no argument for it and builds its model params itself,
 so it cannot be turned off without patching the library; it is left at llama.cpp's default.
 The portable build (``make install``: no ``-march=native``) does not crash with it on
@@ -30,9 +39,18 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
+from duplex_contract.tools import call_schema
 from engine.edges import Edge
 from engine.errors import StageError
-from engine.messages import ChatMessage, LlmRequest, StageDone, StageOutput, StageRequest, TextOut
+from engine.messages import (
+    ChatMessage,
+    LlmRequest,
+    StageDone,
+    StageOutput,
+    StageRequest,
+    TextOut,
+    Tool,
+)
 from engine.models import smollm2_gguf
 from engine.stages.base import ThreadedBackend
 
@@ -134,6 +152,8 @@ class LlamaCppLlm(ThreadedBackend):
         max_tokens: int,
         temperature: float,
         cancelled: threading.Event | None,
+        tools: tuple[Tool, ...] = (),
+        tool_required: bool = False,
     ) -> Iterator[str | tuple[Literal["stop", "length", "aborted"], int, int]]:
         """Yield text pieces, then ``(finish_reason, n_generated, n_prompt)`` (worker thread)."""
         import llama_cpp
@@ -152,7 +172,10 @@ class LlamaCppLlm(ThreadedBackend):
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         generated: list[int] = []
         reason: Literal["stop", "length", "aborted"] = "length"
-        if budget > 0:
+        grammar = self._grammar(tools) if tools and tool_required else None
+        peek = bool(tools) and not tool_required  # auto: the first token decides
+        while budget > 0:
+            restart = False
             for token in llama.generate(
                 prompt,
                 temp=0.0 if greedy else temperature,
@@ -161,6 +184,7 @@ class LlamaCppLlm(ThreadedBackend):
                 min_p=self.opts.min_p,
                 repeat_penalty=self.opts.repeat_penalty,
                 reset=True,
+                grammar=grammar,
             ):
                 if cancelled is not None and cancelled.is_set():
                     reason = "aborted"
@@ -169,16 +193,36 @@ class LlamaCppLlm(ThreadedBackend):
                     reason = "stop"
                     break
                 piece = llama.detokenize([token])
+                if peek:
+                    peek = False
+                    if piece.lstrip().startswith(b"{"):  # a call: again, under the grammar
+                        grammar, restart = self._grammar(tools), True
+                        break
                 generated.append(token)
                 text = decoder.decode(piece)
                 if text:
                     yield text
                 if len(generated) >= budget:
                     break
+            if not restart:
+                break
         tail = decoder.decode(b"", final=True)
         if tail:
             yield tail
         yield (reason, len(generated), len(prompt))
+
+    def _grammar(self, tools: tuple[Tool, ...]) -> Any:
+        """The llama.cpp grammar of one call of ``tools``."""
+        import json
+
+        from llama_cpp import llama_grammar
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        try:
+            gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(call_schema(tools)))
+            return LlamaGrammar.from_string(gbnf, verbose=False)
+        except Exception as exc:  # a schema llama.cpp cannot turn into a grammar
+            raise StageError(f"{self.name}: cannot constrain to the tool schema: {exc}") from exc
 
     def run(self, request: StageRequest, cancelled: threading.Event) -> Iterator[StageOutput]:
         if not isinstance(request, LlmRequest):
@@ -189,6 +233,8 @@ class LlamaCppLlm(ThreadedBackend):
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             cancelled=cancelled,
+            tools=request.tools,
+            tool_required=request.tool_required,
         ):
             if isinstance(item, str):
                 yield TextOut(request_id=rid, text=item)

@@ -39,6 +39,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
+from duplex_contract.tools import call_schema
 from engine.edges import Edge
 from engine.errors import ConfigError, StageError
 from engine.messages import ChatMessage, LlmRequest, StageDone, StageOutput, StageRequest, TextOut
@@ -406,6 +407,12 @@ class VllmLlm:
 
         ids, max_tokens = self._prompt_ids(request.messages, request.max_tokens)
         greedy = request.temperature <= 0.0
+        extra: dict[str, Any] = {}
+        if request.tools and request.tool_required:
+            # structured outputs (guided JSON): the output is one call of the tools
+            from vllm.sampling_params import StructuredOutputsParams
+
+            extra["structured_outputs"] = StructuredOutputsParams(json=call_schema(request.tools))
         params = SamplingParams(
             temperature=0.0 if greedy else request.temperature,
             top_p=1.0 if greedy else self.options.top_p,
@@ -413,6 +420,7 @@ class VllmLlm:
             max_tokens=max_tokens,
             seed=self.options.seed,
             output_kind=RequestOutputKind.DELTA,
+            **extra,
         )
         prompt = TokensPrompt(prompt_token_ids=ids)
         renderer = getattr(self._engine, "renderer", None)

@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 
 from duplex_contract.audio import duration_ms
+from duplex_contract.tools import TOOL_RESPONSE_OPEN
 from engine.chunkers import Chunker, WindowChunker, WindowOptions
 from engine.edges import Edge
 from engine.errors import ConfigError, StageError
@@ -80,6 +81,11 @@ class TestStageOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     transcript: str | None = None  # ASR: fixed transcript; default describes the audio length
     reply: str = "Hello there. This is the deterministic test stage speaking, one word at a time."
     echo: bool = False  # LLM: reply with the last user message instead of ``reply``
+    # LLM, scripted function calls: with tools offered, the n-th request (n = tool results
+    # already in the prompt) calls ``tool_calls[n]``; past the script it answers with text,
+    # unless a call is required (then it calls the first tool offered).
+    tool_calls: list[str] = []
+    tool_arguments: dict[str, str] = {}  # arguments (JSON text) per function; default "{}"
     token_interval_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     asr_delay_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     audio: Literal["tone", "noise", "silence"] = "tone"
@@ -217,10 +223,35 @@ class TestStage:
         yield TranscriptOut(request_id=req.request_id, text=text, final=True)
         yield StageDone(request_id=req.request_id)
 
+    def _scripted_call(self, req: LlmRequest) -> str | None:
+        """The call JSON this request makes (tool_calls / tool_arguments), if any."""
+        if not req.tools:
+            return None
+        done = sum(m.content.count(TOOL_RESPONSE_OPEN) for m in req.messages)
+        offered = {t.name for t in req.tools}
+        name = None
+        if done < len(self.options.tool_calls) and self.options.tool_calls[done] in offered:
+            name = self.options.tool_calls[done]
+        elif req.tool_required:
+            name = req.tools[0].name
+        if name is None:
+            return None
+        args = self.options.tool_arguments.get(name, "{}")
+        return f'{{"name": "{name}", "arguments": {args}}}'
+
     async def _llm(self, req: LlmRequest, cancelled: _Abort) -> AsyncIterator[StageOutput]:
         last_user = next((m.content for m in reversed(req.messages) if m.role == "user"), "")
         self._check_faults(last_user)
         await self._maybe_hang(last_user, cancelled)
+        call = self._scripted_call(req)
+        if call is not None:  # streamed in pieces of 8 characters, like tokens
+            for i in range(0, len(call), 8):
+                await self._sleep(self.options.token_interval_s, cancelled)
+                if cancelled.is_set():
+                    return
+                yield TextOut(request_id=req.request_id, text=call[i : i + 8])
+            yield StageDone(request_id=req.request_id, tokens=(len(call) + 7) // 8)
+            return
         reply = last_user if self.options.echo else self.options.reply
         words = reply.split(" ")
         n = 0

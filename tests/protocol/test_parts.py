@@ -88,6 +88,7 @@ def test_response_lifecycle() -> None:
     r.requested()
     assert r.active and r.current is None
     resp = _resp(50.0)
+    assert r.next_request().options is None
     r.started(resp)
     assert r.pending == 0 and r.current is resp and r.started_ms == 50.0
     assert r.matching(Fence(SID, 0, 1, 1)) is resp and r.matching(Fence(SID, 0, 1, 2)) is None

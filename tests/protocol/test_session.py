@@ -80,7 +80,7 @@ def test_text_turn_in_order() -> None:
     item = ev.ItemParam(content=[ev.ContentPartParam(type="input_text", text="hi")])
     out = c.on_client_event(ev.ConversationItemCreate(item=item), 0)
     assert types(out) == ["conversation.item.added", "conversation.item.done"]
-    assert calls(out) == [Append(0, text="hi")]
+    assert calls(out) == [Append(0, text="hi", item_id="item_0123456789ab00001")]
     out = c.on_client_event(ev.ResponseCreate(), 0)
     assert calls(out) == [Commit(0, respond=True)]
     fence = start_response(c)
@@ -199,7 +199,7 @@ def test_truncate_is_clamped_to_audio_sent() -> None:
         (ev.ResponseCancel(event_id="c1"), "response_cancel_not_active"),
         (ev.InputAudioBufferCommit(), "input_audio_buffer_commit_empty"),
         (ev.ConversationItemRetrieve(item_id="nope"), "item_not_found"),
-        (ev.ConversationItemDelete(item_id="nope"), "unsupported"),
+        (ev.ConversationItemDelete(item_id="nope"), "item_not_found"),
         (ev.SessionUpdate(session=ev.SessionParam(speed=9.0)), "invalid_value"),
         (ev.SessionResume(session_id="s", resume_token="t"), "invalid_state"),
     ],

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from duplex_contract.events import ResponseDone, ResponseStarted, SessionEvent, TextDelta
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings, SessionUpdate
+from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.attach import Outgoing
 from duplex_server.metrics import Metrics
 from duplex_server.protocol import events as ev
@@ -103,13 +104,26 @@ class FakeEngine:
         return ControlResult(control_id=1, ok=True, session_id=SID, lease_generation=2)
 
     async def append(
-        self, fence: Fence, lease_generation: int, *, audio: bytes = b"", text: str | None = None
+        self,
+        fence: Fence,
+        lease_generation: int,
+        *,
+        audio: bytes = b"",
+        text: str | None = None,
+        item_id: str | None = None,
+        tool_output: ToolOutput | None = None,
     ) -> ControlResult:
         self.calls.append(f"append:{text}")
         return self._res(fence)
 
     async def commit(
-        self, fence: Fence, lease_generation: int, *, respond: bool = True
+        self,
+        fence: Fence,
+        lease_generation: int,
+        *,
+        respond: bool = True,
+        item_id: str | None = None,
+        response: ResponseOptions | None = None,
     ) -> ControlResult:
         self.calls.append("commit")
         self.turn += 1
@@ -123,6 +137,7 @@ class FakeEngine:
         *,
         next_fence: Fence | None = None,
         update: SessionUpdate | None = None,
+        item: ItemRef | None = None,
     ) -> ControlResult:
         self.calls.append(event)
         self.updates.append(update)

@@ -1,0 +1,53 @@
+"""Streams a function call's arguments out of the model's call JSON as it is generated.
+
+The model writes ``{"name": "NAME", "arguments": {...}}`` (its decoding is constrained to
+that shape, duplex_contract.tools). :class:`CallStream` finds the name once the head is
+complete and then passes the arguments text on as deltas, holding back a trailing run of
+``}`` and whitespace (the outer object's close is among it) until more text shows it is not
+the end. :meth:`CallStream.finish` returns the last delta; the deltas joined are the
+arguments text exactly as the model wrote it.
+"""
+
+from __future__ import annotations
+
+import re
+
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+_TAIL = re.compile(r"[\s}]*\Z")
+
+
+class CallStream:
+    def __init__(self) -> None:
+        self.text = ""
+        self.name: str | None = None
+        self._start: int | None = None
+        self._sent = 0
+
+    def push(self, piece: str) -> str:
+        """Add generated text; returns the arguments delta it completes (may be "")."""
+        self.text += piece
+        if self._start is None:
+            match = _HEAD.match(self.text)
+            if match is None:
+                return ""
+            self.name, self._start = match.group(1), match.end()
+        body = self.text[self._start :]
+        tail = _TAIL.search(body)
+        keep = tail.start() if tail is not None else len(body)
+        delta = body[self._sent : keep]
+        self._sent = max(self._sent, keep)
+        return delta
+
+    def arguments(self) -> str | None:
+        """The arguments text (the outer object's close removed); None if no head was seen."""
+        if self._start is None:
+            return None
+        body = self.text[self._start :].rstrip()
+        if body.endswith("}"):
+            body = body[:-1].rstrip()
+        return body
+
+    def finish(self) -> str:
+        """The rest of the arguments after the last delta."""
+        args = self.arguments()
+        return "" if args is None else args[self._sent :]
