@@ -81,6 +81,9 @@ class TestStageOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     transcript: str | None = None  # ASR: fixed transcript; default describes the audio length
     reply: str = "Hello there. This is the deterministic test stage speaking, one word at a time."
     echo: bool = False  # LLM: reply with the last user message instead of ``reply``
+    # LLM: reply with every non-system message of the prompt, joined by " | " (tests that
+    # inspect what the engine's history put into the prompt)
+    echo_prompt: bool = False
     # LLM, scripted function calls: with tools offered, the n-th request (n = tool results
     # already in the prompt) calls ``tool_calls[n]``; past the script it answers with text,
     # unless a call is required (then it calls the first tool offered).
@@ -253,6 +256,8 @@ class TestStage:
             yield StageDone(request_id=req.request_id, tokens=(len(call) + 7) // 8)
             return
         reply = last_user if self.options.echo else self.options.reply
+        if self.options.echo_prompt:
+            reply = " | ".join(m.content for m in req.messages if m.role != "system")
         words = reply.split(" ")
         n = 0
         for i, word in enumerate(words[: req.max_tokens]):

@@ -1,0 +1,407 @@
+"""Realtime API completeness against the real server on the deterministic test stages:
+function calls (scripted), item operations, out-of-band responses, transcription sessions,
+the idle timeout and the errors of each (docs/protocol.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from openai import AsyncOpenAI
+
+from tests.server.harness import (
+    UNIT,
+    Client,
+    b64,
+    running_server,
+    send_audio,
+    silence,
+    text_item,
+    tone,
+    write_config,
+)
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "name": "get_weather", "description": "weather", "parameters": WEATHER},
+    {"type": "function", "name": "get_time", "parameters": {"type": "object"}},
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The test stages; the LLM echoes its prompt and makes two scripted calls."""
+    llm = {
+        "backend": "test",
+        "options": {
+            "echo_prompt": True,
+            "tool_calls": ["get_weather", "get_time"],
+            "tool_arguments": {"get_weather": '{"city": "Paris", "unit": "c"}'},
+        },
+    }
+    tts = {"backend": "test", "options": {"ms_per_word": 100}}
+    engine = {"stages": {"llm": llm, "tts": tts}, "max_output_tokens": 400}
+    path = write_config(Path(tmp_path_factory.mktemp("rt")), engine=engine)
+    with running_server(path) as addr:
+        yield addr
+
+
+def _sdk(addr: str) -> AsyncOpenAI:
+    return AsyncOpenAI(
+        api_key="unused", base_url=f"http://{addr}/v1", websocket_base_url=f"ws://{addr}/v1"
+    )
+
+
+TEXT_SESSION = {"output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
+
+
+async def _text_session(c: Client, **extra: Any) -> None:
+    await c.until("session.created")
+    await c.send({"type": "session.update", "session": {**TEXT_SESSION, **extra}})
+    await c.until("session.updated")
+
+
+async def _response(c: Client, response: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """response.create; every event up to its response.done."""
+    start = len(c.events)
+    await c.send({"type": "response.create", **({"response": response} if response else {})})
+    await c.until("response.done", within=10)
+    return c.events[start:]
+
+
+def _kinds(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+# ---------------------------------------------------------------------------- function calls
+def test_sdk_scripted_tool_calls_round_trip(server: str) -> None:
+    """Two calls in a row (the script), each answered; then a text reply that sees both."""
+
+    async def run() -> None:
+        client = _sdk(server)
+        async with client.realtime.connect(model="duplex") as conn:
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "output_modalities": ["text"],
+                    "tools": TOOLS,  # type: ignore[typeddict-item]
+                    "tool_choice": "auto",
+                }
+            )
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "weather and time?"}],
+                }
+            )
+            outputs = {"get_weather": '{"temp": 21}', "get_time": "it is noon (not JSON)"}
+            calls: list[tuple[str, str]] = []
+            for _ in range(3):
+                await conn.response.create()
+                deltas: list[str] = []
+                async with asyncio.timeout(10 * UNIT):
+                    async for event in conn:
+                        if event.type == "response.function_call_arguments.delta":
+                            deltas.append(event.delta)
+                        elif event.type == "response.function_call_arguments.done":
+                            assert "".join(deltas) == event.arguments
+                            calls.append((event.name, event.arguments))
+                        elif event.type == "response.done":
+                            response = event.response
+                            break
+                assert response.status == "completed"
+                item = (response.output or [None])[0]
+                if item is not None and item.type == "function_call":
+                    assert item.call_id and item.name == calls[-1][0]
+                    await conn.conversation.item.create(
+                        item={
+                            "type": "function_call_output",
+                            "call_id": item.call_id,
+                            "output": outputs[item.name],
+                        }
+                    )
+                else:
+                    assert item is not None and item.type == "message"
+                    text = item.content[0].text or ""  # type: ignore[union-attr]
+            assert [name for name, _ in calls] == ["get_weather", "get_time"]
+            weather_args = json.loads(calls[0][1])
+            jsonschema.validate(weather_args, WEATHER)
+            assert weather_args == {"city": "Paris", "unit": "c"}
+            # the echoed prompt holds both calls and both results
+            assert "get_weather" in text and '{"temp": 21}' in text
+            assert "it is noon (not JSON)" in text
+        await client.close()
+
+    asyncio.run(run())
+
+
+def test_forced_and_none_tool_choice_per_response(server: str) -> None:
+    async def run() -> None:
+        async with Client.connect(server) as c:
+            await _text_session(c, tools=TOOLS, tool_choice="none")
+            await c.send(text_item("hi"))
+            events = await _response(c)  # tool_choice none: a text reply
+            assert "response.function_call_arguments.done" not in _kinds(events)
+            forced = {"tool_choice": {"type": "function", "name": "get_time"}}
+            events = await _response(c, forced)  # the override forces get_time
+            done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+            assert done["name"] == "get_time" and json.loads(done["arguments"]) == {}
+            kinds = _kinds(events)
+            assert kinds.index("response.output_item.added") < kinds.index(
+                "response.function_call_arguments.delta"
+            )
+            assert "response.content_part.added" not in kinds  # a call has no content part
+            item = events[-1]["response"]["output"][0]
+            assert item["type"] == "function_call" and item["call_id"] == done["call_id"]
+            await c.send({"type": "conversation.item.retrieve", "item_id": item["id"]})
+            got = await c.until("conversation.item.retrieved")
+            assert got["item"]["arguments"] == done["arguments"]
+
+    asyncio.run(run())
+
+
+def test_pending_call_output_late_and_huge(server: str) -> None:
+    """A call nobody answers does not block the next turn; a late, huge output is cut in
+    the prompt but kept whole in the item."""
+
+    async def run() -> None:
+        async with Client.connect(server) as c:
+            await _text_session(c, tools=TOOLS, tool_choice="required")
+            await c.send(text_item("first"))
+            events = await _response(c)
+            call = events[-1]["response"]["output"][0]
+            # no output comes: the next turn goes on (its prompt shows the call unanswered)
+            await c.send(text_item("second"))
+            events = await _response(c, {"tool_choice": "none"})
+            text = events[-1]["response"]["output"][0]["content"][0]["text"]
+            assert "get_weather" in text and "second" in text
+            huge = "x" * 50_000
+            out = {"type": "function_call_output", "call_id": call["call_id"], "output": huge}
+            await c.send({"type": "conversation.item.create", "item": out})
+            added = await c.until("conversation.item.done")
+            await c.send({"type": "conversation.item.retrieve", "item_id": added["item"]["id"]})
+            got = await c.until("conversation.item.retrieved")
+            assert len(got["item"]["output"]) == 50_000
+            events = await _response(c, {"tool_choice": "none"})
+            text = events[-1]["response"]["output"][0]["content"][0]["text"]
+            assert "characters cut]" in text and len(text) < 10_000
+
+    asyncio.run(run())
+
+
+def test_tool_errors_name_the_field(server: str) -> None:
+    async def run() -> None:
+        async with Client.connect(server) as c:
+            await c.until("session.created")
+
+            async def error_of(event: dict[str, Any]) -> dict[str, Any]:
+                await c.send(event)
+                err: dict[str, Any] = (await c.until("error"))["error"]
+                return err
+
+            bad_schema = [{"type": "function", "name": "f", "parameters": {"type": 5}}]
+            err = await error_of({"type": "session.update", "session": {"tools": bad_schema}})
+            assert (err["code"], err["param"]) == ("invalid_value", "tools.0.parameters")
+            err = await error_of(
+                {"type": "session.update", "session": {"tools": [TOOLS[0], TOOLS[0]]}}
+            )
+            assert err["param"] == "tools.1.name"
+            choice = {"type": "function", "name": "nope"}
+            err = await error_of(
+                {"type": "session.update", "session": {"tools": TOOLS, "tool_choice": choice}}
+            )
+            assert (err["code"], err["param"]) == ("invalid_value", "tool_choice.name")
+            err = await error_of({"type": "response.create", "response": {"tool_choice": choice}})
+            assert err["param"] == "response.tool_choice.name"
+            out = {"type": "function_call_output", "call_id": "call_missing", "output": "{}"}
+            err = await error_of({"type": "conversation.item.create", "item": out})
+            assert (err["code"], err["param"]) == ("invalid_value", "item.call_id")
+            nr = {"audio": {"input": {"noise_reduction": {"type": "loud"}}}}
+            err = await error_of({"type": "session.update", "session": nr})
+            assert err["code"] == "invalid_event"
+            assert err["param"] == "session.audio.input.noise_reduction.type"
+            err = await error_of({"type": "conversation.item.delete", "item_id": "nope"})
+            assert (err["code"], err["param"]) == ("item_not_found", "item_id")
+            # the session is unharmed
+            await c.send({"type": "session.update", "session": TEXT_SESSION})
+            updated = await c.until("session.updated")
+            assert updated["session"]["tools"] == []
+
+    asyncio.run(run())
+
+
+# ---------------------------------------------------------------------------- item operations
+def test_delete_engine_held_items(server: str) -> None:
+    """Deleted user and assistant items are gone from the next prompt (echoed back)."""
+
+    async def run() -> None:
+        async with Client.connect(server) as c:
+            await _text_session(c)
+            await c.send(text_item("alpha question"))
+            alpha = (await c.until("conversation.item.done"))["item"]["id"]
+            first = (await _response(c))[-1]["response"]["output"][0]
+            assert "alpha question" in first["content"][0]["text"]
+            await c.send(text_item("beta question"))
+            await c.until("conversation.item.done")
+            second = (await _response(c))[-1]["response"]["output"][0]
+            assert "alpha question" in second["content"][0]["text"]
+            for item_id in (alpha, first["id"], second["id"]):
+                await c.send({"type": "conversation.item.delete", "item_id": item_id})
+                assert (await c.until("conversation.item.deleted"))["item_id"] == item_id
+            await c.send(text_item("gamma"))
+            third = (await _response(c))[-1]["response"]["output"][0]["content"][0]["text"]
+            assert third == "beta question\ngamma"  # the prompt: the two user items left
+            await c.send({"type": "conversation.item.retrieve", "item_id": alpha})
+            assert (await c.until("error"))["error"]["code"] == "item_not_found"
+
+    asyncio.run(run())
+
+
+def test_delete_uncommitted_item(server: str) -> None:
+    async def run() -> None:
+        async with Client.connect(server) as c:
+            await _text_session(c)
+            await c.send(text_item("keep me"))
+            await c.until("conversation.item.done")
+            await c.send(text_item("drop me"))
+            dropped = (await c.until("conversation.item.done"))["item"]["id"]
+            await c.send({"type": "conversation.item.delete", "item_id": dropped})
+            await c.until("conversation.item.deleted")
+            text = (await _response(c))[-1]["response"]["output"][0]["content"][0]["text"]
+            assert "keep me" in text and "drop me" not in text
+
+    asyncio.run(run())
+
+
+def test_out_of_band_response(server: str) -> None:
+    async def run() -> None:
+        async with Client.connect(server) as c:
+            await _text_session(c)
+            await c.send(text_item("in the conversation"))
+            await c.until("conversation.item.done")
+            oob = {
+                "conversation": "none",
+                "metadata": {"purpose": "classify"},
+                "input": [
+                    {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "only this"}],
+                    }
+                ],
+            }
+            events = await _response(c, oob)
+            created = next(e for e in events if e["type"] == "response.created")
+            assert created["response"]["metadata"] == {"purpose": "classify"}
+            done = events[-1]["response"]
+            assert done["metadata"] == {"purpose": "classify"}
+            assert done["conversation_id"] is None
+            assert done["output"][0]["content"][0]["text"] == "only this"
+            assert "conversation.item.added" not in _kinds(events)  # not in the conversation
+            # the pending input and the conversation are untouched by it
+            text = (await _response(c))[-1]["response"]["output"][0]["content"][0]["text"]
+            assert text == "in the conversation"
+            bad = {"conversation": "conv_other"}
+            await c.send({"type": "response.create", "response": bad})
+            err = (await c.until("error"))["error"]
+            assert (err["code"], err["param"]) == ("unsupported", "response.conversation")
+
+    asyncio.run(run())
+
+
+# ---------------------------------------------------------------------------- transcription
+TRANSCRIPTION = {
+    "type": "transcription",
+    "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}},
+}
+
+
+def test_transcription_session_raw_websocket(server: str) -> None:
+    async def run() -> None:
+        async with Client.connect(server) as c:
+            await c.until("session.created")
+            await c.send({"type": "session.update", "session": TRANSCRIPTION})
+            assert (await c.until("session.updated"))["session"]["type"] == "transcription"
+            await send_audio(c, silence(200) + tone(500) + silence(600))
+            done = await c.until("conversation.item.input_audio_transcription.completed")
+            assert done["transcript"] == "what is the weather like today"
+            # manual commit too
+            await send_audio(c, tone(300))
+            await c.send({"type": "input_audio_buffer.commit"})
+            await c.until("conversation.item.input_audio_transcription.completed")
+            assert not any(e["type"].startswith("response.") for e in await c.drain(0.5))
+            assert not any(e["type"].startswith("response.") for e in c.events)
+            await c.send({"type": "response.create"})
+            err = (await c.until("error"))["error"]
+            assert (err["code"], err["param"]) == ("invalid_state", "type")
+
+    asyncio.run(run())
+
+
+def test_transcription_session_sdk(server: str) -> None:
+    async def run() -> None:
+        client = _sdk(server)
+        async with client.realtime.connect(model="duplex") as conn:
+            await conn.session.update(session=TRANSCRIPTION)  # type: ignore[arg-type]
+            pcm = silence(200) + tone(500) + silence(600)
+            for i in range(0, len(pcm), 1920):
+                await conn.input_audio_buffer.append(audio=b64(pcm[i : i + 1920]))
+            seen: list[str] = []
+            async with asyncio.timeout(10 * UNIT):
+                async for event in conn:
+                    seen.append(event.type)
+                    if event.type == "conversation.item.input_audio_transcription.completed":
+                        assert event.transcript == "what is the weather like today"
+                        break
+            assert "session.updated" in seen and "input_audio_buffer.committed" in seen
+            assert not any(kind.startswith("response.") for kind in seen)
+        await client.close()
+
+    asyncio.run(run())
+
+
+# ---------------------------------------------------------------------------- idle timeout
+async def _paced_silence(c: Client, seconds: float) -> None:
+    for _ in range(int(seconds / 0.04)):
+        await c.send({"type": "input_audio_buffer.append", "audio": b64(silence(40))})
+        await asyncio.sleep(0.04)
+
+
+def test_idle_timeout_once_per_silence_not_while_speaking(server: str) -> None:
+    async def run() -> None:
+        async with Client.connect(server) as c:
+            await c.until("session.created")
+            td = {"type": "server_vad", "idle_timeout_ms": 400}
+            update = {"audio": {"input": {"turn_detection": td}}}
+            await c.send({"type": "session.update", "session": update})
+            await c.until("session.updated")
+            await _paced_silence(c, 0.6)  # no response yet: no timer
+            await c.send(text_item("hello there, this question is long enough for the test"))
+            done = (await _response(c))[-1]["response"]
+            audio_s = done["audio_ms"] / 1000
+            assert audio_s > 0.8  # the reply's audio is still playing for a while
+            start = len(c.events)
+            await _paced_silence(c, audio_s - 0.3)  # while the assistant speaks: nothing
+            assert "input_audio_buffer.timeout_triggered" not in _kinds(c.events[start:])
+            await _paced_silence(c, 1.2)  # then one trigger and one prompting response
+            await _paced_silence(c, 1.0)  # ... and not again in the same silence
+            await c.drain(0.3)
+            kinds = _kinds(c.events[start:])
+            assert kinds.count("input_audio_buffer.timeout_triggered") == 1
+            trig = kinds.index("input_audio_buffer.timeout_triggered")
+            assert "response.created" in kinds[trig:]
+            # the response that ends the trigger re-arms the timer: at most one more trigger
+            # follows it, after its own audio (not within the 1 s after the first)
+
+    asyncio.run(run())
