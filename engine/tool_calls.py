@@ -31,6 +31,9 @@ class CallStream:
             if match is None:
                 return ""
             self.name, self._start = match.group(1), match.end()
+        if self._sent == 0:  # whitespace before the arguments may come in a later piece
+            body = self.text[self._start :]
+            self._start += len(body) - len(body.lstrip())
         body = self.text[self._start :]
         tail = _TAIL.search(body)
         keep = tail.start() if tail is not None else len(body)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+from collections.abc import Iterator
 
 import pytest
 import soundfile
@@ -14,30 +16,112 @@ from tests.server.harness import ROOT, Client, running_server, send_audio, silen
 pytestmark = pytest.mark.models
 
 
-def test_real_models_audio_turn() -> None:
+@pytest.fixture(scope="module")
+def cpu_server() -> Iterator[str]:
+    """One real server on configs/cpu.yaml for the tests of this module."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with running_server(ROOT / "configs" / "cpu.yaml", ready_s=300) as addr:
+        yield addr
+
+
+def test_real_models_audio_turn(cpu_server: str) -> None:
     data, rate = soundfile.read(ROOT / "tests" / "data" / "beckett.wav", dtype="int16")
     speech = resample_pcm16(data.tobytes()[: rate * 2 * 4], rate, 24000)  # first 4 s
-    with running_server(ROOT / "configs" / "cpu.yaml", ready_s=300) as addr:
+    addr = cpu_server
 
-        async def run() -> None:
-            async with Client.connect(addr) as c:
-                await c.until("session.created", within=30)
-                await send_audio(c, silence(300) + speech + silence(1500))
-                await c.until("input_audio_buffer.speech_started", within=30)
-                done = await c.until("response.done", within=120)
-                status = (done["response"]["status"], done["response"]["status_details"])
-                # a long model answer may be cut at max_output_tokens: still a full turn
-                assert status[0] == "completed" or status[1]["reason"] == "max_output_tokens"
-                transcript = next(
-                    e["transcript"]
-                    for e in c.events
-                    if e["type"] == "conversation.item.input_audio_transcription.completed"
-                )
-                assert len(transcript.split()) >= 3
-                audio = [e for e in c.events if e["type"] == "response.output_audio.delta"]
-                assert audio and done["response"]["audio_ms"] > 200
-                spoken = done["response"]["output"][0]["content"][0]["transcript"]
-                assert spoken.strip()
+    async def run() -> None:
+        async with Client.connect(addr) as c:
+            await c.until("session.created", within=30)
+            await send_audio(c, silence(300) + speech + silence(1500))
+            await c.until("input_audio_buffer.speech_started", within=30)
+            done = await c.until("response.done", within=120)
+            status = (done["response"]["status"], done["response"]["status_details"])
+            # a long model answer may be cut at max_output_tokens: still a full turn
+            assert status[0] == "completed" or status[1]["reason"] == "max_output_tokens"
+            transcript = next(
+                e["transcript"]
+                for e in c.events
+                if e["type"] == "conversation.item.input_audio_transcription.completed"
+            )
+            assert len(transcript.split()) >= 3
+            audio = [e for e in c.events if e["type"] == "response.output_audio.delta"]
+            assert audio and done["response"]["audio_ms"] > 200
+            spoken = done["response"]["output"][0]["content"][0]["transcript"]
+            assert spoken.strip()
 
-        asyncio.run(run())
+    asyncio.run(run())
+
+
+def test_real_model_forced_tool_call_round_trip(cpu_server: str) -> None:
+    """The official openai SDK drives a forced call on SmolLM2 (llama.cpp grammar): the
+    arguments are JSON that validates against the schema; the result goes back and the
+    model answers with text."""
+    import jsonschema
+    from openai import AsyncOpenAI
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 40},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    }
+    tool = {"type": "function", "name": "get_weather", "description": "Weather of a city"}
+    addr = cpu_server
+
+    async def run() -> None:
+        client = AsyncOpenAI(
+            api_key="unused", base_url=f"http://{addr}/v1", websocket_base_url=f"ws://{addr}/v1"
+        )
+        async with client.realtime.connect(model="duplex") as conn:
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "output_modalities": ["text"],
+                    "tools": [{**tool, "parameters": schema}],  # type: ignore[list-item]
+                    "tool_choice": {"type": "function", "name": "get_weather"},
+                    "audio": {"input": {"turn_detection": None}},
+                }
+            )
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Weather in Paris?"}],
+                }
+            )
+            await conn.response.create()
+            deltas: list[str] = []
+            async with asyncio.timeout(120):
+                async for event in conn:
+                    if event.type == "response.function_call_arguments.delta":
+                        deltas.append(event.delta)
+                    elif event.type == "response.done":
+                        response = event.response
+                        break
+            assert response.status == "completed", response.status_details
+            call = (response.output or [])[0]
+            assert call.type == "function_call" and call.name == "get_weather"
+            assert call.arguments == "".join(deltas)
+            jsonschema.validate(json.loads(call.arguments or ""), schema)
+            await conn.conversation.item.create(
+                item={
+                    "type": "function_call_output",
+                    "call_id": call.call_id or "",
+                    "output": '{"temperature": 21, "sky": "sunny"}',
+                }
+            )
+            await conn.response.create(response={"tool_choice": "none"})
+            async with asyncio.timeout(120):
+                async for event in conn:
+                    if event.type == "response.done":
+                        response = event.response
+                        break
+            assert response.status in ("completed", "incomplete")
+            item = (response.output or [])[0]
+            assert item.type == "message" and (item.content or [])[0].text  # type: ignore[union-attr]
+        await client.close()
+
+    asyncio.run(run())

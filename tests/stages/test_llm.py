@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -10,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from duplex_contract.tools import check_call, tools_prompt
 from engine.errors import StageError
-from engine.messages import ChatMessage, LlmRequest, StageDone, TextOut
+from engine.messages import ChatMessage, LlmRequest, StageDone, TextOut, Tool
 from engine.stages.llm_llamacpp import LlamaCppLlm, LlamaCppOptions, open_llama
 from tests.stages.helpers import run_request
 
@@ -119,3 +121,41 @@ def test_prompt_too_long_fails_the_request_only(llm: LlamaCppLlm) -> None:
         run_request(llm, LlmRequest(request_id="big", messages=(huge,)))
     ok = run_request(llm, LlmRequest(request_id="ok", messages=(QUESTION,), max_tokens=4))
     assert ok.done.tokens == 4 or ok.done.finish_reason == "stop"
+
+
+ALARM = Tool(
+    name="set_alarm",
+    description="Set an alarm",
+    parameters=json.dumps(
+        {
+            "type": "object",
+            "properties": {"hour": {"type": "integer"}, "label": {"type": "string"}},
+            "required": ["hour", "label"],
+            "additionalProperties": False,
+        }
+    ),
+)
+
+
+def test_required_tool_call_is_schema_valid_json(llm: LlamaCppLlm) -> None:
+    """Under tool_required the grammar makes the whole output one call of the tool."""
+    system = ChatMessage(role="system", content=f"Answer briefly.\n{tools_prompt((ALARM,), True)}")
+    ask = ChatMessage(role="user", content="Wake me up at seven.")
+    req = LlmRequest(
+        request_id="t1", messages=(system, ask), max_tokens=64, tools=(ALARM,), tool_required=True
+    )
+    run = run_request(llm, req)
+    text = "".join(o.text for o in run.outputs if isinstance(o, TextOut))
+    call = check_call(text, (ALARM,))  # raises if not JSON or not schema-valid
+    assert call.name == "set_alarm" and set(json.loads(call.arguments)) == {"hour", "label"}
+
+
+def test_auto_tools_plain_text_reply_is_not_constrained(llm: LlamaCppLlm) -> None:
+    """Under auto, output that does not open with '{' is plain text, exactly as without tools."""
+    plain = run_request(
+        llm, LlmRequest(request_id="t2", messages=(SYSTEM, QUESTION), max_tokens=12)
+    )
+    auto = LlmRequest(request_id="t3", messages=(SYSTEM, QUESTION), max_tokens=12, tools=(ALARM,))
+    got = run_request(llm, auto)
+    texts = ["".join(o.text for o in r.outputs if isinstance(o, TextOut)) for r in (plain, got)]
+    assert not texts[0].lstrip().startswith("{") and texts[0] == texts[1]
