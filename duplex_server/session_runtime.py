@@ -272,7 +272,7 @@ class LiveSession:
             elif isinstance(action, ProcessAudio):
                 self._input(action.data)
             elif isinstance(action, ConfigureInput):
-                self.lane.configure(action.format, action.turn_detection)
+                self.lane.configure(action.format, action.turn_detection, action.noise_reduction)
             elif isinstance(action, PurgeAudio):
                 dropped = att.purge_audio(action.epoch) if att is not None else 0
                 if dropped:

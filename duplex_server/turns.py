@@ -1,6 +1,8 @@
-"""The input lane of a session: decode the wire format, resample to 16 kHz (soxr), run the
-VAD, all in a worker thread (never on the event loop), in order per session; the lanes of all
-sessions share one scheduler that batches them into few executor jobs.
+"""The input lane of a session: decode the wire format, resample to 16 kHz (soxr), suppress
+noise if the session asks (``audio.input.noise_reduction``, engine/denoise.py; before the VAD
+and the ASR, which both see the cleaned audio), run the VAD, all in a worker thread (never
+on the event loop), in order per session; the lanes of all sessions share one scheduler that
+batches them into few executor jobs.
 
 The lane turns raw client audio into ``(pcm16 16 kHz, [VadStart | VadStop])`` for the
 protocol core, which owns the barge-in policy (minimum speech before interrupting, the
@@ -28,6 +30,7 @@ from duplex_server.protocol.codec import AudioFormat, g711_to_pcm16
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
 from engine.audio import StreamResampler
+from engine.denoise import NoiseReduction, NoiseSuppressor
 from engine.stages.vad_silero import (
     VadSegmenter,
     VadStream,
@@ -55,10 +58,12 @@ class InputProcessor:
         fmt: AudioFormat,
         turn_detection: TurnDetection | None,
         vad_backend: Literal["silero", "energy"],
+        noise_reduction: NoiseReduction | None = None,
     ) -> None:
         self.format = fmt
         self.turn_detection = turn_detection
         self._resampler = StreamResampler(fmt.rate, INPUT_RATE)
+        self._denoise = None if noise_reduction is None else NoiseSuppressor(noise_reduction)
         self._vad: VadStream | None = None
         if turn_detection is not None:
             segmenter = VadSegmenter(
@@ -89,6 +94,8 @@ class InputProcessor:
         if self.format.codec != "pcm16":
             data = g711_to_pcm16(data, self.format.codec)
         pcm = self._resampler.process(data)
+        if self._denoise is not None:
+            pcm = self._denoise.process(pcm)
         if self._vad is None or not pcm:
             return pcm, []
         return pcm, self._vad.split(pcm)
@@ -134,7 +141,7 @@ class _Step:
 
 Processed = Callable[[bytes, list[VadEvent]], None]
 Failed = Callable[[BaseException], None]
-_Config = tuple[AudioFormat, TurnDetection | None]
+_Config = tuple[AudioFormat, TurnDetection | None, NoiseReduction | None]
 _Result = list[tuple[bytes, list[VadEvent]]] | BaseException
 
 
@@ -185,8 +192,13 @@ class InputLane:
             self._scheduler.ready(self)
         return True
 
-    def configure(self, fmt: AudioFormat, turn_detection: TurnDetection | None) -> None:
-        self._queue.append((fmt, turn_detection))
+    def configure(
+        self,
+        fmt: AudioFormat,
+        turn_detection: TurnDetection | None,
+        noise_reduction: NoiseReduction | None = None,
+    ) -> None:
+        self._queue.append((fmt, turn_detection, noise_reduction))
         if not self._busy:
             self._scheduler.ready(self)
 
@@ -232,7 +244,7 @@ class InputLane:
         try:
             for item in items:
                 if not isinstance(item, bytes):
-                    self._processor = InputProcessor(item[0], item[1], self._vad_backend)
+                    self._processor = InputProcessor(item[0], item[1], self._vad_backend, item[2])
                     self._origin_ms = self._fed_ms
                     continue
                 proc = self._processor

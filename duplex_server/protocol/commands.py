@@ -113,10 +113,12 @@ class ProcessAudio:
 
 @dataclass(frozen=True, slots=True)
 class ConfigureInput:
-    """The input format or turn detection changed: rebuild the lane's resampler and VAD."""
+    """The input format, turn detection or noise reduction changed: rebuild the lane's
+    resampler, noise suppressor and VAD."""
 
     format: AudioFormat
     turn_detection: TurnDetection | None
+    noise_reduction: Literal["near_field", "far_field"] | None = None
 
 
 @dataclass(frozen=True, slots=True)

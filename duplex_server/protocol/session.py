@@ -180,7 +180,9 @@ class SessionCore:
                     resume_query=resume_query(self.session_id),
                 )
             ),
-            ConfigureInput(self.config.input_format, self.config.turn_detection),
+            ConfigureInput(
+                self.config.input_format, self.config.turn_detection, self.config.noise_reduction
+            ),
         ]
 
     def admit_resume(self, token: str) -> None:
@@ -362,9 +364,13 @@ class SessionCore:
         out: list[Action] = []
         if new.settings() != old.settings():
             out.append(Call(Update(self.epoch, new.settings(), event_id=e.event_id)))
-        if new.input_format != old.input_format or new.turn_detection != old.turn_detection:
+        if (
+            new.input_format != old.input_format
+            or new.turn_detection != old.turn_detection
+            or new.noise_reduction != old.noise_reduction
+        ):
             self.input.reset()
-            out.append(ConfigureInput(new.input_format, new.turn_detection))
+            out.append(ConfigureInput(new.input_format, new.turn_detection, new.noise_reduction))
         out.append(Send(ev.SessionUpdated(session=new.to_wire(self.session_id))))
         return out
 

@@ -405,3 +405,43 @@ def test_idle_timeout_once_per_silence_not_while_speaking(server: str) -> None:
             # follows it, after its own audio (not within the 1 s after the first)
 
     asyncio.run(run())
+
+
+# ---------------------------------------------------------------------------- noise reduction
+@pytest.mark.parametrize("kind", [None, "near_field"])
+def test_noise_reduction_runs_before_the_vad(server: str, kind: str | None) -> None:
+    """beckett.wav in noise at 5 dB SNR, 16 kHz, through the server (energy VAD): without
+    noise reduction the noise starts one endless turn, with it each phrase is a turn."""
+    from bench.noise_reduction import PHRASES, beckett, mix, pcm16
+
+    noisy = pcm16(mix(beckett(), 5.0))
+
+    async def run() -> None:
+        async with Client.connect(server) as c:
+            await c.until("session.created")
+            audio_in = {
+                "format": {"type": "audio/pcm", "rate": 16000},
+                "noise_reduction": None if kind is None else {"type": kind},
+                "turn_detection": {"type": "server_vad", "create_response": False},
+            }
+            update = {"audio": {"input": audio_in}}
+            await c.send({"type": "session.update", "session": update})
+            got = (await c.until("session.updated"))["session"]["audio"]["input"]
+            assert got["noise_reduction"] == (None if kind is None else {"type": kind})
+            await send_audio(c, noisy, rate=16000)
+            if kind is not None:
+                for _ in PHRASES:
+                    await c.until("input_audio_buffer.speech_stopped", within=10)
+            await c.drain(1.0)
+            starts = [
+                e["audio_start_ms"]
+                for e in c.events
+                if e["type"] == "input_audio_buffer.speech_started"
+            ]
+            if kind is None:  # one turn from the first noise sample, never ended
+                assert starts == [0]
+                assert "input_audio_buffer.speech_stopped" not in _kinds(c.events)
+            else:
+                assert len(starts) == len(PHRASES) and starts[0] > 1500
+
+    asyncio.run(run())
