@@ -145,6 +145,7 @@ class SessionCore:
         self.now_ms = 0.0  # the time of the latest input (for the idle timeout)
         #: idle timeout: silence since (ms); None = not armed (fires once per silence)
         self.idle_since_ms: float | None = None
+        self._partials: dict[str, str] = {}  # speech item -> live transcript sent so far
         self.responses = Responses()
         self.input = InputTurns(lambda: self.items.new_id("item"))
 
@@ -660,6 +661,8 @@ class SessionCore:
         if isinstance(event, AudioChunk):
             return self._audio(event)
         if isinstance(event, UserTranscript):
+            if not event.final and event.fence.turn_id >= self.turn_id:
+                return self._live_partial(event.text)
             return self.items.transcript(event.fence.turn_id, event.text, event.final)
         if isinstance(event, ResponseStarted):
             return self._start(event.fence, now_ms)
@@ -691,6 +694,18 @@ class SessionCore:
                 type="server_error", code=event.error.code, message=event.error.message
             )
         return self._finish(resp, event.status, event.reason, error, tokens=event.output_tokens)
+
+    def _live_partial(self, text: str) -> list[Action]:
+        """A live hypothesis of the speech in progress (engine partials): the words it adds
+        to what was already sent go out as a transcription delta of the speech item."""
+        item_id = self.input.speech_item
+        if item_id is None:
+            return []
+        sent = self._partials.get(item_id, "")
+        if not text.startswith(sent) or len(text) == len(sent):
+            return []  # a revised hypothesis: .completed carries the final transcript
+        self._partials = {item_id: text}
+        return [Send(ev.InputTranscriptDelta(item_id=item_id, delta=text[len(sent) :]))]
 
     def _lifecycle(self, event: SessionLifecycle) -> list[Action]:
         if event.state == "expiring":

@@ -445,3 +445,48 @@ def test_noise_reduction_runs_before_the_vad(server: str, kind: str | None) -> N
                 assert len(starts) == len(PHRASES) and starts[0] > 1500
 
     asyncio.run(run())
+
+
+def test_transcription_session_live_partials(tmp_path: Path) -> None:
+    """With the engine's live partials (pocketsphinx), a transcription session gets
+    transcription deltas of the speech item while the user still speaks."""
+    from bench.noise_reduction import beckett, pcm16
+
+    speech = pcm16(beckett()[: 16000 * 3])  # "Ever tried. Ever failed." (~3 s)
+    engine = {"partials": {"backend": "pocketsphinx"}}
+    with running_server(write_config(tmp_path, engine=engine)) as addr:
+
+        async def run() -> None:
+            async with Client.connect(addr) as c:
+                await c.until("session.created")
+                session = {
+                    **TRANSCRIPTION,
+                    "audio": {
+                        "input": {
+                            "format": {"type": "audio/pcm", "rate": 16000},
+                            "turn_detection": {"type": "server_vad", "silence_duration_ms": 1500},
+                        }
+                    },
+                }
+                await c.send({"type": "session.update", "session": session})
+                await c.until("session.updated")
+                for i in range(0, len(speech), 1280):  # 40 ms chunks in real time
+                    await c.send(
+                        {"type": "input_audio_buffer.append", "audio": b64(speech[i : i + 1280])}
+                    )
+                    await asyncio.sleep(0.04)
+                await send_audio(c, silence(1800, rate=16000), rate=16000)
+                stopped = await c.until("input_audio_buffer.speech_stopped", within=10)
+                done = await c.until(
+                    "conversation.item.input_audio_transcription.completed", within=10
+                )
+                live = [
+                    e
+                    for e in c.events[: c.events.index(stopped)]
+                    if e["type"] == "conversation.item.input_audio_transcription.delta"
+                ]
+                assert live and all(e["item_id"] == done["item_id"] for e in live)
+                # pocketsphinx's rough live words ("there" for "ever tried" was seen)
+                assert "".join(e["delta"] for e in live).strip()
+
+        asyncio.run(run())

@@ -330,3 +330,22 @@ def test_a_whole_utterance_in_one_batch_still_interrupts() -> None:
         CHUNK * 5, [VadStart(onset_ms=0.0, audio_start_ms=0.0), VadStop(audio_end_ms=60.0)], 50
     )
     assert not any(isinstance(x, Cancel) for x in calls(out))
+
+
+def test_live_partials_are_deltas_of_the_speech_item() -> None:
+    from duplex_contract.events import UserTranscript
+
+    c = core()
+    c.input.speech_item = "item_live"  # speech in progress (as after a VAD onset)
+    fence = c.position
+
+    def deltas(text: str) -> list[object]:
+        out = c.on_engine_event(UserTranscript(fence=fence, text=text, final=False), 0)
+        return [(e.item_id, e.delta) for e in sent(out) if isinstance(e, ev.InputTranscriptDelta)]
+
+    assert deltas("ever") == [("item_live", "ever")]
+    assert deltas("ever tried") == [("item_live", " tried")]
+    assert deltas("ever tried") == []  # nothing new
+    assert deltas("never tried") == []  # revised: the completed transcript settles it
+    c.input.speech_item = None
+    assert deltas("ever tried again") == []  # no speech in progress
