@@ -336,8 +336,9 @@ def test_transcription_session_raw_websocket(server: str) -> None:
             await send_audio(c, silence(200) + tone(500) + silence(600))
             done = await c.until("conversation.item.input_audio_transcription.completed")
             assert done["transcript"] == "what is the weather like today"
-            # manual commit too
+            # manual commit too (once the input lane has taken the audio in)
             await send_audio(c, tone(300))
+            await c.drain(0.3)
             await c.send({"type": "input_audio_buffer.commit"})
             await c.until("conversation.item.input_audio_transcription.completed")
             assert not any(e["type"].startswith("response.") for e in await c.drain(0.5))
