@@ -200,6 +200,26 @@ def test_pending_call_output_late_and_huge(server: str) -> None:
     asyncio.run(run())
 
 
+def test_call_that_breaks_the_schema_fails_the_response(server: str) -> None:
+    """The scripted get_time call has no arguments; a schema that requires one makes it
+    invalid: the response fails with invalid_tool_call and the call cannot be answered."""
+    strict = {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
+    tools = [{"type": "function", "name": "get_time", "parameters": strict}]
+
+    async def run() -> None:
+        async with Client.connect(server) as c:
+            await _text_session(c, tools=tools, tool_choice="required")
+            await c.send(text_item("time?"))
+            done = (await _response(c))[-1]["response"]
+            assert done["status"] == "failed"
+            assert done["status_details"]["error"]["code"] == "invalid_tool_call"
+            # the session goes on
+            events = await _response(c, {"tool_choice": "none"})
+            assert events[-1]["response"]["status"] == "completed"
+
+    asyncio.run(run())
+
+
 def test_tool_errors_name_the_field(server: str) -> None:
     async def run() -> None:
         async with Client.connect(server) as c:
