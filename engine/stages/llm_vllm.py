@@ -19,6 +19,11 @@ seed). Outputs stream as one :class:`TextOut` per detokenized delta (``RequestOu
 request id, which embeds the fence (``sess_x/e3/t5/r1/llm``). ``abort`` ends the stream at
 once (``StageDone("aborted")``; no later chunk is forwarded) and aborts the request in vLLM.
 
+Tools: under ``LlmRequest.tool_required`` the sampling params carry vLLM structured outputs
+(``StructuredOutputsParams(json=...)``, guided JSON) with the schema of one call of the
+tools (:func:`duplex_contract.tools.call_schema`); under ``auto`` decoding is free and the
+orchestrator validates whatever call the model writes.
+
 Start-up errors are :class:`ConfigError` naming the option, e.g.
 ``engine.stages.llm.options.model: /x is not a Hugging Face model directory``.
 """
