@@ -384,12 +384,12 @@ class Orchestrator:
             heard = await self.speculation.transcript(fence, job.audio)
             self.emit(sid, UserTranscript(fence=fence, text=heard, final=True))
             text = f"{text} {heard}".strip()
-        for item_id, part in job.items or ((None, job.text),):
+        for item_id, part in job.items:
             if part.strip():
                 history.add_user(part, fence.turn_id, item_id)
         for output in job.tool_outputs:
             history.add_tool_output(output, fence.turn_id)
-        if heard:
+        if heard and not job.audio_deleted:
             history.add_user(heard, fence.turn_id, job.audio_item)
         job.heard = True
         if not job.respond:

@@ -13,6 +13,7 @@ under :attr:`DuplexControl.table_lock`, which every insert and removal also hold
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from engine.messages import (
     ToolOutput,
     TouchCall,
 )
+
+log = logging.getLogger(__name__)
 
 CANCEL_REASONS = {
     "barge_in": "turn_detected",
@@ -405,24 +408,25 @@ class DuplexControl:
     def _delete(self, session: DuplexSession, call: SignalCall, control_id: int) -> ControlResult:
         """Drop an item from the input or the history; the next prompt no longer has it.
 
-        A turn still queued or running keeps what it already took (its prompt was built or
-        is being built); later prompts do not show the item."""
+        A turn queued or still transcribing that took the item drops it too; words already
+        in a prompt being answered stay in that one answer only."""
         ref = call.item
         if ref is None:
             raise _err("invalid_argument", "item.delete needs item")
         found = False
         if ref.item_id is not None:
             found = session.drop_item(ref.item_id) or session.history.delete_item(ref.item_id)
-            for job in session.jobs:
+            active = [session.active] if session.active is not None else []
+            for job in [*session.jobs, *active]:  # taken, not yet in the history
                 if ref.item_id in (job.audio_item, *(i for i, _ in job.items)):
                     found = True
                     job.items = tuple((i, t) for i, t in job.items if i != ref.item_id)
-                    if job.audio_item == ref.item_id:
-                        job.audio, job.audio_item = b"", None
+                    job.text = " ".join(t for _, t in job.items if t.strip())
+                    job.audio_deleted = job.audio_deleted or job.audio_item == ref.item_id
         if ref.turn_id is not None and ref.response_seq is not None:
             found = session.history.delete_assistant(ref.turn_id, ref.response_seq) or found
-        if not found:
-            raise _err("item_not_found", "the engine holds no such item")
+        if not found:  # e.g. an audio item with no words: nothing to drop, not an error
+            log.debug("%s: item.delete found nothing to drop", session.session_id)
         return self._ok(control_id, session)
 
     # ------------------------------------------------------------------ cancels

@@ -26,6 +26,7 @@ class TurnJob:
     items: tuple[tuple[str | None, str], ...] = ()  # text items: (item id, text)
     tool_outputs: tuple[ToolOutput, ...] = ()  # function_call_output items
     audio_item: str | None = None  # the user audio item of ``audio``
+    audio_deleted: bool = False  # the audio item was deleted: its words stay out
     response: ResponseOptions | None = None  # overrides of this job's response
 
 

@@ -312,3 +312,38 @@ def test_cancel_with_foreign_next_fence_is_refused(event: str) -> None:
         ),
         "invalid_argument",
     )
+
+
+def test_item_delete_drops_uncommitted_queued_and_out_of_band_keeps_input() -> None:
+    from engine.messages import ItemRef, ResponseOptions, ToolOutput
+
+    h = Harness()
+    sid, _ = h.open()
+    session = h.control.sessions[sid]
+
+    def append(text: str, item_id: str) -> None:
+        h.ok(AppendCall(fence=session.fence, lease_generation=1, text=text, item_id=item_id))
+
+    def delete(item_id: str) -> None:
+        ref = ItemRef(item_id=item_id)
+        h.ok(SignalCall(fence=session.fence, lease_generation=1, event="item.delete", item=ref))
+
+    append("keep", "item_a")
+    append("drop", "item_b")
+    delete("item_b")  # not committed yet
+    assert session.text_items == [("item_a", "keep")] and session.text_parts == ["keep"]
+    # an out-of-band response leaves the input where it is and takes no turn
+    oob = ResponseOptions(conversation="none")
+    res = h.ok(CommitCall(fence=session.fence, lease_generation=1, respond=True, response=oob))
+    assert session.text_items == [("item_a", "keep")] and res.accepted_fence is not None
+    assert res.accepted_fence.turn_id == 0
+    assert session.jobs[-1].response == oob and not session.jobs[-1].items
+    session.jobs.clear()
+    output = ToolOutput(call_id="call_1", name="f", output="{}", item_id="item_t")
+    h.ok(AppendCall(fence=session.fence, lease_generation=1, tool_output=output))
+    res = h.ok(CommitCall(fence=session.fence, lease_generation=1, respond=False))
+    job = session.jobs[-1]
+    assert job.items == (("item_a", "keep"),) and job.tool_outputs == (output,)
+    delete("item_a")  # queued: gone from the job before it reaches the history
+    assert job.items == () and job.text == ""
+    delete("nothing")  # the engine holds nothing: not an error (the server decides)
