@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -394,7 +395,9 @@ def test_transcription_session_sdk(server: str) -> None:
 
 # ---------------------------------------------------------------------------- idle timeout
 async def _paced_silence(c: Client, seconds: float) -> None:
-    for _ in range(int(seconds / 0.04)):
+    """Silence in 40 ms appends for ``seconds`` of wall time (however late the loop runs)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
         await c.send({"type": "input_audio_buffer.append", "audio": b64(silence(40))})
         await asyncio.sleep(0.04)
 
@@ -410,10 +413,12 @@ def test_idle_timeout_once_per_silence_not_while_speaking(server: str) -> None:
             await _paced_silence(c, 0.6)  # no response yet: no timer
             await c.send(text_item("hello there, this question is long enough for the test"))
             done = (await _response(c))[-1]["response"]
+            done_t = time.monotonic()
             audio_s = done["audio_ms"] / 1000
             assert audio_s > 0.8  # the reply's audio is still playing for a while
             start = len(c.events)
-            await _paced_silence(c, audio_s - 0.3)  # while the assistant speaks: nothing
+            # while the assistant speaks (its audio plays until done + audio_s): nothing
+            await _paced_silence(c, done_t + audio_s - 0.3 - time.monotonic())
             assert "input_audio_buffer.timeout_triggered" not in _kinds(c.events[start:])
             await _paced_silence(c, 1.2)  # then one trigger and one prompting response
             await _paced_silence(c, 1.0)  # ... and not again in the same silence
