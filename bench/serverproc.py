@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,14 +40,16 @@ def wait_healthy(proc: subprocess.Popen[bytes], addrs: list[str], deadline: floa
 
 @contextlib.contextmanager
 def running_server(
-    config: Path, ready_s: float = 180.0, quiet: bool = True
+    config: Path, ready_s: float = 180.0, quiet: bool = True, log: IO[bytes] | None = None
 ) -> Iterator[tuple[str, int]]:
-    """``duplex-server serve`` on 127.0.0.1; yields ``(host:port, pid)`` once /health is 200."""
+    """``duplex-server serve`` on 127.0.0.1; yields ``(host:port, pid)`` once /health is 200.
+    ``log``: a file that gets the server's output (else it is discarded, or shown if not
+    ``quiet``)."""
     port = free_port()
     exe = Path(sys.executable).with_name("duplex-server")
     cmd = [str(exe), "serve", "--config", str(config), "--port", str(port)]
     cmd += ["--log-level", "warning"]
-    out = subprocess.DEVNULL if quiet else None
+    out: IO[bytes] | int | None = log if log is not None else subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=out, stderr=out
     )

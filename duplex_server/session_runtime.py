@@ -331,7 +331,7 @@ class LiveSession:
             async with asyncio.TaskGroup() as tg:
                 caller = tg.create_task(self._caller(), name=f"calls:{self.session_id}")
                 pump = tg.create_task(self._pump(), name=f"pump:{self.session_id}")
-                pump.add_done_callback(lambda _: caller.cancel())
+                pump.add_done_callback(lambda _: self._stop_caller(caller))
         finally:
             self.lane.close()
 
@@ -343,9 +343,15 @@ class LiveSession:
         except EngineDeadError as exc:
             self.apply(self.core.error(exc))
 
+    def _stop_caller(self, caller: asyncio.Task[None]) -> None:
+        """The engine session ended: the caller ends too, even if the cancellation is lost
+        (the stopped queue wakes the caller and hands it None)."""
+        self._calls.stop()
+        caller.cancel()
+
     async def _caller(self) -> None:
-        while True:
-            cmd = self._merge_appends(await self._calls.get())
+        while (queued := await self._calls.get()) is not None:
+            cmd = self._merge_appends(queued)
             try:
                 res_fence = await self._execute(cmd)
             except Exception as exc:  # every engine error is reported to the client
@@ -489,16 +495,32 @@ class _CallQueue:
     def __init__(self) -> None:
         self._items: deque[EngineCommand] = deque()
         self._ready = asyncio.Event()
+        self.stopped = False
 
     def put_nowait(self, cmd: EngineCommand) -> None:
+        if self.stopped:
+            return  # the engine session is over: nothing to call
         self._items.append(cmd)
         self._ready.set()
 
-    async def get(self) -> EngineCommand:
+    def stop(self) -> None:
+        self.stopped = True
+        self._items.clear()
+        self._ready.set()
+
+    async def get(self) -> EngineCommand | None:
+        """The next call; None once stopped (the session's tasks are ending)."""
         while not self._items:
+            if self.stopped:
+                return None
             self._ready.clear()
             await self._ready.wait()
         return self._items.popleft()
+
+    @property
+    def nbytes(self) -> int:
+        """Audio bytes queued for the engine (merged appends waiting their turn)."""
+        return sum(len(c.audio) for c in self._items if isinstance(c, Append))
 
     def peek(self) -> EngineCommand | None:
         return self._items[0] if self._items else None

@@ -283,7 +283,11 @@ class AsyncEngine:
         """Send one control call; raise its error if ``ok`` is False."""
         cid, fut = self.submit_call(call)
         try:
-            res = await asyncio.wait_for(fut, wait_s or self.config.control_timeout_s)
+            # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as
+            # the result does, and a session's caller cancelled then never ended (its session
+            # stayed live in the front end for good)
+            async with asyncio.timeout(wait_s or self.config.control_timeout_s):
+                res = await fut
         except TimeoutError:
             raise ControlError("engine did not answer in time", code="deadline_exceeded") from None
         finally:
