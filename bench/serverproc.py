@@ -23,6 +23,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def server_env() -> dict[str, str]:
+    """The environment of a server subprocess: offline, and importing this checkout's code
+    (whatever checkout the virtual environment was installed from)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+
+
 def wait_healthy(proc: subprocess.Popen[bytes], addrs: list[str], deadline: float) -> None:
     """Wait until every address answers /health with 200 (the process must stay up)."""
     for addr in addrs:
@@ -50,9 +57,7 @@ def running_server(
     cmd = [str(exe), "serve", "--config", str(config), "--port", str(port)]
     cmd += ["--log-level", "warning"]
     out: IO[bytes] | int | None = log if log is not None else subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=out, stderr=out
-    )
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=server_env(), stdout=out, stderr=out)
     addr = f"127.0.0.1:{port}"
     try:
         wait_healthy(proc, [addr], time.monotonic() + ready_s)
@@ -82,7 +87,7 @@ def running_scaled(
     exe = Path(sys.executable).with_name("duplex-server")
     cmd = [str(exe), "serve", "--config", str(config), "--port", str(first)]
     cmd += ["--workers", str(workers), "--log-level", "warning"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = server_env()
     sup = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     fronts = [f"127.0.0.1:{first + i}" for i in range(workers)]
     procs = [sup]

@@ -196,9 +196,8 @@ class Driver:
 
     async def session(self, rng: random.Random, deadline: float) -> None:
         sess = SessionState()
-        kinds = ["turn", "turn", "cancel", "voice", "drop", "drop"]
-        if self.chaos and self.test_stage:
-            kinds.append("chaos")
+        kinds = ["turn", "cancel", "voice", "drop", "chaos"]
+        weights = [2.0, 1.0, 1.0, 2.0, 0.3 if self.chaos and self.test_stage else 0.0]
         ws = await websockets.connect(self.url(), max_size=None, open_timeout=self.timeout)
         conn = Conn(ws, sess, self.timeout)
         try:
@@ -207,7 +206,7 @@ class Driver:
             sess.token = created["resume_token"]
             sess.resume_query = "?" + created.get("resume_query", "intent=resume")
             for _ in range(rng.randint(2, 5)):
-                kind = rng.choice(kinds)
+                kind = rng.choices(kinds, weights)[0]
                 conn = await self.turn(conn, kind, rng)
                 self.stats.turns[kind] += 1
                 await conn.send({"type": "session.event_ack", "seq": sess.last_seq})

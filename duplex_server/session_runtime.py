@@ -156,6 +156,11 @@ class LiveSession:
     def session_id(self) -> str:
         return self.core.session_id
 
+    @property
+    def input_bytes(self) -> int:
+        """Input audio held here: the lane's backlog and appends queued for the engine."""
+        return self.lane.backlog + self._calls.nbytes
+
     # ------------------------------------------------------------------ called by transports
     def open(self, attachment: Attachment, capabilities: ev.Capabilities) -> None:
         token, digest = new_resume_token()
@@ -215,6 +220,16 @@ class LiveSession:
         self.attachment = None
         if not self.core.closed:
             self._calls.put_nowait(Touch(self.core.epoch, "detach"))
+
+    def peer_closed(self, attachment: Attachment) -> None:
+        """The client closed its transport normally (WebSocket 1000) without
+        ``session.close``: it is done, so the session ends now instead of waiting out the
+        grace period (a client that means to resume drops or closes with another code)."""
+        if self.attachment is not attachment:
+            return
+        attachment.take_unsent()
+        self.attachment = None
+        self.apply(self.core.close("client_closed_socket"))
 
     def next_frame(self, item: Outgoing) -> bytes | None:
         """A transport is about to write ``item``: stamp (and journal) it, or None if stale."""
@@ -438,6 +453,23 @@ class Sessions:
 
     def __len__(self) -> int:
         return len(self.live)
+
+    def by_state(self) -> dict[str, int]:
+        """Live sessions by state: ``attached`` (a transport), ``detached`` (none; the
+        engine ends it after ``disconnect_grace_s`` unless it resumes), ``closing`` (ended,
+        its engine session not yet gone)."""
+        out = {"attached": 0, "detached": 0, "closing": 0}
+        for s in self.live.values():
+            state = "closing" if s.core.closed else "attached" if s.attachment else "detached"
+            out[state] += 1
+        return out
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes the front end holds for its sessions: the journals, and input audio not yet
+        handed to the engine (the input lanes' backlog and queued appends)."""
+        journal = sum(s.journal.bytes for s in self.live.values())
+        pending = sum(s.input_bytes for s in self.live.values())
+        return {"journal": journal, "input": pending}
 
     async def open(
         self, attachment: Attachment, capabilities: ev.Capabilities, *, beta: bool

@@ -79,6 +79,8 @@ class EngineStats:
     stage_restarts: dict[str, int]
     # stages that report themselves down (a remote stage whose circuit is open): why
     stages_down: dict[str, str] = field(default_factory=dict)
+    # bytes the engine holds for its sessions, by part (engine_input, history, speculation)
+    session_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class AsyncEngine:
@@ -458,6 +460,7 @@ class AsyncEngine:
                 for name, pool in orch.pools.items()
             },
             stages_down=orch.stages_down(),
+            session_bytes=dict(orch.counters.session_bytes),
         )
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:

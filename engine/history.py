@@ -129,6 +129,14 @@ class ConversationHistory:
         """Turns held in memory (forgotten ones excluded)."""
         return len(self._turns)
 
+    @property
+    def nbytes(self) -> int:
+        """Characters of text held (an estimate of the memory the history keeps)."""
+        return sum(
+            len(t.text) if isinstance(t, _UserTurn) else sum(len(p.text) for p in t.pieces)
+            for t in self._turns
+        )
+
     # ------------------------------------------------------------------------ recording
     def add_user(self, text: str, turn_id: int) -> None:
         """Record user input (final ASR text or text input) for ``turn_id``."""
