@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,6 +21,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def server_env() -> dict[str, str]:
+    """The environment of a server subprocess: offline, and importing this checkout's code
+    (whatever checkout the virtual environment was installed from)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
 
 
 def wait_healthy(proc: subprocess.Popen[bytes], addrs: list[str], deadline: float) -> None:
@@ -39,17 +47,17 @@ def wait_healthy(proc: subprocess.Popen[bytes], addrs: list[str], deadline: floa
 
 @contextlib.contextmanager
 def running_server(
-    config: Path, ready_s: float = 180.0, quiet: bool = True
+    config: Path, ready_s: float = 180.0, quiet: bool = True, log: IO[bytes] | None = None
 ) -> Iterator[tuple[str, int]]:
-    """``duplex-server serve`` on 127.0.0.1; yields ``(host:port, pid)`` once /health is 200."""
+    """``duplex-server serve`` on 127.0.0.1; yields ``(host:port, pid)`` once /health is 200.
+    ``log``: a file that gets the server's output (else it is discarded, or shown if not
+    ``quiet``)."""
     port = free_port()
     exe = Path(sys.executable).with_name("duplex-server")
     cmd = [str(exe), "serve", "--config", str(config), "--port", str(port)]
     cmd += ["--log-level", "warning"]
-    out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=out, stderr=out
-    )
+    out: IO[bytes] | int | None = log if log is not None else subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=server_env(), stdout=out, stderr=out)
     addr = f"127.0.0.1:{port}"
     try:
         wait_healthy(proc, [addr], time.monotonic() + ready_s)
@@ -79,7 +87,7 @@ def running_scaled(
     exe = Path(sys.executable).with_name("duplex-server")
     cmd = [str(exe), "serve", "--config", str(config), "--port", str(first)]
     cmd += ["--workers", str(workers), "--log-level", "warning"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = server_env()
     sup = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     fronts = [f"127.0.0.1:{first + i}" for i in range(workers)]
     procs = [sup]

@@ -112,6 +112,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
                 {
                     "status": "ok",
                     "sessions": len(hub.sessions),
+                    "sessions_by_state": hub.sessions.by_state(),
                     "route_key": config.server.route_key,
                 }
             )
@@ -121,8 +122,17 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         )
 
     async def metrics_route(request: Request) -> Response:
-        metrics.outbound_bytes.set(sum(c.queued_bytes for c in hub.sockets))
+        outbox = sum(c.queued_bytes for c in hub.sockets)
+        metrics.outbound_bytes.set(outbox)
         metrics.input_backlog.set(sum(s.lane.backlog for s in hub.sessions.live.values()))
+        for state, n in hub.sessions.by_state().items():
+            metrics.sessions.labels(state).set(n)
+        engine = handle.engine
+        held = {"outbox": outbox, **hub.sessions.held_bytes()}
+        if engine is not None and engine.ready:
+            held.update(engine.stats().session_bytes)
+        for part, n in held.items():
+            metrics.session_bytes.labels(part).set(n)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     routes: list[BaseRoute] = [

@@ -106,6 +106,18 @@ class Metrics:
         self.input_backlog = Gauge(
             "duplex_input_backlog_bytes", "Unprocessed input audio bytes", registry=r
         )
+        self.sessions = Gauge(
+            "duplex_sessions",
+            "Live sessions in the front end by state (attached, detached, closing)",
+            ["state"],
+            registry=r,
+        )
+        self.session_bytes = Gauge(
+            "duplex_session_bytes",
+            "Bytes held for live sessions by part, all sessions summed",
+            ["part"],
+            registry=r,
+        )
         self.errors = Counter("duplex_errors", "Wire errors sent", ["code"], registry=r)
         self.batch_latency = Histogram(
             "duplex_batch_request_seconds",

@@ -46,6 +46,8 @@ class SocketAttachment:
         self._stalled = False
         #: loop time when the frame being written started (None: not in a send)
         self.send_since: float | None = None
+        #: the close code the client sent (1006: the connection dropped without one)
+        self.peer_close_code: int | None = None
 
     # ------------------------------------------------------------------ Attachment
     def send_event(self, item: Outgoing) -> bool:
@@ -108,8 +110,8 @@ class SocketAttachment:
     async def _reader(self) -> None:
         try:
             await self._read_loop()
-        except WebSocketDisconnect:
-            pass
+        except WebSocketDisconnect as exc:
+            self.peer_close_code = exc.code
         finally:
             if self._close is None:  # the client went away: stop everything now
                 self._stop()
@@ -119,6 +121,7 @@ class SocketAttachment:
         while True:
             msg = await self.ws.receive()
             if msg["type"] == "websocket.disconnect":
+                self.peer_close_code = msg.get("code", 1006)
                 return
             text, data = msg.get("text"), msg.get("bytes")
             size = len(text) if text is not None else len(data or b"")
@@ -193,7 +196,10 @@ async def realtime_endpoint(ws: WebSocket) -> None:
             hub.no_connections.set()
         hub.metrics.connections.labels("open").dec()
         if sock.session is not None:
-            sock.session.detach(sock)
+            if sock.peer_close_code == CloseCode.NORMAL:
+                sock.session.peer_closed(sock)  # a clean close ends the session (§6)
+            else:
+                sock.session.detach(sock)  # a drop: kept for the grace period
         try:
             await ws.close(CloseCode.NORMAL)
         except Exception:  # already closed by the peer or by the writer: nothing to do

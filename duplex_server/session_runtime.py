@@ -172,6 +172,11 @@ class LiveSession:
     def session_id(self) -> str:
         return self.core.session_id
 
+    @property
+    def input_bytes(self) -> int:
+        """Input audio held here: the lane's backlog and appends queued for the engine."""
+        return self.lane.backlog + self._calls.nbytes
+
     # ------------------------------------------------------------------ called by transports
     def open(self, attachment: Attachment, capabilities: ev.Capabilities) -> None:
         token, digest = new_resume_token()
@@ -231,6 +236,16 @@ class LiveSession:
         self.attachment = None
         if not self.core.closed:
             self._calls.put_nowait(Touch(self.core.epoch, "detach"))
+
+    def peer_closed(self, attachment: Attachment) -> None:
+        """The client closed its transport normally (WebSocket 1000) without
+        ``session.close``: it is done, so the session ends now instead of waiting out the
+        grace period (a client that means to resume drops or closes with another code)."""
+        if self.attachment is not attachment:
+            return
+        attachment.take_unsent()
+        self.attachment = None
+        self.apply(self.core.close("client_closed_socket"))
 
     def next_frame(self, item: Outgoing) -> bytes | None:
         """A transport is about to write ``item``: stamp (and journal) it, or None if stale."""
@@ -347,7 +362,7 @@ class LiveSession:
             async with asyncio.TaskGroup() as tg:
                 caller = tg.create_task(self._caller(), name=f"calls:{self.session_id}")
                 pump = tg.create_task(self._pump(), name=f"pump:{self.session_id}")
-                pump.add_done_callback(lambda _: caller.cancel())
+                pump.add_done_callback(lambda _: self._stop_caller(caller))
         finally:
             self.lane.close()
 
@@ -359,9 +374,15 @@ class LiveSession:
         except EngineDeadError as exc:
             self.apply(self.core.error(exc))
 
+    def _stop_caller(self, caller: asyncio.Task[None]) -> None:
+        """The engine session ended: the caller ends too, even if the cancellation is lost
+        (the stopped queue wakes the caller and hands it None)."""
+        self._calls.stop()
+        caller.cancel()
+
     async def _caller(self) -> None:
-        while True:
-            cmd = self._merge_appends(await self._calls.get())
+        while (queued := await self._calls.get()) is not None:
+            cmd = self._merge_appends(queued)
             try:
                 res_fence = await self._execute(cmd)
             except Exception as exc:  # every engine error is reported to the client
@@ -460,6 +481,23 @@ class Sessions:
     def __len__(self) -> int:
         return len(self.live)
 
+    def by_state(self) -> dict[str, int]:
+        """Live sessions by state: ``attached`` (a transport), ``detached`` (none; the
+        engine ends it after ``disconnect_grace_s`` unless it resumes), ``closing`` (ended,
+        its engine session not yet gone)."""
+        out = {"attached": 0, "detached": 0, "closing": 0}
+        for s in self.live.values():
+            state = "closing" if s.core.closed else "attached" if s.attachment else "detached"
+            out[state] += 1
+        return out
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes the front end holds for its sessions: the journals, and input audio not yet
+        handed to the engine (the input lanes' backlog and queued appends)."""
+        journal = sum(s.journal.bytes for s in self.live.values())
+        pending = sum(s.input_bytes for s in self.live.values())
+        return {"journal": journal, "input": pending}
+
     async def open(
         self, attachment: Attachment, capabilities: ev.Capabilities, *, beta: bool
     ) -> LiveSession:
@@ -516,16 +554,32 @@ class _CallQueue:
     def __init__(self) -> None:
         self._items: deque[EngineCommand] = deque()
         self._ready = asyncio.Event()
+        self.stopped = False
 
     def put_nowait(self, cmd: EngineCommand) -> None:
+        if self.stopped:
+            return  # the engine session is over: nothing to call
         self._items.append(cmd)
         self._ready.set()
 
-    async def get(self) -> EngineCommand:
+    def stop(self) -> None:
+        self.stopped = True
+        self._items.clear()
+        self._ready.set()
+
+    async def get(self) -> EngineCommand | None:
+        """The next call; None once stopped (the session's tasks are ending)."""
         while not self._items:
+            if self.stopped:
+                return None
             self._ready.clear()
             await self._ready.wait()
         return self._items.popleft()
+
+    @property
+    def nbytes(self) -> int:
+        """Audio bytes queued for the engine (merged appends waiting their turn)."""
+        return sum(len(c.audio) for c in self._items if isinstance(c, Append))
 
     def peek(self) -> EngineCommand | None:
         return self._items[0] if self._items else None

@@ -82,6 +82,8 @@ class EngineStats:
     stage_restarts: dict[str, int]
     # stages that report themselves down (a remote stage whose circuit is open): why
     stages_down: dict[str, str] = field(default_factory=dict)
+    # bytes the engine holds for its sessions, by part (engine_input, history, speculation)
+    session_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class AsyncEngine:
@@ -286,7 +288,11 @@ class AsyncEngine:
         """Send one control call; raise its error if ``ok`` is False."""
         cid, fut = self.submit_call(call)
         try:
-            res = await asyncio.wait_for(fut, wait_s or self.config.control_timeout_s)
+            # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as
+            # the result does, and a session's caller cancelled then never ended (its session
+            # stayed live in the front end for good)
+            async with asyncio.timeout(wait_s or self.config.control_timeout_s):
+                res = await fut
         except TimeoutError:
             raise ControlError("engine did not answer in time", code="deadline_exceeded") from None
         finally:
@@ -467,6 +473,7 @@ class AsyncEngine:
                 for name, pool in orch.pools.items()
             },
             stages_down=orch.stages_down(),
+            session_bytes=dict(orch.counters.session_bytes),
         )
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:

@@ -14,6 +14,8 @@ class Counters:
     stale_dropped: int = 0
     stage_latency: list[tuple[str, float]] = field(default_factory=list)
     stage_steps: list[tuple[str, int]] = field(default_factory=list)  # (stage, batch size)
+    #: bytes held for live sessions by part, all sessions summed (the reaper refreshes it)
+    session_bytes: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def latency(self, stage: str, seconds: float) -> None:

@@ -167,6 +167,19 @@ class ConversationHistory:
         """Turns held in memory (forgotten ones excluded)."""
         return len(self._turns)
 
+    @property
+    def nbytes(self) -> int:
+        """Characters of text held (an estimate of the memory the history keeps)."""
+        total = 0
+        for t in self._turns:
+            if isinstance(t, _UserTurn):
+                total += len(t.text)
+            elif isinstance(t, _ToolTurn):
+                total += len(t.output.output)  # kept whole; the prompt shows a cut
+            else:
+                total += sum(len(p.text) for p in t.pieces)
+        return total
+
     # ------------------------------------------------------------------------ recording
     def add_user(self, text: str, turn_id: int, item_id: str | None = None) -> None:
         """Record user input (final ASR text or text input) for ``turn_id``."""

@@ -650,8 +650,18 @@ class Orchestrator:
             await asyncio.sleep(interval)
             try:
                 self._apply(self.control.tick(time.monotonic(), self._cleaning))
+                self.counters.session_bytes = self._session_bytes()
             except Exception:
                 log.exception("reaper tick failed")
+
+    def _session_bytes(self) -> dict[str, int]:
+        """What the engine holds for its sessions, by part (docs/protocol.md §8)."""
+        pending = history = 0
+        for session in self.control.sessions.values():
+            pending += session.input_bytes()
+            history += session.history.nbytes
+        spec = self.speculation.nbytes if self.speculation is not None else 0
+        return {"engine_input": pending, "history": history, "speculation": spec}
 
     # ------------------------------------------------------------------ batch
     async def _run_batch(self, msg: GenerateRequest) -> None:

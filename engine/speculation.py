@@ -95,6 +95,11 @@ class SpeculativeAsr:
             entries.remove(entry)
             self._discard(entry)
 
+    @property
+    def nbytes(self) -> int:
+        """Audio held by the transcriptions kept (at most ``_PER_SESSION`` unclaimed each)."""
+        return sum(len(e.audio) for entries in self._by_session.values() for e in entries)
+
     def drop(self, session_id: str) -> None:
         """The session is closing: stop everything."""
         for entry in self._by_session.pop(session_id, []):

@@ -371,11 +371,13 @@ class DuplexControl:
             if mark.played_ms < 0:
                 raise _err("invalid_argument", "played_ms must be >= 0")
             key = (mark.turn_id, mark.response_seq)
-            session.played[key] = mark.played_ms
             active = session.active
             running = (
                 active is not None and (active.fence.turn_id, active.fence.response_seq) == key
             )
+            if running:  # only the running response's mark is needed (a barge-in cuts it)
+                session.played.clear()
+                session.played[key] = mark.played_ms
             if mark.truncate or not running:
                 try:
                     clamped = session.history.truncate(

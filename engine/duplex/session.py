@@ -87,6 +87,12 @@ class DuplexSession:
         self.tool_outputs = [o for o in self.tool_outputs if o.item_id != item_id]
         return len(self.text_items) + len(self.tool_outputs) != n
 
+    def input_bytes(self) -> int:
+        """Input held: uncommitted audio and text, and the committed turns not yet run."""
+        jobs = [*self.jobs, self.active] if self.active is not None else self.jobs
+        held = len(self.audio) + sum(len(p) for p in self.text_parts)
+        return held + sum(len(j.audio) + len(j.text) for j in jobs)
+
     def pending_turns(self) -> int:
         return len(self.jobs) + (1 if self.active is not None else 0)
 

@@ -285,3 +285,38 @@ def test_a_transport_over_budget_ends_the_session_as_too_slow() -> None:
             await sessions.shutdown(1.0)
 
     asyncio.run(main())
+
+
+class LosingEngine(FakeEngine):
+    """Its close ends the event stream and then swallows the cancellation that follows, as
+    Python 3.11's ``asyncio.wait_for`` did when the result arrived together with it."""
+
+    async def close(
+        self, fence: Fence, lease_generation: int, reason: str = "client"
+    ) -> ControlResult:
+        self.calls.append("close")
+        await self.events.put(None)
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            pass  # the cancellation is lost
+        return self._res()
+
+
+def test_a_session_whose_engine_session_ended_leaves_even_if_a_cancellation_is_lost() -> None:
+    async def main() -> None:
+        engine = LosingEngine()
+        with ThreadPoolExecutor(1) as pool:
+            sessions = await _sessions(engine, pool)
+            t = FakeTransport()
+            session = await sessions.open(t, _caps(), beta=False)
+            t.session = session
+            session.receive_text(json.dumps({"type": "session.close"}))
+            for _ in range(100):  # no shutdown: the session's tasks must end by themselves
+                if len(sessions) == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(sessions) == 0 and "close" in engine.calls
+            assert sessions.by_state() == {"attached": 0, "detached": 0, "closing": 0}
+
+    asyncio.run(main())

@@ -1,0 +1,170 @@
+"""Per-session memory: each bound gives its documented error or resync, what a session holds
+is reported by part and comes back when it ends, sessions are counted by state, and a clean
+close (1000) ends a session while a drop keeps it for the grace period."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.server.harness import (
+    UNIT,
+    Client,
+    http_text,
+    running_server,
+    send_audio,
+    silence,
+    text_item,
+    tone,
+    write_config,
+)
+
+JOURNAL_MAX = 40_000
+BACKLOG_MAX = 32_768
+
+
+@pytest.fixture(scope="module")
+def mem_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Small bounds, and a grace period long enough to tell a drop from an end."""
+    path = write_config(
+        tmp_path_factory.mktemp("mem"),
+        engine={"duplex": {"disconnect_grace_s": 30, "reaper_interval_s": 0.1}},
+        server={
+            "journal_max_bytes": JOURNAL_MAX,
+            "input_backlog_bytes": BACKLOG_MAX,
+            "max_frame_bytes": 65536,
+        },
+    )
+    with running_server(path) as addr:
+        yield addr
+
+
+def gauges(addr: str, name: str) -> dict[str, float]:
+    text = http_text(addr, "/metrics")
+    return {k: float(v) for k, v in re.findall(rf'^{name}\{{\w+="(\w+)"\}} (\S+)$', text, re.M)}
+
+
+def health(addr: str) -> dict[str, int]:
+    by_state: dict[str, int] = json.loads(http_text(addr, "/health"))["sessions_by_state"]
+    return by_state
+
+
+async def settle(addr: str, want: dict[str, int], within: float = 5.0) -> None:
+    """Wait until /health and duplex_sessions{state} both show ``want`` (zeros elsewhere)."""
+    full = {"attached": 0, "detached": 0, "closing": 0, **want}
+    deadline = time.monotonic() + within * UNIT
+    while True:
+        got = (health(addr), {k: int(v) for k, v in gauges(addr, "duplex_sessions").items()})
+        if got == (full, full):
+            return
+        assert time.monotonic() < deadline, f"sessions by state {got}, want {full}"
+        await asyncio.sleep(0.05)
+
+
+async def all_released(addr: str, within: float = 5.0) -> dict[str, float]:
+    """Every part of duplex_session_bytes back at 0 and no engine slot left."""
+    deadline = time.monotonic() + within * UNIT
+    while True:
+        parts = gauges(addr, "duplex_session_bytes")
+        slots = sum(gauges(addr, "duplex_engine_sessions").values())
+        if parts and not any(parts.values()) and slots == 0:
+            return parts
+        assert time.monotonic() < deadline, f"still held: {parts}, engine slots {slots}"
+        await asyncio.sleep(0.05)
+
+
+async def resume(addr: str, created: dict[str, object], last_seq: int) -> Client:
+    session = created["session"]
+    assert isinstance(session, dict)
+    ctx = Client.connect(addr, "?intent=resume")
+    c: Client = await ctx.__aenter__()
+    c.ctx = ctx  # type: ignore[attr-defined]
+    await c.send(
+        {
+            "type": "session.resume",
+            "session_id": session["id"],
+            "resume_token": created["resume_token"],
+            "last_received_server_event_seq": last_seq,
+        }
+    )
+    return c
+
+
+def test_a_clean_close_ends_the_session_and_a_drop_keeps_it(mem_server: str) -> None:
+    async def run() -> None:
+        async with Client.connect(mem_server) as a:
+            created_a = await a.until("session.created")
+            await settle(mem_server, {"attached": 1})
+        # a normal close (1000) without session.close: ended now, not after the 30 s grace
+        await settle(mem_server, {})
+        await all_released(mem_server)
+        c = await resume(mem_server, created_a, 1)
+        err = await c.until("error")
+        assert err["error"]["code"] == "session_not_found"
+        await c.ctx.__aexit__(None, None, None)  # type: ignore[attr-defined]
+
+        async with Client.connect(mem_server) as b:
+            created_b = await b.until("session.created")
+            b.ws.transport.abort()  # a drop: kept for a resume
+        await settle(mem_server, {"detached": 1})
+        assert sum(gauges(mem_server, "duplex_engine_sessions").values()) == 1
+        c = await resume(mem_server, created_b, 1)
+        await c.until("session.resumed")
+        await settle(mem_server, {"attached": 1})
+        await c.send({"type": "session.close"})
+        await c.until("session.closed")
+        await c.ctx.__aexit__(None, None, None)  # type: ignore[attr-defined]
+        await settle(mem_server, {})
+        await all_released(mem_server)
+
+    asyncio.run(run())
+
+
+def test_the_journal_bound_gives_a_resync_and_its_memory_comes_back(mem_server: str) -> None:
+    async def run() -> None:
+        async with Client.connect(mem_server) as a:
+            created = await a.until("session.created")
+            await a.send(text_item("talk"))
+            await a.send({"type": "response.create"})  # ~240 kB of base64 audio, never acked
+            await a.until("response.done", within=10)
+            held = gauges(mem_server, "duplex_session_bytes")
+            assert 0 < held["journal"] <= JOURNAL_MAX
+            a.ws.transport.abort()
+        c = await resume(mem_server, created, 1)  # events 2.. were dropped unacknowledged
+        await c.until("session.resync_required")
+        await c.until("session.resumed")
+        await c.send({"type": "session.close"})
+        await c.until("session.closed")
+        await c.ctx.__aexit__(None, None, None)  # type: ignore[attr-defined]
+        await settle(mem_server, {})
+        await all_released(mem_server)
+
+    asyncio.run(run())
+
+
+def test_the_input_bounds_give_backpressure_and_their_memory_comes_back(
+    mem_server: str,
+) -> None:
+    async def run() -> None:
+        async with Client.connect(mem_server) as c:
+            await c.until("session.created")
+            await c.ws.send(b"\x01\x00" * (BACKLOG_MAX // 2 + 1))  # one frame over the lane
+            err = await c.until("error")
+            assert err["error"]["code"] == "input_backpressure"
+            # the session goes on: a spoken turn is answered
+            await send_audio(c, tone(600) + silence(900))
+            done = await c.until("response.done", within=10)
+            assert done["response"]["status"] == "completed"
+            held = gauges(mem_server, "duplex_session_bytes")
+            assert held["history"] > 0 and held["input"] <= BACKLOG_MAX
+            await c.send({"type": "session.close"})
+            await c.until("session.closed")
+        await settle(mem_server, {})
+        await all_released(mem_server)
+
+    asyncio.run(run())
