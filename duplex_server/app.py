@@ -27,6 +27,7 @@ from duplex_server.config import AppConfig
 from duplex_server.hub import Hub
 from duplex_server.metrics import BatchTiming, Metrics
 from duplex_server.realtime import realtime_endpoint
+from duplex_server.twilio import twilio_endpoint
 from engine.client import AsyncEngine
 from engine.errors import EngineDeadError
 from engine.remote import RemoteEngine
@@ -130,6 +131,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         Route("/metrics", metrics_route),
         WebSocketRoute("/v1/realtime", realtime_endpoint),
         WebSocketRoute("/v1/duplex", realtime_endpoint),
+        WebSocketRoute("/v1/twilio", twilio_endpoint),
         *batch.routes(handle.get, config.server.batch, config.server.model_name),
     ]
     static = Path(config.server.static_dir)

@@ -56,6 +56,8 @@ class AudioInputParam(_Strict, frozen=True):
     transcription: Any = UNSET  # accepted; the engine's ASR always transcribes
     noise_reduction: Any = UNSET  # accepted, ignored
     turn_detection: TurnDetectionParam | UnsetType | None = UNSET
+    # duplex extension: cancel the server's own output from the input (media transports)
+    echo_cancellation: bool | UnsetType | None = UNSET
 
 
 class AudioOutputParam(_Strict, frozen=True):
@@ -253,6 +255,7 @@ class AudioInputOut(msgspec.Struct, frozen=True):
     turn_detection: TurnDetection | None
     transcription: None = None
     noise_reduction: None = None
+    echo_cancellation: bool = False
 
 
 class AudioOutputOut(msgspec.Struct, frozen=True):
