@@ -32,6 +32,8 @@ SPEAKING_RMS = 200.0
 GUARD_RATIO = 0.2
 #: how far back the guard looks at the reference (echo path + jitter)
 GUARD_WINDOW_FRAMES = 40  # 400 ms
+#: how far the reference may lag what the far end reports as played before it skips ahead
+RESYNC_SAMPLES = RATE // 4  # 250 ms
 #: playout not yet heard kept at most (Twilio buffers a whole reply ahead)
 MAX_REFERENCE_S = 60.0
 
@@ -67,8 +69,13 @@ class EchoControl:
         return self._ref_total
 
     def played_through(self, position: int) -> None:
-        """The transport says playout reached ``position`` (samples): catch up if behind."""
-        if position > self._ref_pos:
+        """The transport says playout reached ``position`` (samples): catch up if far behind.
+
+        The microphone input that carries the echo of that playout is still on its way
+        (a mark and the next media frame leave the far end together), so a lag under
+        ``RESYNC_SAMPLES`` is normal and kept.
+        """
+        if position - self._ref_pos > RESYNC_SAMPLES:
             self._skip(position - self._ref_pos)
 
     def flush(self) -> None:

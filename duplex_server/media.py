@@ -24,6 +24,8 @@ import logging
 from typing import Any
 
 import msgspec
+import numpy as np
+import soxr
 
 from duplex_server.attach import Outbox, Outgoing
 from duplex_server.echo import RATE as ECHO_RATE
@@ -296,11 +298,14 @@ class InputFeed:
         if self.echo is None and not self._echo_on():
             return 0
         assert self.echo is not None
-        return self.echo.playing(self._resample(pcm, rate, "ref"))
+        if rate != ECHO_RATE:  # each chunk whole: a stream resampler would hold back its tail
+            samples = np.frombuffer(pcm, dtype="<i2")
+            pcm = soxr.resample(samples, rate, ECHO_RATE).astype("<i2").tobytes()
+        return self.echo.playing(pcm)
 
     def push(self, pcm: bytes, rate: int) -> None:
         """Microphone PCM16 at ``rate`` from the transport."""
-        pcm16k = self._resample(pcm, rate, "mic")
+        pcm16k = self._resample(pcm, rate)
         if self._echo_on():
             assert self.echo is not None
             pcm16k = self.echo.process(pcm16k)
@@ -314,11 +319,10 @@ class InputFeed:
         data = pcm16k if fmt.codec == "pcm16" else pcm16_to_g711(pcm16k, fmt.codec)
         self.session.receive_audio(data)
 
-    def _resample(self, pcm: bytes, rate: int, lane: str) -> bytes:
+    def _resample(self, pcm: bytes, rate: int) -> bytes:
         if rate == ECHO_RATE:
             return pcm
-        key = rate if lane == "mic" else -rate
-        res = self._to16k.get(key)
+        res = self._to16k.get(rate)
         if res is None:
-            res = self._to16k[key] = StreamResampler(rate, ECHO_RATE)
+            res = self._to16k[rate] = StreamResampler(rate, ECHO_RATE)
         return res.process(pcm)
