@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from duplex_server import batch
+from duplex_server import batch, webrtc
 from duplex_server.config import AppConfig
 from duplex_server.hub import Hub
 from duplex_server.metrics import BatchTiming, Metrics
@@ -132,6 +132,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         WebSocketRoute("/v1/realtime", realtime_endpoint),
         WebSocketRoute("/v1/duplex", realtime_endpoint),
         WebSocketRoute("/v1/twilio", twilio_endpoint),
+        *webrtc.routes(hub),
         *batch.routes(handle.get, config.server.batch, config.server.model_name),
     ]
     static = Path(config.server.static_dir)

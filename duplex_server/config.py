@@ -53,6 +53,11 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: zlib contexts of memory for its lifetime.
     ws_per_message_deflate: bool = False
     batch: BatchConfig = BatchConfig()
+    #: STUN/TURN URLs the WebRTC transport's peer connections use (none: host candidates
+    #: only, for a server the clients reach directly)
+    webrtc_ice_servers: list[str] = []
+    #: a WebRTC call whose peer has not connected by then ends
+    webrtc_connect_timeout_s: PositiveFloat = 30.0
 
     def keys(self) -> frozenset[str]:
         env = os.environ.get(self.api_keys_env, "") if self.api_keys_env else ""

@@ -79,6 +79,7 @@ class MediaAttachment:
         self.sent_ms: dict[str, float] = {}
         self.played_ms: dict[str, float] = {}
         self.audio_item: str | None = None  # the item whose audio is playing or queued
+        self.audio_response: str | None = None  # ... and its response
         self.ended = asyncio.Event()
 
     # ------------------------------------------------------------------ Attachment
@@ -131,6 +132,9 @@ class MediaAttachment:
     async def flush_playout(self) -> None:
         """Drop the audio the far end has not played yet (barge-in)."""
         raise NotImplementedError
+
+    def audio_done(self, response_id: str) -> None:
+        """All of ``response_id``'s audio has been handed to ``write_audio``."""
 
     # ------------------------------------------------------------------ session
     def register(self) -> None:
@@ -239,7 +243,7 @@ class MediaAttachment:
                         session.metrics.stale_dropped.labels("writer").inc()
                         continue
                     pcm, rate = self._decode(session, event)
-                    self.audio_item = event.item_id
+                    self.audio_item, self.audio_response = event.item_id, event.response_id
                     self.sent_ms[event.item_id] = event.audio_start_ms + event.duration_ms
                     self.played_ms.setdefault(event.item_id, 0.0)
                     await self.write_audio(event, pcm, rate)
@@ -260,12 +264,15 @@ class MediaAttachment:
         session = self.session
         if isinstance(event, ev.OutputAudioCleared):
             await self.barge_in()
+        elif isinstance(event, ev.AudioDone):
+            self.audio_done(event.response_id)
         elif isinstance(event, ev.SpeechStarted) and session is not None:
-            # the response is over but its audio still plays: the caller talks over it
+            # the response is over but its audio still plays: the caller talks over it;
+            # the cleared event comes back here (above) and flushes, in order
             td = session.core.config.turn_detection
             interrupt = td is not None and td.interrupt_response
             if interrupt and not session.core.response_active and self.playout_pending:
-                await self.barge_in()
+                session.emit(ev.OutputAudioCleared(response_id=self.audio_response))
 
     @staticmethod
     def _decode(session: LiveSession, event: ev.AudioDelta) -> tuple[bytes, int]:

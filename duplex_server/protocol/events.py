@@ -515,6 +515,18 @@ class OutputAudioCleared(ServerEvent, frozen=True, tag="output_audio_buffer.clea
     response_id: str | None = None
 
 
+class OutputAudioStarted(ServerEvent, frozen=True, tag="output_audio_buffer.started"):
+    """WebRTC: the server began playing a response's audio on the media track."""
+
+    response_id: str
+
+
+class OutputAudioStopped(ServerEvent, frozen=True, tag="output_audio_buffer.stopped"):
+    """WebRTC: the media track played all of a response's audio."""
+
+    response_id: str
+
+
 class HeartbeatAck(ServerEvent, frozen=True, tag="session.heartbeat_ack"):
     pass
 
@@ -603,6 +615,8 @@ AnyServerEvent = (
     | TextDone
     | ResponseDone
     | OutputAudioCleared
+    | OutputAudioStarted
+    | OutputAudioStopped
     | HeartbeatAck
     | PlaybackAcknowledged
     | SessionResumed
