@@ -363,8 +363,24 @@ async def _read_offer(request: Request) -> tuple[str, dict[str, Any]]:
     return sdp, patch
 
 
+def use_host_addresses(addresses: list[str] | None) -> None:
+    """Offer only ``addresses`` as ICE host candidates (aioice has no per-connection knob:
+    its module-level lookup is replaced, for every peer connection of this process)."""
+    if addresses is None:
+        return
+    import aioice.ice
+
+    chosen = list(addresses)
+
+    def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
+
+    aioice.ice.get_host_addresses = host_addresses
+
+
 def routes(hub: Hub) -> list[BaseRoute]:
     calls: dict[str, WebRtcAttachment] = {}
+    use_host_addresses(hub.config.server.webrtc_host_addresses)
 
     async def create_call(request: Request) -> Response:
         s = hub.config.server

@@ -48,6 +48,11 @@ def test_webrtc_call_turn_and_barge_in(tmp_path: Path) -> None:
             assert resp.headers["content-type"].startswith("application/sdp")
             assert resp.text.startswith("v=0") and "m=audio" in resp.text
             assert client.location.startswith("/v1/realtime/calls/sess_")
+            # loopback only (server.webrtc_host_addresses in configs/test.yaml)
+            offer = client.pc.localDescription.sdp
+            for sdp in (offer, resp.text):
+                cands = [x for x in sdp.splitlines() if x.startswith("a=candidate:")]
+                assert cands and all(" 127.0.0.1 " in c for c in cands), cands
             created = await client.until("session.created")
             updated = await client.until("session.updated")
             assert updated["session"]["instructions"] == "Be brief."
