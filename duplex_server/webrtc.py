@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import time
@@ -174,6 +175,8 @@ class WebRtcAttachment(MediaAttachment):
         pc.on("datachannel", self._on_channel)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_state)
+        if _loopback_only(self.hub.config.server.webrtc_host_addresses):
+            offer = _loopback_candidates(offer)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
         audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
         if not audio:
@@ -361,6 +364,26 @@ async def _read_offer(request: Request) -> tuple[str, dict[str, Any]]:
     if not sdp.startswith("v=0") or "m=audio" not in sdp:
         raise ProtocolError("invalid_value", "sdp is not an SDP offer with audio", param="sdp")
     return sdp, patch
+
+
+def _loopback_only(addresses: list[str] | None) -> bool:
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses or [])
+
+
+def _loopback_candidates(sdp: str) -> str:
+    """Drop the offer's candidates a loopback-only server cannot reach anyway (so its ICE
+    checks never leave loopback)."""
+    keep = []
+    for line in sdp.splitlines():
+        if line.startswith("a=candidate:"):
+            parts = line.split()
+            try:
+                if len(parts) < 5 or not ipaddress.ip_address(parts[4]).is_loopback:
+                    continue
+            except ValueError:  # an mDNS name: not loopback
+                continue
+        keep.append(line)
+    return "\r\n".join(keep) + "\r\n"
 
 
 def use_host_addresses(addresses: list[str] | None) -> None:
