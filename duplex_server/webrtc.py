@@ -259,12 +259,12 @@ class WebRtcAttachment(MediaAttachment):
         self.track.finish(response_id)
 
     async def write_event(self, event: ev.ServerEvent, data: bytes) -> None:
+        await self.write_raw(data)
+
+    async def write_raw(self, data: bytes) -> None:
         channel = self.channel
         if channel is not None and channel.readyState == "open":
             channel.send(data.decode())
-
-    async def write_raw(self, data: bytes) -> None:
-        await self.write_event(ev.HeartbeatAck(), data)
 
     async def flush_playout(self) -> None:
         self.track.flush()
@@ -405,6 +405,11 @@ def routes(hub: Hub) -> list[BaseRoute]:
     calls: dict[str, WebRtcAttachment] = {}
     use_host_addresses(hub.config.server.webrtc_host_addresses)
 
+    def _ended(call_id: str, task: asyncio.Task[None]) -> None:
+        calls.pop(call_id, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("webrtc %s: call failed", call_id, exc_info=task.exception())
+
     async def create_call(request: Request) -> Response:
         s = hub.config.server
         adm = admit(request.headers, [], keys=hub.keys, allowed_origins=s.allowed_origins)
@@ -436,7 +441,7 @@ def routes(hub: Hub) -> list[BaseRoute]:
         call_id = session.session_id
         calls[call_id] = call
         task = asyncio.create_task(call.serve(), name=f"webrtc:{call_id}")
-        task.add_done_callback(lambda _: calls.pop(call_id, None))
+        task.add_done_callback(lambda t: _ended(call_id, t))
         headers = {"Location": f"/v1/realtime/calls/{call_id}"}
         return Response(answer, status_code=201, media_type="application/sdp", headers=headers)
 

@@ -76,3 +76,62 @@ def test_echo_control_real_speech_over_the_echo_still_interrupts(tmp_path: Path)
 
     with running_server(path) as addr:
         asyncio.run(run(addr))
+
+
+def test_echo_control_unit_cancels_guards_and_passes_speech() -> None:
+    """EchoControl alone: broadband far end, its echo 120 ms later at -6 dB in the mic."""
+    import numpy as np
+
+    from duplex_server.echo import EchoControl
+
+    rate = 16000
+    rng = np.random.default_rng(0)
+    far = (rng.standard_normal(rate * 4) * 2000).astype("<i2")
+    delay = int(0.12 * rate)
+    echo = np.zeros(far.size)
+    echo[delay:] = far[:-delay] * 0.5
+    near = np.zeros(far.size)
+    t = np.arange(rate) / rate
+    near[3 * rate :] = np.sin(2 * np.pi * 300 * t) * 0.3 * 32767  # the caller, in second 4
+
+    def rms(a: np.ndarray) -> float:
+        return float(np.sqrt(np.mean(a.astype(np.float64) ** 2)))
+
+    ec = EchoControl()
+    ec.playing(far.tobytes())
+    mic = np.clip(echo + near, -32768, 32767).astype("<i2")
+    out = b"".join(ec.process(mic[i : i + 320].tobytes()) for i in range(0, mic.size, 320))
+    cleaned = np.frombuffer(out, dtype="<i2")
+    assert cleaned.size == mic.size
+    assert rms(echo[rate : 3 * rate]) > 900
+    assert rms(cleaned[rate : 3 * rate]) < 10  # echo gone (cancelled, then guarded)
+    assert ec.guarded_frames > 0
+    assert rms(cleaned[3 * rate + 1600 :]) > 0.5 * rms(near[3 * rate :])  # speech passes
+    # the far end reports playout far ahead of the reference: it skips forward
+    ec2 = EchoControl()
+    ec2.playing(far.tobytes())
+    ec2.played_through(rate)
+    ec2.process(b"\x00\x00" * 160)
+    assert len(ec2._ref) == (far.size - rate - 160) * 2
+    ec2.flush()
+    assert not ec2._ref
+
+
+def test_echo_cancellation_session_field() -> None:
+    import pytest
+
+    from duplex_server.media import check_session_patch
+    from duplex_server.protocol.codec import decode_client_event
+    from duplex_server.protocol.config import EffectiveSession, apply_patch
+    from duplex_server.protocol.errors import ProtocolError
+
+    update = {"type": "session.update", "session": {"audio": {"input": {}}}}
+    update["session"]["audio"]["input"]["echo_cancellation"] = True
+    event = decode_client_event(json.dumps(update))
+    on = apply_patch(EffectiveSession(), event.session)  # type: ignore[union-attr]
+    assert on.echo_cancellation is True
+    assert on.to_wire("sess_x").audio.input.echo_cancellation is True
+    assert EffectiveSession().to_wire("sess_x").audio.input.echo_cancellation is False
+    with pytest.raises(ProtocolError) as err:
+        check_session_patch({"audio": {"input": {"echo_cancellation": "yes"}}})
+    assert "echo_cancellation" in str(err.value)
