@@ -100,18 +100,25 @@ def test_echo_control_unit_cancels_guards_and_passes_speech() -> None:
     ec = EchoControl()
     ec.playing(far.tobytes())
     mic = np.clip(echo + near, -32768, 32767).astype("<i2")
-    out = b"".join(ec.process(mic[i : i + 320].tobytes()) for i in range(0, mic.size, 320))
+    out = b"".join(ec.process(mic[i : i + 320].tobytes()) for i in range(0, 3 * rate, 320))
+    assert 0.35 < ec.echo_ratio < 0.65  # the echo is -6 dB: learned as such
+    out += b"".join(ec.process(mic[i : i + 320].tobytes()) for i in range(3 * rate, mic.size, 320))
     cleaned = np.frombuffer(out, dtype="<i2")
     assert cleaned.size == mic.size
     assert rms(echo[rate : 3 * rate]) > 900
     assert rms(cleaned[rate : 3 * rate]) < 10  # echo gone (cancelled, then guarded)
     assert ec.guarded_frames > 0
     assert rms(cleaned[3 * rate + 1600 :]) > 0.5 * rms(near[3 * rate :])  # speech passes
-    # the far end reports playout far ahead of the reference: it skips forward
+    # the far end reports playout far ahead of the reference: it skips forward (to the
+    # mark's position + half a media frame); a reference ahead of playout moves back
     ec2 = EchoControl()
     ec2.playing(far.tobytes())
     ec2.played_through(rate)
-    ec2.process(b"\x00\x00" * 160)
+    assert len(ec2._ref) == (far.size - rate - 160) * 2
+    ec2.process(b"\x00\x00" * 1600)  # 100 ms of input
+    ec2.played_through(rate)  # ... but the far end is where it was: 100 ms back
+    assert len(ec2._ref) == (far.size - rate - 160) * 2
+    ec2.played_through(rate + 100)  # within a media frame: left alone
     assert len(ec2._ref) == (far.size - rate - 160) * 2
     ec2.flush()
     assert not ec2._ref
@@ -135,3 +142,32 @@ def test_echo_cancellation_session_field() -> None:
     with pytest.raises(ProtocolError) as err:
         check_session_patch({"audio": {"input": {"echo_cancellation": "yes"}}})
     assert "echo_cancellation" in str(err.value)
+
+
+def test_echo_control_without_echo_the_guard_fades() -> None:
+    """A headset: the bot's playout (speech, here the test WAV) never reaches the
+    microphone. The guard's learned echo level fades, and a caller can still interrupt.
+    (Stationary noise as the far end would not do: AEC3 suppresses a near end that has no
+    echo path while such a far end plays.)"""
+    import numpy as np
+    import soundfile
+    import soxr
+
+    from duplex_server.echo import GUARD_RATIO, EchoControl
+    from tests.server.harness import ROOT
+
+    rate = 16000
+    wav, wav_rate = soundfile.read(ROOT / "tests/data/beckett.wav", dtype="float32")
+    speech = soxr.resample(wav, wav_rate, rate)[: rate * 4]
+    far = (speech / np.sqrt(np.mean(speech**2)) * 2000).clip(-32768, 32767).astype("<i2")
+    ec = EchoControl()
+    ec.playing(far.tobytes())
+    quiet = np.zeros(rate * 3, dtype="<i2")
+    for i in range(0, quiet.size, 320):
+        ec.process(quiet[i : i + 320].tobytes())
+    assert ec.echo_ratio < 0.15  # no echo heard: from -6 dB down to about the floor
+    assert GUARD_RATIO == 0.2
+    t = np.arange(rate // 2) / rate
+    voice = (np.sin(2 * np.pi * 300 * t) * 2800).astype("<i2")  # RMS ~2000, the bot's level
+    out = np.frombuffer(ec.process(voice.tobytes()), dtype="<i2")
+    assert np.sqrt(np.mean(out[rate // 4 :].astype(np.float64) ** 2)) > 1000
