@@ -189,7 +189,7 @@ class TwilioAttachment(MediaAttachment):
         try:
             if not self._authorized(params):
                 raise ProtocolError("unauthorized", "missing or invalid API key")
-            patch = merge_patch({"audio": {"input": {"echo_cancellation": True}}}, {})
+            patch: dict[str, Any] = {"audio": {"input": {"echo_cancellation": True}}}
             if params.get("session"):
                 user = json.loads(params["session"])
                 if not isinstance(user, dict):
