@@ -22,11 +22,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from duplex_server import batch
+from duplex_server import batch, webrtc
 from duplex_server.config import AppConfig
 from duplex_server.hub import Hub
 from duplex_server.metrics import BatchTiming, Metrics
 from duplex_server.realtime import realtime_endpoint
+from duplex_server.twilio import twilio_endpoint
 from engine.client import AsyncEngine
 from engine.errors import EngineDeadError
 from engine.remote import RemoteEngine
@@ -140,6 +141,8 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         Route("/metrics", metrics_route),
         WebSocketRoute("/v1/realtime", realtime_endpoint),
         WebSocketRoute("/v1/duplex", realtime_endpoint),
+        WebSocketRoute("/v1/twilio", twilio_endpoint),
+        *webrtc.routes(hub),
         *batch.routes(handle.get, config.server.batch, config.server.model_name),
     ]
     static = Path(config.server.static_dir)

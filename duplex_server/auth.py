@@ -18,6 +18,11 @@ class Admission:
     message: str = ""
 
 
+def key_matches(candidate: str, keys: frozenset[str]) -> bool:
+    """Is ``candidate`` one of ``keys`` (constant time per key)? No keys: anything is."""
+    return not keys or _matches(candidate, keys)
+
+
 def _matches(candidate: str, keys: frozenset[str]) -> bool:
     found = False
     for key in keys:  # constant time per key; no early exit

@@ -53,6 +53,15 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: zlib contexts of memory for its lifetime.
     ws_per_message_deflate: bool = False
     batch: BatchConfig = BatchConfig()
+    #: STUN/TURN URLs the WebRTC transport's peer connections use (none: host candidates
+    #: only, for a server the clients reach directly)
+    webrtc_ice_servers: list[str] = []
+    #: the addresses WebRTC offers as ICE host candidates (None: every interface's, as
+    #: aioice gathers them; ["127.0.0.1"] keeps calls on loopback, as the tests do). This
+    #: sets aioice's host-address lookup for the whole process.
+    webrtc_host_addresses: list[str] | None = None
+    #: a WebRTC call whose peer has not connected by then ends
+    webrtc_connect_timeout_s: PositiveFloat = 30.0
 
     def keys(self) -> frozenset[str]:
         env = os.environ.get(self.api_keys_env, "") if self.api_keys_env else ""

@@ -2,6 +2,9 @@
 // Mic (AudioWorklet, 16 kHz PCM16 binary frames) -> /v1/realtime (server VAD) -> 24 kHz
 // audio deltas -> jitter buffer -> speakers. Barge-in flushes the local player; a dropped
 // socket is resumed (session.resume with the last seen server_event_seq, duplicates skipped).
+// WebRTC mode (the toggle): the SDP offer goes to POST /v1/realtime/calls, audio is Opus
+// both ways (the browser plays the server's track; the server flushes it on barge-in) and
+// the same events ride the "oai-events" data channel.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -13,6 +16,8 @@ const JITTER_S = 0.08; // playback starts this far behind the first chunk of a b
 const state = (window.duplexState = {
   connected: false, sessionId: null, userTranscripts: [], assistantTranscripts: [],
   ttfaMs: [], responses: [], flushes: 0, resumes: 0, framesSent: 0,
+  transport: "websocket", audioStarted: 0, audioCleared: 0, rtcPacketsReceived: 0,
+  rtcAudioEnergy: 0,
 });
 
 // ------------------------------------------------------------------ player (jitter buffer)
@@ -133,6 +138,7 @@ class Session {
         this.token = ev.resume_token;
         this.resumeQuery = ev.resume_query || "intent=resume";
         $("session").textContent = ev.session.id;
+        if (this.rtc) break; // the call request carried the session
         this.send({ type: "session.update", session: {
           output_modalities: ["audio"],
           audio: {
@@ -185,7 +191,17 @@ class Session {
       case "response.output_text.delta":
         if (this.assistantLine) this.assistantLine.firstChild.textContent += ev.delta;
         break;
+      case "output_audio_buffer.started": // WebRTC: the reply plays on the server's track
+        state.audioStarted++;
+        if (this.awaitingFirstAudio && this.speechStoppedAt !== null) {
+          const ms = performance.now() - this.speechStoppedAt;
+          state.ttfaMs.push(ms);
+          $("ttfa").textContent = Math.round(ms) + " ms";
+          this.awaitingFirstAudio = false;
+        }
+        break;
       case "output_audio_buffer.cleared":
+        state.audioCleared++;
         this.flushPlayer();
         break;
       case "response.done": {
@@ -215,6 +231,94 @@ class Session {
         break;
     }
   }
+}
+
+// ------------------------------------------------------------------ WebRTC
+class RtcSession extends Session {
+  constructor(url, key) {
+    super(url, key);
+    this.rtc = true;
+    this.pc = null;
+    this.dc = null;
+    this.audio = null;
+  }
+  callsUrl() {
+    const u = new URL(this.url.replace(/^ws/, "http"));
+    return u.origin + "/v1/realtime/calls";
+  }
+  async start() {
+    const stream = await navigator.mediaDevices.getUserMedia({
+      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+    });
+    this.stream = stream;
+    const pc = (this.pc = new RTCPeerConnection());
+    this.audio = document.createElement("audio");
+    this.audio.autoplay = true;
+    pc.ontrack = (e) => { this.audio.srcObject = e.streams[0] || new MediaStream([e.track]); };
+    stream.getTracks().forEach((t) => pc.addTrack(t, stream));
+    const dc = (this.dc = pc.createDataChannel("oai-events"));
+    dc.onmessage = (m) => this.onEvent(JSON.parse(m.data));
+    dc.onclose = () => { state.connected = false; setStatus("disconnected"); };
+    await pc.setLocalDescription(await pc.createOffer());
+    await new Promise((resolve) => {  // no trickle: the offer carries every candidate
+      if (pc.iceGatheringState === "complete") return resolve();
+      pc.onicegatheringstatechange = () => pc.iceGatheringState === "complete" && resolve();
+      setTimeout(resolve, 2000);
+    });
+    const form = new FormData();
+    form.append("sdp", pc.localDescription.sdp);
+    form.append("session", JSON.stringify({ type: "realtime", output_modalities: ["audio"],
+      audio: { input: { turn_detection: { type: "server_vad" } } } }));
+    const headers = this.key ? { Authorization: "Bearer " + this.key } : {};
+    const resp = await fetch(this.callsUrl(), { method: "POST", body: form, headers });
+    if (resp.status !== 201) throw new Error("call refused: " + resp.status + " " + (await resp.text()));
+    this.location = resp.headers.get("Location");
+    await pc.setRemoteDescription({ type: "answer", sdp: await resp.text() });
+    this.statsTimer = setInterval(() => this.pollStats(), 500);
+    this.levelTimer = meterStream(stream);
+  }
+  async pollStats() {
+    if (!this.pc) return;
+    const stats = await this.pc.getStats();
+    stats.forEach((r) => {
+      if (r.type === "inbound-rtp" && r.kind === "audio") {
+        state.rtcPacketsReceived = r.packetsReceived || 0;
+        state.rtcAudioEnergy = r.totalAudioEnergy || 0;
+      }
+      if (r.type === "outbound-rtp" && r.kind === "audio") state.framesSent = r.packetsSent || 0;
+    });
+  }
+  send(obj) {
+    if (this.dc && this.dc.readyState === "open") this.dc.send(JSON.stringify(obj));
+  }
+  setMuted(muted) {
+    this.muted = muted;
+    if (this.stream) this.stream.getAudioTracks().forEach((t) => { t.enabled = !muted; });
+  }
+  close() {
+    this.closing = true;
+    this.send({ type: "session.close" });
+    clearInterval(this.statsTimer);
+    if (this.levelTimer) this.levelTimer.stop();
+    setTimeout(() => {
+      if (this.pc) this.pc.close();
+      if (this.stream) this.stream.getTracks().forEach((t) => t.stop());
+    }, 300);
+  }
+}
+
+function meterStream(stream) {  // the mic level meter in WebRTC mode (no worklet)
+  const ctx = new AudioContext();
+  const analyser = ctx.createAnalyser();
+  ctx.createMediaStreamSource(stream).connect(analyser);
+  const buf = new Float32Array(analyser.fftSize);
+  const timer = setInterval(() => {
+    analyser.getFloatTimeDomainData(buf);
+    let sum = 0;
+    for (const x of buf) sum += x * x;
+    $("level").value = Math.min(1, Math.sqrt(sum / buf.length) * 4);
+  }, 100);
+  return { stop: () => { clearInterval(timer); ctx.close(); } };
 }
 
 // ------------------------------------------------------------------ mic
@@ -263,14 +367,26 @@ $("connect").onclick = async () => {
     $("mute").disabled = true;
     return;
   }
-  session = new Session($("url").value, $("key").value.trim());
+  const rtc = $("webrtc").checked;
+  state.transport = rtc ? "webrtc" : "websocket";
+  session = rtc ? new RtcSession($("url").value, $("key").value.trim())
+    : new Session($("url").value, $("key").value.trim());
   await session.player.ctx.resume(); // user gesture: allow audio output
   setStatus("connecting");
-  session.open(false);
-  try {
-    mic = await startMic(session);
-  } catch (err) {
-    addLine("system", "microphone unavailable: " + err.message);
+  if (rtc) {
+    try {
+      await session.start();
+    } catch (err) {
+      addLine("system", "WebRTC call failed: " + err.message);
+      setStatus("disconnected");
+    }
+  } else {
+    session.open(false);
+    try {
+      mic = await startMic(session);
+    } catch (err) {
+      addLine("system", "microphone unavailable: " + err.message);
+    }
   }
   $("connect").textContent = "Disconnect";
   $("mute").disabled = false;
@@ -278,6 +394,7 @@ $("connect").onclick = async () => {
 
 $("mute").onclick = () => {
   if (!session) return;
-  session.muted = !session.muted;
+  if (session.rtc) session.setMuted(!session.muted);
+  else session.muted = !session.muted;
   $("mute").textContent = session.muted ? "Unmute mic" : "Mute mic";
 };

@@ -55,6 +55,8 @@ class EffectiveSession:
     tool_choice: ToolChoice = "auto"
     tool_name: str | None = None
     noise_reduction: Literal["near_field", "far_field"] | None = None
+    #: extension: the transport cancels the server's own output (echo) from the input
+    echo_cancellation: bool = False
     #: the rate the engine speaks at (server config ``engine.output_sample_rate``; the
     #: output encoder converts it to ``output_format``); not on the wire
     output_rate: int = OUTPUT_RATE
@@ -94,6 +96,7 @@ class EffectiveSession:
                         if self.noise_reduction is None
                         else NoiseReductionOut(type=self.noise_reduction)
                     ),
+                    echo_cancellation=self.echo_cancellation,
                 ),
                 output=AudioOutputOut(
                     format=self.output_format.to_wire(), voice=self.voice, speed=self.speed
@@ -237,6 +240,8 @@ def apply_patch(current: EffectiveSession, patch: SessionParam) -> EffectiveSess
         if not 0.25 <= speed <= 4.0:
             raise ProtocolError("invalid_value", "speed must be within [0.25, 4]", param="speed")
         changes["speed"] = speed
+    if audio_in is not None and not isinstance(audio_in.echo_cancellation, UnsetType):
+        changes["echo_cancellation"] = bool(audio_in.echo_cancellation)
     td: TurnDetectionParam | UnsetType | None = patch.turn_detection
     if audio_in is not None and not isinstance(audio_in.turn_detection, UnsetType):
         td = audio_in.turn_detection

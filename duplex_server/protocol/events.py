@@ -60,6 +60,8 @@ class AudioInputParam(_Strict, frozen=True):
     transcription: Any = UNSET  # accepted; the engine's ASR always transcribes
     noise_reduction: NoiseReductionParam | UnsetType | None = UNSET
     turn_detection: TurnDetectionParam | UnsetType | None = UNSET
+    # duplex extension: cancel the server's own output from the input (media transports)
+    echo_cancellation: bool | UnsetType | None = UNSET
 
 
 class AudioOutputParam(_Strict, frozen=True):
@@ -284,6 +286,7 @@ class AudioInputOut(msgspec.Struct, frozen=True):
     turn_detection: TurnDetection | None
     transcription: None = None
     noise_reduction: NoiseReductionOut | None = None
+    echo_cancellation: bool = False
 
 
 class AudioOutputOut(msgspec.Struct, frozen=True):
@@ -607,6 +610,18 @@ class OutputAudioCleared(ServerEvent, frozen=True, tag="output_audio_buffer.clea
     response_id: str | None = None
 
 
+class OutputAudioStarted(ServerEvent, frozen=True, tag="output_audio_buffer.started"):
+    """WebRTC: the server began playing a response's audio on the media track."""
+
+    response_id: str
+
+
+class OutputAudioStopped(ServerEvent, frozen=True, tag="output_audio_buffer.stopped"):
+    """WebRTC: the media track played all of a response's audio."""
+
+    response_id: str
+
+
 class HeartbeatAck(ServerEvent, frozen=True, tag="session.heartbeat_ack"):
     pass
 
@@ -698,6 +713,8 @@ AnyServerEvent = (
     | FunctionCallArgumentsDone
     | InputTimeoutTriggered
     | OutputAudioCleared
+    | OutputAudioStarted
+    | OutputAudioStopped
     | HeartbeatAck
     | PlaybackAcknowledged
     | SessionResumed

@@ -58,10 +58,15 @@ REALTIME_TTS = {"stages": {"tts": {"backend": "test", "options": {"realtime": Tr
 
 
 @contextlib.contextmanager
-def running_server(config_path: Path, ready_s: float = 20.0) -> Iterator[str]:
-    """Start the real app under uvicorn on a free port; yield ``host:port``; stop it."""
+def running_server(
+    config_path: Path, ready_s: float = 20.0, apps: list[Any] | None = None
+) -> Iterator[str]:
+    """Start the real app under uvicorn on a free port; yield ``host:port``; stop it.
+    ``apps``: the app is appended to it (for tests that look inside the server)."""
     config = load_app_config(config_path)
     app = create_app(config)
+    if apps is not None:
+        apps.append(app)
     uv_config = uvicorn.Config(
         app,
         host="127.0.0.1",

@@ -2,6 +2,8 @@
 by Selenium) against the real server: a fake microphone plays a WAV; the page completes a
 spoken turn, shows both transcripts and its TTFA, and a second utterance during playback
 interrupts the reply (the local player is flushed). Screenshot: artifacts/web-client.png.
+In WebRTC mode (the page's toggle) the same fake microphone does one turn over
+POST /v1/realtime/calls: Opus both ways, events on the ``oai-events`` data channel.
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         "--use-fake-device-for-media-stream",
         f"--use-file-for-fake-audio-capture={wav}",
         "--window-size=1000,800",
+        # WebRTC on loopback: loopback candidates, real addresses instead of mDNS names
+        # (no multicast look-ups); the server offers 127.0.0.1 only (configs/test.yaml)
+        "--allow-loopback-in-peer-connection",
+        "--disable-features=WebRtcHideLocalIpsWithMdns",
     ):
         opts.add_argument(arg)
     os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must never download
@@ -142,3 +148,27 @@ def test_spoken_turn_transcripts_and_barge_in(server: str, browser: Any) -> None
     page = browser.find_element("id", "log").text
     assert "what is the weather like today" in page and "Hello there." in page
     assert browser.find_element("id", "ttfa").text.endswith(" ms")
+
+
+def test_webrtc_mode_one_turn(server: str, browser: Any) -> None:
+    _open(browser, f"http://{server}/")
+    browser.find_element("id", "webrtc").click()
+    browser.find_element("id", "connect").click()
+    deadline = time.monotonic() + 30 * UNIT
+    state = _state(browser)
+    while time.monotonic() < deadline:
+        state = _state(browser)
+        if "completed" in state["responses"] and state["rtcPacketsReceived"] > 100:
+            break
+        time.sleep(0.2)
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "web-client-webrtc.png"))
+    assert state["transport"] == "webrtc"
+    assert state["connected"] and state["sessionId"].startswith("sess_"), state
+    assert state["framesSent"] > 50, state  # Opus packets from the fake microphone
+    assert state["userTranscripts"][:1] == ["what is the weather like today"], state
+    assert "completed" in state["responses"], state
+    assert state["audioStarted"] >= 1  # output_audio_buffer.started on the data channel
+    assert state["rtcPacketsReceived"] > 100 and state["rtcAudioEnergy"] > 0, state
+    assert any(t.startswith("Hello there.") for t in state["assistantTranscripts"])
+    assert state["ttfaMs"] and 0 < state["ttfaMs"][0] < 5000

@@ -1,0 +1,355 @@
+"""What the media transports (Twilio Media Streams, WebRTC) share: an attachment whose
+audio leaves as media rather than as JSON, and the input path into the session.
+
+:class:`MediaAttachment` implements the session's :class:`~duplex_server.attach.Attachment`
+and the hub's transport interface the way the WebSocket transport does (a bounded
+:class:`~duplex_server.attach.Outbox`, one writer task, the hub's send watchdog, the same
+slow-client policy), but its writer routes each event: audio deltas go to the transport's
+media (``write_audio``, never stamped: they are not events on the wire), every other event
+is stamped and journaled as usual and handed to ``write_event``. It keeps what the far end
+reported as played per item, so that a barge-in truncates the conversation to what the
+caller heard (``conversation.item.truncate`` through the session core, as a client would).
+
+:class:`InputFeed` takes the transport's decoded PCM16, runs echo control
+(:mod:`duplex_server.echo`) when the session asks for it, and hands the session its audio
+in the session's input format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from typing import Any
+
+import msgspec
+import numpy as np
+import soxr
+
+from duplex_server.attach import Outbox, Outgoing
+from duplex_server.echo import RATE as ECHO_RATE
+from duplex_server.echo import EchoControl
+from duplex_server.hub import Hub
+from duplex_server.protocol import events as ev
+from duplex_server.protocol.codec import g711_to_pcm16, pcm16_to_g711
+from duplex_server.protocol.config import EffectiveSession, apply_patch
+from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal
+from duplex_server.session_runtime import LiveSession
+from engine.audio import StreamResampler
+
+log = logging.getLogger(__name__)
+
+
+def check_session_patch(patch: Any) -> None:
+    """Validate a session object given at call set-up; raises :class:`ProtocolError`."""
+    try:
+        param = msgspec.convert(patch, ev.SessionParam)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError("invalid_value", f"session: {exc}", param="session") from None
+    apply_patch(EffectiveSession(), param)
+
+
+def merge_patch(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_patch(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+class MediaAttachment:
+    """Base of the media transports; subclasses write audio, events and the hang-up."""
+
+    #: metrics and log label
+    kind = "media"
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.outbox = Outbox(hub.config.server.output_buffer_bytes)
+        self.session: LiveSession | None = None
+        self.feed: InputFeed | None = None
+        self._close: tuple[int, str] | None = None
+        self._writer_task: asyncio.Task[None] | None = None
+        self._stalled = False
+        self.send_since: float | None = None
+        #: audio sent per item (ms, end of the last chunk) and what the far end played
+        self.sent_ms: dict[str, float] = {}
+        self.played_ms: dict[str, float] = {}
+        self.audio_item: str | None = None  # the item whose audio is playing or queued
+        self.audio_response: str | None = None  # ... and its response
+        self.ended = asyncio.Event()
+
+    # ------------------------------------------------------------------ Attachment
+    def send_event(self, item: Outgoing) -> bool:
+        return self.outbox.put(item) or self._close is not None
+
+    def send_stamped(self, data: bytes) -> None:
+        self.outbox.put_raw(data)
+
+    def purge_audio(self, below_epoch: int) -> int:
+        return self.outbox.purge_audio(below_epoch)
+
+    def take_unsent(self) -> list[Outgoing]:
+        return self.outbox.drain()
+
+    def close(self, code: int, reason: str) -> None:
+        if self._close is None:
+            self._close = (code, reason)
+        self.outbox.wake.set()
+
+    def replaced(self, data: bytes) -> None:  # media transports are never resumed onto
+        self.session = None
+        self.outbox.drain()
+        self.close(CloseCode.NORMAL, "replaced")
+
+    @property
+    def queued_bytes(self) -> int:
+        return self.outbox.nbytes
+
+    def send_stalled(self) -> None:
+        task = self._writer_task
+        if task is not None and not task.done() and not self._stalled:
+            self._stalled = True
+            task.cancel()
+
+    # ------------------------------------------------------------------ to implement
+    async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
+        raise NotImplementedError
+
+    async def write_event(self, event: ev.ServerEvent, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def write_raw(self, data: bytes) -> None:
+        """Bytes stamped elsewhere (an error before the session existed)."""
+        raise NotImplementedError
+
+    async def hang_up(self, code: int, reason: str) -> None:
+        raise NotImplementedError
+
+    async def flush_playout(self) -> None:
+        """Drop the audio the far end has not played yet (barge-in)."""
+        raise NotImplementedError
+
+    def audio_done(self, response_id: str) -> None:
+        """All of ``response_id``'s audio has been handed to ``write_audio``."""
+
+    # ------------------------------------------------------------------ session
+    def register(self) -> None:
+        self.hub.sockets.add(self)
+        self.hub.metrics.connections.labels("open").inc()
+
+    def unregister(self) -> None:
+        hub = self.hub
+        hub.sockets.discard(self)
+        if not hub.sockets:
+            hub.no_connections.set()
+        hub.metrics.connections.labels("open").dec()
+        if self.session is not None:
+            self.session.detach(self)
+
+    async def open_session(self, patch: dict[str, Any]) -> LiveSession:
+        """Open a session for this transport and apply ``patch`` (a session.update)."""
+        hub = self.hub
+        engine = hub.sessions.engine
+        if hub.closing or engine is None or not engine.ready:
+            raise SessionFatal(
+                "engine_unavailable", "the engine is not ready", close_code=CloseCode.TRY_AGAIN
+            )
+        session = await hub.sessions.open(self, hub.capabilities(), beta=False)
+        self.session = session
+        self.feed = InputFeed(session)
+        if patch:
+            session.receive_text(json.dumps({"type": "session.update", "session": patch}))
+        hub.metrics.connection_outcomes.labels(f"{self.kind}_opened").inc()
+        return session
+
+    def end_session(self, reason: str = "client") -> None:
+        """The far end hung up: the session ends (media transports do not resume)."""
+        session = self.session
+        if session is not None and not session.core.closed:
+            session.apply(session.core.close(reason))
+        else:
+            self.close(CloseCode.NORMAL, reason)
+
+    def audio_played(self, item_id: str, ms: float) -> None:
+        """The far end reports that ``item_id`` played through ``ms``."""
+        if item_id in self.played_ms:
+            self.played_ms[item_id] = max(self.played_ms[item_id], ms)
+
+    @property
+    def playout_pending(self) -> bool:
+        item = self.audio_item
+        return item is not None and self.played_ms.get(item, 0.0) < self.sent_ms.get(item, 0.0)
+
+    async def barge_in(self) -> None:
+        """Flush what the far end has not played and truncate the item to what it heard."""
+        item = self.audio_item
+        await self.flush_playout()
+        if self.feed is not None and self.feed.echo is not None:
+            self.feed.echo.flush()
+        if item is None or self.session is None:
+            return
+        self.audio_item = None
+        played = int(self.played_ms.pop(item, 0.0))
+        if self.sent_ms.pop(item, 0.0) > played:
+            truncate = {
+                "type": "conversation.item.truncate",
+                "item_id": item,
+                "content_index": 0,
+                "audio_end_ms": played,
+            }
+            self.session.receive_text(json.dumps(truncate))
+
+    # ------------------------------------------------------------------ writer
+    async def run_writer(self) -> None:
+        self.hub.ensure_watchdog()
+        self._writer_task = asyncio.current_task()
+        try:
+            await self._write_loop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._stalled or task is None:
+                raise
+            task.uncancel()
+            if self.session is not None:
+                self.session.too_slow()
+            code, reason = self._close or (CloseCode.POLICY, "client_too_slow")
+            await self.hang_up(code, reason)
+        finally:
+            self.ended.set()
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            item = self.outbox.pop()
+            if item is None:
+                if self._close is not None:
+                    break
+                await self.outbox.wake.wait()
+                continue
+            session = self.session
+            if session is None or item.event is None:
+                if item.raw is not None:
+                    await self.write_raw(item.raw)
+                continue
+            event = item.event
+            self.send_since = loop.time()
+            try:
+                if isinstance(event, ev.AudioDelta):
+                    if item.epoch is not None and item.epoch < session.core.epoch:
+                        session.metrics.stale_dropped.labels("writer").inc()
+                        continue
+                    pcm, rate = self._decode(session, event)
+                    self.audio_item, self.audio_response = event.item_id, event.response_id
+                    self.sent_ms[event.item_id] = event.audio_start_ms + event.duration_ms
+                    self.played_ms.setdefault(event.item_id, 0.0)
+                    await self.write_audio(event, pcm, rate)
+                else:
+                    data = session.next_frame(item)
+                    if data is None:
+                        continue
+                    await self.write_event(event, data)
+                    await self._observe(event)
+            finally:
+                self.send_since = None
+            session.sent(item)
+        code, reason = self._close or (CloseCode.NORMAL, "")
+        await self.hang_up(code, reason)
+
+    async def _observe(self, event: ev.ServerEvent) -> None:
+        """Barge-in decisions the transport carries out on its media."""
+        session = self.session
+        if isinstance(event, ev.OutputAudioCleared):
+            await self.barge_in()
+        elif isinstance(event, ev.AudioDone):
+            self.audio_done(event.response_id)
+        elif isinstance(event, ev.SpeechStarted) and session is not None:
+            # the response is over but its audio still plays: the caller talks over it;
+            # the cleared event comes back here (above) and flushes, in order
+            td = session.core.config.turn_detection
+            interrupt = td is not None and td.interrupt_response
+            if interrupt and not session.core.response_active and self.playout_pending:
+                session.emit(ev.OutputAudioCleared(response_id=self.audio_response))
+
+    @staticmethod
+    def _decode(session: LiveSession, event: ev.AudioDelta) -> tuple[bytes, int]:
+        fmt = session.core.config.output_format
+        data = base64.b64decode(event.delta)
+        if fmt.codec != "pcm16":
+            data = g711_to_pcm16(data, fmt.codec)
+        return data, fmt.rate
+
+
+class InputFeed:
+    """Transport PCM16 -> (echo control at 16 kHz) -> the session's input format."""
+
+    def __init__(self, session: LiveSession) -> None:
+        self.session = session
+        self.echo: EchoControl | None = None
+        self._to16k: dict[int, StreamResampler] = {}
+        self._last8k = 0  # the previous 8 kHz sample (the 2x interpolation's one of state)
+        self._out: StreamResampler | None = None
+
+    def _echo_on(self) -> bool:
+        on = self.session.core.config.echo_cancellation
+        if on and self.echo is None:
+            self.echo = EchoControl()
+        elif not on:
+            self.echo = None
+        return on
+
+    def _upsample2x(self, pcm: bytes) -> bytes:
+        """8 -> 16 kHz by linear interpolation: no delay, one sample out per half sample in.
+
+        A stream resampler delays and batches its output, so the input would reach the echo
+        canceller in irregular blocks while the transport's playout reports (Twilio marks)
+        assume it arrives as it was recorded; telephone audio has nothing above 4 kHz to
+        lose to the simpler filter."""
+        x = np.frombuffer(pcm[: len(pcm) - len(pcm) % 2], dtype="<i2").astype(np.int32)
+        if not x.size:
+            return b""
+        prev = np.concatenate(([self._last8k], x[:-1]))
+        out = np.empty(x.size * 2, dtype=np.int32)
+        out[0::2] = (prev + x) // 2
+        out[1::2] = x
+        self._last8k = int(x[-1])
+        return out.astype("<i2").tobytes()
+
+    def reference(self, pcm: bytes, rate: int) -> int:
+        """What the transport plays (or queues to play); returns the playout position."""
+        if self.echo is None and not self._echo_on():
+            return 0
+        assert self.echo is not None
+        if rate != ECHO_RATE:  # each chunk whole: a stream resampler would hold back its tail
+            samples = np.frombuffer(pcm, dtype="<i2")
+            pcm = soxr.resample(samples, rate, ECHO_RATE).astype("<i2").tobytes()
+        return self.echo.playing(pcm)
+
+    def push(self, pcm: bytes, rate: int) -> None:
+        """Microphone PCM16 at ``rate`` from the transport."""
+        pcm16k = self._resample(pcm, rate)
+        if self._echo_on():
+            assert self.echo is not None
+            pcm16k = self.echo.process(pcm16k)
+        if not pcm16k:
+            return
+        fmt = self.session.core.config.input_format
+        if fmt.rate != ECHO_RATE:
+            if self._out is None or self._out.out_rate != fmt.rate:
+                self._out = StreamResampler(ECHO_RATE, fmt.rate)
+            pcm16k = self._out.process(pcm16k)
+        data = pcm16k if fmt.codec == "pcm16" else pcm16_to_g711(pcm16k, fmt.codec)
+        self.session.receive_audio(data)
+
+    def _resample(self, pcm: bytes, rate: int) -> bytes:
+        if rate == ECHO_RATE:
+            return pcm
+        if rate * 2 == ECHO_RATE:
+            return self._upsample2x(pcm)
+        res = self._to16k.get(rate)
+        if res is None:
+            res = self._to16k[rate] = StreamResampler(rate, ECHO_RATE)
+        return res.process(pcm)

@@ -1,0 +1,272 @@
+"""Twilio Media Streams at ``/v1/twilio``: a phone call as a live session.
+
+Twilio opens a WebSocket (TwiML ``<Connect><Stream url="wss://HOST/v1/twilio">``) and
+sends JSON messages: ``connected``, ``start`` (``streamSid``, ``mediaFormat``,
+``customParameters``), ``media`` (base64 G.711 mu-law, 8 kHz, 20 ms), ``mark`` (a mark we
+sent has been played), ``dtmf`` and ``stop``. We send ``media`` (the reply, mu-law),
+``mark`` after each chunk (named ``<item_id>:<end_ms>``, so its echo says what the caller
+heard) and ``clear`` on a barge-in (Twilio drops what it buffered; the assistant item is
+truncated to the last mark echoed).
+
+Session settings ride the ``start`` message's custom parameters (TwiML ``<Parameter>``):
+``session`` (a JSON session object as in ``session.update``) and ``api_key`` (Twilio
+cannot send an ``Authorization`` header). The audio formats are the transport's own and
+echo control is on unless ``session`` turns it off. A malformed message is logged and
+counted; the call goes on. ``stop`` (or the socket closing) ends the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from duplex_contract.errors import EngineError
+from duplex_server.auth import admit, key_matches
+from duplex_server.hub import Hub
+from duplex_server.media import MediaAttachment, check_session_patch, merge_patch
+from duplex_server.protocol import events as ev
+from duplex_server.protocol.codec import g711_to_pcm16
+from duplex_server.protocol.errors import CloseCode, ProtocolError, to_wire_error
+
+log = logging.getLogger(__name__)
+
+TWILIO_RATE = 8000
+#: what every Twilio session uses (the formats are the transport's, not the caller's)
+TWILIO_SESSION: dict[str, Any] = {
+    "audio": {
+        "input": {"format": {"type": "audio/pcm", "rate": 16000}},
+        "output": {"format": {"type": "audio/pcmu"}},
+    }
+}
+
+
+class Malformed(ValueError):
+    """A Twilio message this server cannot use."""
+
+
+class TwilioAttachment(MediaAttachment):
+    kind = "twilio"
+
+    def __init__(self, hub: Hub, ws: WebSocket) -> None:
+        super().__init__(hub)
+        self.ws = ws
+        self.stream_sid = ""
+        self.marks_sent = 0
+        self.marks_played = 0
+        self.clears_sent = 0
+        self._cleared: set[str] = set()  # items cleared: their late marks are ignored
+        self._mark_pos: dict[str, int] = {}  # mark name -> playout position (echo control)
+        #: the handshake's own credentials were enough (else customParameters.api_key)
+        self.admitted = False
+
+    # ------------------------------------------------------------------ out
+    async def _send(self, obj: dict[str, Any]) -> None:
+        await self.ws.send_text(json.dumps(obj, separators=(",", ":")))
+
+    async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
+        sid = self.stream_sid
+        await self._send({"event": "media", "streamSid": sid, "media": {"payload": event.delta}})
+        end_ms = round(event.audio_start_ms + event.duration_ms)
+        name = f"{event.item_id}:{end_ms}"
+        if self.feed is not None:
+            pos = self.feed.reference(pcm, rate)
+            if pos:
+                self._mark_pos[name] = pos
+        await self._send({"event": "mark", "streamSid": sid, "mark": {"name": name}})
+        self.marks_sent += 1
+
+    async def write_event(self, event: ev.ServerEvent, data: bytes) -> None:
+        if isinstance(event, ev.Error):
+            log.warning("twilio %s: %s", self.stream_sid, event.error.message)
+
+    async def write_raw(self, data: bytes) -> None:
+        log.warning("twilio %s: %s", self.stream_sid, data.decode(errors="replace"))
+
+    async def flush_playout(self) -> None:
+        if self.audio_item is not None:
+            self._cleared.add(self.audio_item)
+        self._mark_pos.clear()
+        await self._send({"event": "clear", "streamSid": self.stream_sid})
+        self.clears_sent += 1
+
+    async def hang_up(self, code: int, reason: str) -> None:
+        try:
+            await self.ws.close(code, reason)
+        except Exception:  # already closed by Twilio
+            log.debug("twilio socket already closed", exc_info=True)
+
+    # ------------------------------------------------------------------ in
+    async def serve(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            writer = tg.create_task(self._writer(), name="twilio-writer")
+            reader = tg.create_task(self._reader(), name="twilio-reader")
+            reader.add_done_callback(lambda _: self._reader_done(writer))
+
+    def _reader_done(self, writer: asyncio.Task[None]) -> None:
+        if self._close is None:  # Twilio went away without stop
+            self.end_session("hangup")
+        if self.session is None:
+            writer.cancel()
+
+    async def _writer(self) -> None:
+        await self.run_writer()
+
+    async def _reader(self) -> None:
+        max_frame = self.hub.config.server.max_frame_bytes
+        try:
+            while True:
+                msg = await self.ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    return
+                text = msg.get("text")
+                if text is None or len(text) > max_frame:
+                    self._malformed("not a text frame within max_frame_bytes")
+                    continue
+                try:
+                    if not await self._handle(text):
+                        return
+                except Malformed as exc:
+                    self._malformed(str(exc))
+        except WebSocketDisconnect:
+            return
+
+    def _malformed(self, why: str) -> None:
+        log.warning("twilio %s: malformed message ignored: %s", self.stream_sid or "-", why)
+        self.hub.metrics.errors.labels("twilio_malformed").inc()
+
+    async def _handle(self, text: str) -> bool:
+        """One Twilio message; False when the call is over."""
+        try:
+            msg = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise Malformed(f"not JSON: {exc}") from None
+        if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
+            raise Malformed("no 'event' field")
+        kind = msg["event"]
+        if kind == "connected":
+            return True
+        if kind == "start":
+            return await self._start(msg)
+        if kind == "stop":
+            self.end_session("client")
+            return False
+        if self.session is None:
+            if kind in ("media", "mark", "dtmf"):
+                return True  # before start (or after a refused start): nothing to feed
+            raise Malformed(f"unknown event {kind!r}")
+        if kind == "media":
+            self._media(msg)
+        elif kind == "mark":
+            self._mark(msg)
+        elif kind == "dtmf":
+            log.info("twilio %s: dtmf %s", self.stream_sid, msg.get("dtmf"))
+        else:
+            raise Malformed(f"unknown event {kind!r}")
+        return True
+
+    async def _start(self, msg: dict[str, Any]) -> bool:
+        if self.session is not None:
+            raise Malformed("a second start")
+        start = msg.get("start")
+        if not isinstance(start, dict):
+            raise Malformed("start without a 'start' object")
+        self.stream_sid = str(start.get("streamSid") or msg.get("streamSid") or "")
+        fmt = start.get("mediaFormat") or {}
+        if (
+            fmt.get("encoding", "audio/x-mulaw") != "audio/x-mulaw"
+            or int(fmt.get("sampleRate", TWILIO_RATE)) != TWILIO_RATE
+        ):
+            raise Malformed(f"unsupported mediaFormat {fmt}")
+        params = start.get("customParameters") or {}
+        if not isinstance(params, dict):
+            raise Malformed("customParameters is not an object")
+        try:
+            if not self._authorized(params):
+                raise ProtocolError("unauthorized", "missing or invalid API key")
+            patch: dict[str, Any] = {"audio": {"input": {"echo_cancellation": True}}}
+            if params.get("session"):
+                user = json.loads(params["session"])
+                if not isinstance(user, dict):
+                    raise ProtocolError("invalid_value", "session must be a JSON object")
+                patch = merge_patch(patch, user)
+            patch = merge_patch(patch, TWILIO_SESSION)
+            check_session_patch(patch)
+            await self.open_session(patch)
+        except json.JSONDecodeError as exc:
+            log.warning("twilio %s: customParameters.session is not JSON: %s", self.stream_sid, exc)
+            self.hub.metrics.connection_outcomes.labels("invalid_value").inc()
+            self.close(CloseCode.POLICY, "invalid_value")
+            return False
+        except (ProtocolError, EngineError) as exc:
+            detail, _ = to_wire_error(exc)
+            log.warning("twilio %s: call refused: %s", self.stream_sid, detail.message)
+            self.hub.metrics.connection_outcomes.labels(detail.code).inc()
+            self.close(CloseCode.POLICY, detail.code)
+            return False
+        return True
+
+    def _authorized(self, params: dict[str, Any]) -> bool:
+        if self.admitted:
+            return True
+        key = params.get("api_key")
+        return isinstance(key, str) and key_matches(key, self.hub.keys)
+
+    def _media(self, msg: dict[str, Any]) -> None:
+        media = msg.get("media")
+        if not isinstance(media, dict) or not isinstance(media.get("payload"), str):
+            raise Malformed("media without a payload")
+        if media.get("track", "inbound") not in ("inbound", "inbound_track"):
+            return
+        try:
+            ulaw = base64.b64decode(media["payload"], validate=True)
+        except (binascii.Error, ValueError):
+            raise Malformed("media payload is not base64") from None
+        if ulaw and self.feed is not None:
+            self.feed.push(g711_to_pcm16(ulaw, "g711_ulaw"), TWILIO_RATE)
+
+    def _mark(self, msg: dict[str, Any]) -> None:
+        mark = msg.get("mark")
+        name = mark.get("name") if isinstance(mark, dict) else None
+        if not isinstance(name, str) or ":" not in name:
+            raise Malformed("mark without a name we sent")
+        item, _, end = name.rpartition(":")
+        try:
+            end_ms = float(end)
+        except ValueError:
+            raise Malformed(f"mark {name!r} is not one we sent") from None
+        self.marks_played += 1
+        if item in self._cleared:
+            return  # Twilio echoes the marks of cleared audio: it was never heard
+        self.audio_played(item, end_ms)
+        pos = self._mark_pos.pop(name, None)
+        if pos is not None and self.feed is not None and self.feed.echo is not None:
+            self.feed.echo.played_through(pos)
+
+
+async def twilio_endpoint(ws: WebSocket) -> None:
+    hub: Hub = ws.app.state.hub
+    s = hub.config.server
+    adm = admit(ws.headers, [], keys=hub.keys, allowed_origins=s.allowed_origins)
+    await ws.accept()
+    att = TwilioAttachment(hub, ws)
+    att.admitted = adm.ok
+    if not adm.ok and adm.code != "unauthorized":  # a key may still come in customParameters
+        log.warning("twilio: refused: %s", adm.message)
+        hub.metrics.connection_outcomes.labels(adm.code).inc()
+        await ws.close(CloseCode.POLICY, adm.code)
+        return
+    att.register()
+    try:
+        await att.serve()
+    finally:
+        att.unregister()
+        try:
+            await ws.close(CloseCode.NORMAL)
+        except Exception:
+            log.debug("twilio socket already closed", exc_info=True)

@@ -1,0 +1,190 @@
+"""A Twilio Media Streams peer for tests: what Twilio does on the other end of /v1/twilio.
+
+It speaks the documented protocol over a real WebSocket: ``connected``, ``start`` (with
+``customParameters``), ``media`` every 20 ms (mu-law 8 kHz) in real time, ``stop``. It
+plays what it receives at real time from a buffer, echoes each ``mark`` once the audio
+before it has played, and on ``clear`` drops its buffer and echoes the pending marks (as
+Twilio does). Its microphone is a script of PCM to say plus, optionally, the bot's own
+playout fed back (``echo_delay_ms`` later, ``echo_gain`` times as loud): a speakerphone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import time
+from typing import Any
+
+import numpy as np
+import websockets
+
+from duplex_server.protocol.codec import g711_to_pcm16, pcm16_to_g711
+from tests.server.harness import UNIT
+
+RATE = 8000
+FRAME = 160  # 20 ms
+
+
+def tone8k(ms: float, amp: float = 0.3, hz: float = 300.0) -> bytes:
+    n = int(RATE * ms / 1000)
+    t = np.arange(n) / RATE
+    return (np.sin(2 * np.pi * hz * t) * amp * 32767).astype("<i2").tobytes()
+
+
+class TwilioSim:
+    def __init__(
+        self,
+        ws: websockets.ClientConnection,
+        *,
+        echo_delay_ms: float | None = None,
+        echo_gain: float = 0.5,
+    ) -> None:
+        self.ws = ws
+        self.sid = "MZ00000000000000000000000000000001"
+        self.playout = bytearray()  # PCM16 8 kHz not yet played
+        self.pending: list[tuple[int, str]] = []  # (position in bytes played+queued, name)
+        self.queued = 0  # bytes ever queued (positions of marks)
+        self.played = 0  # bytes ever played
+        self.heard = bytearray()  # everything played
+        self.say = bytearray()  # the caller's own voice still to send
+        self.media_in = 0
+        self.marks_in: list[str] = []
+        self.marks_echoed: list[str] = []
+        self.clears = 0
+        self.clear_times: list[float] = []
+        self.received: list[dict[str, Any]] = []
+        self.echo_gain = echo_gain
+        n_delay = 0 if echo_delay_ms is None else int(RATE * echo_delay_ms / 1000) * 2
+        self.echo_line: bytearray | None = None if echo_delay_ms is None else bytearray(n_delay)
+        self.closed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def call(cls, addr: str, params: dict[str, str] | None = None, **kw: Any) -> Any:
+        async with websockets.connect(f"ws://{addr}/v1/twilio", max_size=None) as ws:
+            sim = cls(ws, **kw)
+            await sim.send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+            await sim.send(
+                {
+                    "event": "start",
+                    "sequenceNumber": "1",
+                    "streamSid": sim.sid,
+                    "start": {
+                        "streamSid": sim.sid,
+                        "accountSid": "AC0",
+                        "callSid": "CA0",
+                        "tracks": ["inbound"],
+                        "mediaFormat": {
+                            "encoding": "audio/x-mulaw",
+                            "sampleRate": 8000,
+                            "channels": 1,
+                        },
+                        "customParameters": params or {},
+                    },
+                }
+            )
+            sim._tasks = [
+                asyncio.create_task(sim._receive()),
+                asyncio.create_task(sim._clock()),
+            ]
+            try:
+                yield sim
+            finally:
+                for task in sim._tasks:
+                    task.cancel()
+                await asyncio.gather(*sim._tasks, return_exceptions=True)
+
+    async def send(self, obj: dict[str, Any]) -> None:
+        await self.ws.send(json.dumps(obj))
+
+    async def stop(self) -> None:
+        await self.send({"event": "stop", "streamSid": self.sid, "stop": {"callSid": "CA0"}})
+
+    def speak(self, pcm8k: bytes) -> None:
+        self.say += pcm8k
+
+    async def _receive(self) -> None:
+        try:
+            async for raw in self.ws:
+                msg = json.loads(raw)
+                self.received.append(msg)
+                kind = msg["event"]
+                assert msg["streamSid"] == self.sid
+                if kind == "media":
+                    pcm = g711_to_pcm16(base64.b64decode(msg["media"]["payload"]), "g711_ulaw")
+                    self.playout += pcm
+                    self.queued += len(pcm)
+                    self.media_in += 1
+                elif kind == "mark":
+                    name = msg["mark"]["name"]
+                    self.marks_in.append(name)
+                    self.pending.append((self.queued, name))
+                elif kind == "clear":
+                    self.clears += 1
+                    self.clear_times.append(time.monotonic())
+                    self.queued -= len(self.playout)
+                    self.playout.clear()
+                    for _, name in self.pending:
+                        await self._echo_mark(name)
+                    self.pending.clear()
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            self.closed.set()
+
+    async def _echo_mark(self, name: str) -> None:
+        self.marks_echoed.append(name)
+        await self.send({"event": "mark", "streamSid": self.sid, "mark": {"name": name}})
+
+    async def _clock(self) -> None:
+        """Every 20 ms: play 20 ms, echo the marks played, send 20 ms of microphone."""
+        seq, t0 = 0, time.monotonic()
+        zero = b"\x00\x00" * FRAME
+        with contextlib.suppress(websockets.ConnectionClosed):
+            while True:
+                seq += 1
+                played = bytes(self.playout[: FRAME * 2])
+                del self.playout[: FRAME * 2]
+                self.played += len(played)
+                played += zero[len(played) :]
+                self.heard += played
+                while self.pending and self.pending[0][0] <= self.played:
+                    await self._echo_mark(self.pending.pop(0)[1])
+                mic = np.zeros(FRAME, dtype=np.float64)
+                voice = bytes(self.say[: FRAME * 2])
+                del self.say[: FRAME * 2]
+                if voice:
+                    v = np.frombuffer(voice, dtype="<i2")
+                    mic[: v.size] += v
+                if self.echo_line is not None:
+                    self.echo_line += played
+                    back = np.frombuffer(bytes(self.echo_line[: FRAME * 2]), dtype="<i2")
+                    del self.echo_line[: FRAME * 2]
+                    mic += back * self.echo_gain
+                pcm = mic.clip(-32768, 32767).astype("<i2").tobytes()
+                payload = base64.b64encode(pcm16_to_g711(pcm, "g711_ulaw")).decode()
+                await self.send(
+                    {
+                        "event": "media",
+                        "sequenceNumber": str(seq + 1),
+                        "streamSid": self.sid,
+                        "media": {
+                            "track": "inbound",
+                            "chunk": str(seq),
+                            "timestamp": str(seq * 20),
+                            "payload": payload,
+                        },
+                    }
+                )
+                delay = t0 + seq * 0.02 - time.monotonic()
+                await asyncio.sleep(max(0.0, delay))
+
+    async def wait(self, cond: Any, within: float) -> None:
+        deadline = time.monotonic() + within * UNIT
+        while not cond():
+            if time.monotonic() > deadline:
+                raise TimeoutError("condition not met in time")
+            await asyncio.sleep(0.02)

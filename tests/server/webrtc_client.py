@@ -1,0 +1,142 @@
+"""An aiortc client for tests: OpenAI's WebRTC flow against /v1/realtime/calls.
+
+It POSTs its SDP offer (multipart with a session, or plain application/sdp), connects on
+loopback, sends its microphone track (PCM it is told to say, else silence, 20 ms frames
+at real time, Opus on the wire), records the server's audio frames with their arrival
+time and the JSON events of the ``oai-events`` data channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame
+
+from tests.server.harness import UNIT
+
+RATE = 48000
+FRAME = 960
+
+
+class MicTrack(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.say = bytearray()
+        self._start = 0.0
+        self._pts = 0
+
+    async def recv(self) -> AudioFrame:
+        if self._pts:
+            wait = self._start + self._pts / RATE - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        else:
+            self._start = time.monotonic()
+        pcm = bytes(self.say[: FRAME * 2])
+        del self.say[: FRAME * 2]
+        pcm += b"\x00" * (FRAME * 2 - len(pcm))
+        frame = AudioFrame(format="s16", layout="mono", samples=FRAME)
+        frame.planes[0].update(pcm)
+        frame.pts = self._pts
+        frame.sample_rate = RATE
+        self._pts += FRAME
+        return frame
+
+
+class RtcClient:
+    def __init__(self) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.mic = MicTrack()
+        self.events: list[tuple[float, dict[str, Any]]] = []
+        self.frames: list[tuple[float, float]] = []  # (arrival time, RMS) of server audio
+        self.location = ""
+        self._tasks: list[asyncio.Task[None]] = []
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.channel.on("message", self._on_message)
+        self.pc.addTrack(self.mic)
+        self.pc.on("track", self._on_track)
+
+    def _on_message(self, message: str) -> None:
+        self.events.append((time.monotonic(), json.loads(message)))
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        self._tasks.append(asyncio.create_task(self._read(track)))
+
+    async def _read(self, track: MediaStreamTrack) -> None:
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                data = frame.to_ndarray().astype(np.float64)
+                self.frames.append((time.monotonic(), float(np.sqrt(np.mean(data**2)))))
+
+    async def connect(
+        self,
+        addr: str,
+        session: dict[str, Any] | None = None,
+        *,
+        plain: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        sdp = self.pc.localDescription.sdp
+        url = f"http://{addr}/v1/realtime/calls"
+        async with httpx.AsyncClient(timeout=10 * UNIT) as http:
+            if plain:
+                hdrs = {"Content-Type": "application/sdp", **(headers or {})}
+                resp = await http.post(url, content=sdp, headers=hdrs)
+            else:
+                files: dict[str, Any] = {"sdp": (None, sdp)}
+                if session is not None:
+                    files["session"] = (None, json.dumps(session))
+                resp = await http.post(url, files=files, headers=headers)
+        if resp.status_code == 201:
+            self.location = resp.headers["location"]
+            answer = RTCSessionDescription(sdp=resp.text, type="answer")
+            await self.pc.setRemoteDescription(answer)
+        return resp
+
+    async def hangup(self, addr: str) -> int:
+        async with httpx.AsyncClient(timeout=10 * UNIT) as http:
+            resp = await http.post(f"http://{addr}{self.location}/hangup")
+        return resp.status_code
+
+    def send(self, event: dict[str, Any]) -> None:
+        self.channel.send(json.dumps(event))
+
+    def kinds(self) -> list[str]:
+        return [e["type"] for _, e in self.events]
+
+    async def until(self, kind: str, within: float = 10.0, after: int = 0) -> dict[str, Any]:
+        """The first event of ``kind`` at index >= ``after`` (waiting for it)."""
+        deadline = time.monotonic() + within * UNIT
+        while True:
+            for _, event in self.events[after:]:
+                if event["type"] == kind:
+                    return event
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {kind} in time; got {self.kinds()}")
+            await asyncio.sleep(0.02)
+
+    def time_of(self, event: dict[str, Any]) -> float:
+        return next(t for t, e in self.events if e is event)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.pc.close()
