@@ -13,8 +13,9 @@ and without mid-sentence pauses. Measured at the client:
   ``input_audio_buffer.speech_started`` (a client flushes its player here);
 * ``stream_vs_batch_wer``: WER of the live transcripts minus WER of
   ``POST /v1/audio/transcriptions`` on the same audio (both against the reference text);
-* ``breakdown_ms_p50``: where the time goes, per segment, from the server's
-  ``response.timing`` event (docs/protocol.md) plus the network segment seen by the client.
+* ``breakdown_ms_p50``: where the time goes, per segment, from the server's timeline on
+  ``response.done`` (``response.timing``, docs/protocol.md), plus ``network``: the client's
+  TTFA minus the server's own (last voice -> first delta written).
 
     python bench/live_latency.py [--json PATH] [--turns N] [--config PATH]
         [--turn-detection server_vad|semantic_vad] [--eagerness auto]
@@ -124,7 +125,6 @@ class Turn:
         transcripts: list[str] = []
         new_responses: set[str] = set()
         timing: dict[str, float] = {}
-        first_delta_at = None
         for t, ev in self.events:
             kind = ev["type"]
             if kind == "input_audio_buffer.speech_started" and started is None:
@@ -138,16 +138,14 @@ class Turn:
             elif kind == "response.output_audio.delta" and ev.get("response_id") in new_responses:
                 if ttfa is None:
                     ttfa = (t - self.last_voice) * 1000
-                    first_delta_at = t
-            elif kind == "response.timing" and ev.get("response_id") in new_responses:
-                timing = dict(ev.get("segments_ms", {}))
-                sent = ev.get("moments_ms", {}).get("first_audio_sent")
-                if sent is not None and first_delta_at is not None:
-                    # the server's wall clock is not the client's: network = client receive
-                    # minus (last voice + server time from speech stop to audio sent) is not
-                    # computable across clocks, so the server reports its own send moment
-                    # relative to speech_stopped and we subtract the client-side silence.
-                    pass
+            elif kind == "response.done" and ev["response"]["id"] in new_responses:
+                t_info = ev["response"].get("timing") or {}
+                if not timing and t_info:
+                    timing = dict(t_info.get("segments_ms", {}))
+                    if ttfa is not None and "server_total" in timing:
+                        # client TTFA minus the server's own (last voice -> written): the
+                        # network, the client's event loop and the VAD's estimate error
+                        timing["network"] = round(ttfa - timing["server_total"], 1)
         live = " ".join(transcripts)
         marks = (
             "input_audio_buffer.speech_stopped",
@@ -317,7 +315,8 @@ def plot(out: dict[str, Any], path: Path) -> None:
     a.set_ylabel("turns")
     a.legend()
     a.set_title(f"live TTFA, p50 {out['live_ttfa_ms_p50']} ms, p90 {out['live_ttfa_ms_p90']} ms")
-    bd = {k: v for k, v in out["breakdown_ms_p50"].items() if v is not None}
+    parts = ("silence_wait", "asr", "llm", "tts", "send", "network")
+    bd = {k: out["breakdown_ms_p50"][k] for k in parts if out["breakdown_ms_p50"].get(k)}
     left = 0.0
     for k, v in bd.items():
         b.barh([0], [v], left=left, label=f"{k} {v:.0f}")

@@ -365,9 +365,12 @@ class Orchestrator:
         sid, fence = session.session_id, job.fence
         prefix = fence.key()
         text = job.text
+        t_job = time.perf_counter()
+        marks: dict[str, float] = {}
         if job.audio:
             assert self.speculation is not None
             heard = await self.speculation.transcript(fence, job.audio)
+            marks["asr_wait"] = (time.perf_counter() - t_job) * 1000
             self.emit(sid, UserTranscript(fence=fence, text=heard, final=True))
             text = f"{text} {heard}".strip()
         if text:
@@ -388,7 +391,11 @@ class Orchestrator:
         want_audio = "audio" in cfg.output_modalities
         route = self.route_of(sid)
 
+        t_llm = time.perf_counter()
+
         def on_text(delta: str) -> None:
+            if "llm_first_token" not in marks:
+                marks["llm_first_token"] = (time.perf_counter() - t_llm) * 1000
             if not want_audio:
                 self.admission.leave_critical(prefix)
             if want_text:
@@ -397,6 +404,9 @@ class Orchestrator:
                 history.append_assistant_text(turn, resp, delta)
 
         def on_chunk(chunk: SpokenChunk) -> None:
+            if "tts_first_audio" not in marks:
+                first = marks.get("llm_first_token", 0.0)
+                marks["tts_first_audio"] = (time.perf_counter() - t_llm) * 1000 - first
             self.admission.leave_critical(prefix)
             history.append_assistant(
                 turn, resp, chunk.mark, chunk.audio_start_ms, chunk.duration_ms
@@ -438,6 +448,7 @@ class Orchestrator:
                 text=result.text,
                 audio_ms=result.audio_ms,
                 output_tokens=result.tokens,
+                timing_ms={k: round(v, 1) for k, v in marks.items()},
             ),
         )
 

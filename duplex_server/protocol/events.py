@@ -323,6 +323,25 @@ class Usage(msgspec.Struct, frozen=True):
     output_tokens: int = 0
 
 
+class ResponseTiming(msgspec.Struct, frozen=True):
+    """Where the time of one response went (a duplex extension on ``response.done``).
+
+    ``moments_ms``: server moments in ms relative to the user's last voiced audio
+    (``last_voice``, estimated from the VAD's ``audio_end_ms`` and the input clock; absent
+    for a turn without server VAD, then relative to ``committed``): ``speech_started``,
+    ``speech_stopped``, ``committed``, ``transcript_ready``, ``response_created``,
+    ``first_audio`` (the engine's first audio chunk reached the session) and
+    ``first_audio_sent`` (its delta written to the socket). ``segments_ms``: ``silence_wait``
+    (last voice -> speech_stopped), ``asr`` (speech_stopped or commit -> transcript),
+    ``llm`` (prompt -> first token), ``tts`` (first token -> first audio chunk, the first
+    clause's words included), ``send`` (first audio -> written), ``server_total`` (last
+    voice or commit -> first audio written). Missing moments are omitted.
+    """
+
+    moments_ms: dict[str, float]
+    segments_ms: dict[str, float]
+
+
 class ResponseObj(msgspec.Struct, frozen=True):
     id: str
     status: Literal["in_progress", "completed", "cancelled", "incomplete", "failed"]
@@ -336,6 +355,7 @@ class ResponseObj(msgspec.Struct, frozen=True):
     # duplex extensions
     epoch: int = 0
     audio_ms: float = 0.0
+    timing: ResponseTiming | None = None
 
 
 # ============================================================================ server events
