@@ -3,7 +3,8 @@
 Starts the real server (default configs/cpu.yaml) and streams human recordings from
 tests/data as a live microphone over ``/v1/realtime``: 20 ms binary PCM16 frames in real
 time (24 kHz, the session's default input rate), silence between utterances, utterances with
-and without mid-sentence pauses. Measured at the client:
+and without mid-sentence pauses (the natural 0.5-0.6 s pauses at the commas of
+two_cities.wav, and a 0.8 s pause inserted before a sentence's last word). Measured at the client:
 
 * ``live_ttfa_ms``: the last voiced frame sent -> the first ``response.output_audio.delta``
   of a response created after it (p50, p90 over the turns);
@@ -60,18 +61,20 @@ class Utterance:
     end_s: float
     text: str  # reference transcript
     paused: bool  # has a pause inside the sentence (must not end the turn)
+    gap: tuple[float, float] | None = None  # (at s into the clip, s of silence inserted)
 
 
 UTTERANCES = [
     Utterance("foolishness", "two_cities.wav", 5.70, 7.40, "it was the age of foolishness", False),
     Utterance("no-matter", "beckett.wav", 3.30, 4.40, "no matter", False),
     Utterance(
-        "best-worst",
+        "worst-of_times",  # a 0.8 s pause before the sentence's last word
         "two_cities.wav",
         0.00,
-        3.80,
+        4.10,
         "it was the best of times it was the worst of times",
         True,
+        (3.44, 0.8),
     ),
     Utterance("wisdom", "two_cities.wav", 3.90, 5.50, "it was the age of wisdom", False),
     Utterance("ever-tried", "beckett.wav", 0.10, 1.45, "ever tried", False),
@@ -93,6 +96,10 @@ def load(u: Utterance) -> tuple[np.ndarray, bytes, int, int]:
     if data.ndim > 1:
         data = data.mean(axis=1)
     clip = data[int(u.start_s * rate) : int(u.end_s * rate)]
+    if u.gap is not None:
+        cut = int(u.gap[0] * rate)
+        silence = np.zeros(int(u.gap[1] * rate), dtype=clip.dtype)
+        clip = np.concatenate([clip[:cut], silence, clip[cut:]])
     clip16 = soxr.resample(clip, rate, 16000) if rate != 16000 else clip
     mic = soxr.resample(clip, rate, RATE)
     win = RATE // 100

@@ -19,11 +19,15 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Literal
 
+import numpy as np
+import numpy.typing as npt
+
 from duplex_contract.audio import INPUT_RATE, input_ms
 from duplex_server.protocol.codec import AudioFormat, g711_to_pcm16
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
 from engine.audio import StreamResampler
+from engine.smart_turn import SmartTurn
 from engine.stages.vad_silero import VadSegmenter, VadStream, make_vad
 
 log = logging.getLogger(__name__)
@@ -35,6 +39,23 @@ MIN_SPEECH_MS = 64.0
 #: so the transcript is ready when silence_duration_ms later ends the turn. Capped at half the
 #: silence window. Speech that resumes drops the speculation (``input.resume``).
 SPECULATE_AFTER_MS = 96.0
+#: semantic_vad: silence after which Smart Turn judges whether the turn sounds finished (the
+#: turn then ends there), and the P(complete) that counts as finished, per eagerness
+SEMANTIC_CHECK_MS = 200.0
+SEMANTIC_THRESHOLD = {"low": 0.9, "medium": 0.8, "auto": 0.8, "high": 0.6}
+#: semantic_vad: a turn with less speech than this never ends early (Smart Turn calls a lone
+#: "it" complete); it waits for silence_duration_ms
+SEMANTIC_MIN_SPEECH_MS = 400.0
+
+
+def _sounds_finished(threshold: float) -> Callable[[npt.NDArray[np.float32]], bool]:
+    """Smart Turn's verdict on a turn so far (the model is loaded once per process)."""
+    model = SmartTurn.shared()
+
+    def judge(audio: npt.NDArray[np.float32]) -> bool:
+        return model.probability(audio) >= threshold
+
+    return judge
 
 
 class InputProcessor:
@@ -51,14 +72,22 @@ class InputProcessor:
         self._resampler = StreamResampler(fmt.rate, INPUT_RATE)
         self._vad: VadStream | None = None
         if turn_detection is not None:
+            td = turn_detection
+            pause_ms = min(SPECULATE_AFTER_MS, td.silence_duration_ms / 2)
+            end_of_turn: Callable[[npt.NDArray[np.float32]], bool] | None = None
+            if td.type == "semantic_vad":
+                pause_ms = min(SEMANTIC_CHECK_MS, td.silence_duration_ms / 2)
+                end_of_turn = _sounds_finished(SEMANTIC_THRESHOLD[td.eagerness or "auto"])
             segmenter = VadSegmenter(
-                threshold=max(turn_detection.threshold, 0.01),
+                threshold=max(td.threshold, 0.01),
                 min_speech_ms=MIN_SPEECH_MS,
-                silence_duration_ms=float(turn_detection.silence_duration_ms),
-                prefix_padding_ms=float(turn_detection.prefix_padding_ms),
-                pause_ms=min(SPECULATE_AFTER_MS, turn_detection.silence_duration_ms / 2),
+                silence_duration_ms=float(td.silence_duration_ms),
+                prefix_padding_ms=float(td.prefix_padding_ms),
+                pause_ms=pause_ms,
             )
-            self._vad = VadStream(make_vad(vad_backend), segmenter)
+            self._vad = VadStream(
+                make_vad(vad_backend), segmenter, end_of_turn, SEMANTIC_MIN_SPEECH_MS
+            )
 
     def process(self, data: bytes, origin_ms: float) -> tuple[bytes, list[VadEvent]]:
         """Decode and resample ``data``; VAD times are offset by ``origin_ms``."""

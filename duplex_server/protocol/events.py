@@ -45,7 +45,7 @@ class TurnDetectionParam(_Strict, frozen=True):
     create_response: bool | UnsetType = UNSET
     interrupt_response: bool | UnsetType = UNSET
     idle_timeout_ms: int | UnsetType | None = UNSET
-    eagerness: str | UnsetType = UNSET  # semantic_vad: accepted, mapped onto server_vad
+    eagerness: str | UnsetType = UNSET  # semantic_vad: low, medium, high, auto
     # duplex extensions: false barge-in guards
     min_interrupt_speech_ms: int | UnsetType = UNSET
     uninterruptible_ms: int | UnsetType = UNSET
@@ -237,7 +237,7 @@ class AudioFormatOut(msgspec.Struct, frozen=True):
 class TurnDetection(msgspec.Struct, frozen=True):
     """The effective server VAD settings (defaults are docs/protocol.md's)."""
 
-    type: Literal["server_vad"] = "server_vad"
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
@@ -246,6 +246,8 @@ class TurnDetection(msgspec.Struct, frozen=True):
     idle_timeout_ms: int | None = None
     min_interrupt_speech_ms: int = 120
     uninterruptible_ms: int = 0
+    #: semantic_vad only (null for server_vad): how soon a turn that sounds finished ends
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
 
 
 class AudioInputOut(msgspec.Struct, frozen=True):
