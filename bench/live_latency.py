@@ -125,7 +125,7 @@ class Turn:
     last_voice: float = 0.0
     events: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
 
-    def row(self, batch_text: str) -> dict[str, Any]:
+    def row(self, batch_text: str, transcripts_by_item: dict[str, str]) -> dict[str, Any]:
         ttfa = None
         started = None
         stopped_early = 0
@@ -138,8 +138,8 @@ class Turn:
                 started = t
             elif kind == "input_audio_buffer.speech_stopped" and t < self.last_voice:
                 stopped_early += 1
-            elif kind == "conversation.item.input_audio_transcription.completed":
-                transcripts.append(ev.get("transcript", ""))
+            if kind == "input_audio_buffer.speech_started":  # this utterance's items
+                transcripts.append(transcripts_by_item.get(ev["item_id"], ""))
             elif kind == "response.created" and t >= self.last_voice:
                 new_responses.add(ev["response"]["id"])
             elif kind == "response.output_audio.delta" and ev.get("response_id") in new_responses:
@@ -200,7 +200,6 @@ async def session(addr: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     td: dict[str, Any] = {"type": args.turn_detection}
     if args.turn_detection == "semantic_vad":
         td["eagerness"] = args.eagerness
-    rows: list[dict[str, Any]] = []
     silence = b"\0\0" * FRAME
     async with websockets.connect(f"ws://{addr}/v1/realtime", max_size=None) as ws:
         await ws.send(
@@ -235,8 +234,12 @@ async def session(addr: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                     ev["delta"] = len(base64.b64decode(ev["delta"]))
                 if current:
                     current[-1].events.append((now, ev))
-                if ev["type"] == "response.done":
-                    done.set()
+                if ev["type"] == "response.done" and current:
+                    if any(
+                        e["type"] == "response.created" and t >= current[-1].last_voice > 0
+                        for t, e in current[-1].events
+                    ):
+                        done.set()  # the answer to the latest utterance is complete
 
         task = asyncio.create_task(reader())
         t = time.perf_counter()
@@ -264,14 +267,33 @@ async def session(addr: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                     turn.onset = sent
                 if off // 2 <= last < off // 2 + FRAME:
                     turn.last_voice = sent
-            deadline = time.perf_counter() + 20
+            deadline = time.perf_counter() + 30
             while not done.is_set() and time.perf_counter() < deadline:
                 await send(silence)
             for _ in range(40):  # 0.8 s of room before the next utterance
                 await send(silence)
-            rows.append(turn.row(batch[u.name]))
+        deadline = time.perf_counter() + 30  # transcripts still in flight
+        while time.perf_counter() < deadline and not all_transcribed(current):
+            await send(silence)
         task.cancel()
-    return rows
+    by_item = {
+        ev["item_id"]: ev.get("transcript", "")
+        for turn in current
+        for _, ev in turn.events
+        if ev["type"] == "conversation.item.input_audio_transcription.completed"
+    }
+    return [turn.row(batch[turn.utt.name], by_item) for turn in current]
+
+
+def all_transcribed(turns: list[Turn]) -> bool:
+    started = {e["item_id"] for t in turns for _, e in t.events if e["type"].endswith("started")}
+    done = {
+        e["item_id"]
+        for t in turns
+        for _, e in t.events
+        if e["type"] == "conversation.item.input_audio_transcription.completed"
+    }
+    return started <= done
 
 
 def p(vals: list[float], q: float) -> float | None:
