@@ -121,8 +121,9 @@ class StreamResampler:
 EDGE_REL = 0.01
 EDGE_FLOOR = 1e-4
 #: Audio after a speculated pause counts as silence below this fraction of the speech's
-#: loudest window (-30 dB: room noise passes, a soft last word does not).
-TAIL_REL = 0.03
+#: loudest window: the edge_trim threshold, so a tail it accepts is one edge_trim would cut
+#: anyway, and the guess transcribes exactly what the whole turn would.
+TAIL_REL = EDGE_REL
 
 
 def _window_rms(audio: Float32Array, win: int) -> npt.NDArray[np.float32]:

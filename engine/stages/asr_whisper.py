@@ -202,6 +202,8 @@ class WhisperAsr(BatchingBackend):
             if not pre and res.no_speech_prob > NO_SPEECH_PROB and avg_logprob < LOGPROB_FLOOR:
                 continue  # a silent window
             text = tok.decode(tokens).strip()
+            if pre:  # the previous turn's closing punctuation may open the continuation
+                text = text.lstrip(" .,;:!?")
             seconds = audios[i].size / ASR_RATE
             if pre and len(text.split()) > _MAX_WPS * seconds + 2:
                 retry.append(i)  # a loop after the context: decode this turn alone

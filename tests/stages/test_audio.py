@@ -103,7 +103,7 @@ def test_edge_trim_makes_the_cut_point_irrelevant() -> None:
 def test_quiet_after_tells_silence_from_a_soft_word() -> None:
     loud = float32_to_pcm16(_tone(16000, 0.5))
     soft = float32_to_pcm16(_tone(16000, 0.2) * 0.1)  # -20 dB: a soft word
-    noise = float32_to_pcm16(np.random.default_rng(1).normal(0, 0.002, 8000))  # -48 dB
+    noise = float32_to_pcm16(np.random.default_rng(1).normal(0, 0.001, 8000))  # -51 dB
     assert quiet_after(loud + bytes(8000), len(loud))
     assert quiet_after(loud + noise, len(loud))
     assert not quiet_after(loud + bytes(3200) + soft, len(loud))
