@@ -180,11 +180,20 @@ class WhisperAsr(BatchingBackend):
             tokenizers.append(tok)
         from faster_whisper.transcribe import get_suppressed_tokens
 
+        max_length = m.max_length
+        if all(prefixes):  # every item decodes after a context: cap the continuation, so a
+            # loop (Whisper repeating itself after a forced prefix) stops early and costs
+            # little before the loop guard decodes the turn alone
+            budget = max(
+                len(p) + int(_MAX_WPS * 2 * audios[i].size / ASR_RATE) + 12
+                for i, p in zip(short, prompts, strict=True)
+            )
+            max_length = min(max_length, budget)
         results = m.model.generate(
             encoded,
             prompts,
             beam_size=self.opts.beam_size,
-            max_length=m.max_length,
+            max_length=max_length,
             return_scores=True,
             return_no_speech_prob=True,
             suppress_blank=True,
