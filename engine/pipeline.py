@@ -122,8 +122,10 @@ class Pipeline:
         session_id: str | None,
         priority: Priority = Priority.REALTIME,
         language: str = "en",
+        context: tuple[bytes, str] | None = None,
     ) -> str:
-        """Run ``route``'s input stages on one utterance; returns its text."""
+        """Run ``route``'s input stages on one utterance; returns its text. ``context``: the
+        previous turn's audio (same rate) and transcript, for the first stage."""
         stages = self.route(route).inputs
         if not stages:
             raise StageError(f"route {route!r} has no input stages", code="route_unavailable")
@@ -138,6 +140,8 @@ class Pipeline:
                 language=language,
                 priority=priority,
                 session_id=session_id,
+                context_audio=context[0] if context and i == 0 else b"",
+                context_text=context[1] if context and i == 0 else "",
             )
             pcm: list[bytes] = []
             parts: list[str] = []

@@ -10,6 +10,10 @@
   starting again. So ASR request ids carry the session and turn but not the epoch
   (``sess_x/asr/t5/3``); a close still aborts them (session prefix).
 
+* Context: each turn is transcribed after the same session's previous turn (its audio and
+  transcript ride on the ASR request), so a short turn cut by the VAD ("Ever failed.") is
+  decoded with the words around it, as the batch route decodes one whole recording.
+
 Runs on the orchestrator loop; the ASR itself runs in its stage.
 """
 
@@ -22,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from engine.audio import quiet_after
 from engine.errors import StageError
 from engine.messages import Fence
 from engine.pipeline import Pipeline
@@ -38,8 +43,10 @@ class _Transcription:
     claimed: bool = False  # a turn job awaits it: never discarded under that job
 
     def covers(self, audio: bytes) -> bool:
-        if self.kind == "pause":  # the commit may add trailing silence
-            return audio.startswith(self.audio)
+        if self.kind == "pause":  # the commit may add trailing silence, and only silence:
+            # quiet speech after the pause that the VAD did not call speech (a soft last
+            # word) would be missing from the guess, so then the turn is transcribed again
+            return audio.startswith(self.audio) and quiet_after(audio, len(self.audio))
         return audio == self.audio
 
 
@@ -56,6 +63,9 @@ class SpeculativeAsr:
         self._rate = sample_rate
         self._track = track  # the orchestrator awaits dropped tasks at shutdown
         self._by_session: dict[str, list[_Transcription]] = {}
+        #: each session's last committed turn (audio, transcript): the next turn's ASR
+        #: context (engine.messages.AsrRequest.context_audio)
+        self._last: dict[str, tuple[bytes, str]] = {}
         self._ids = itertools.count()
         self.started = 0
         self.used = 0
@@ -65,7 +75,12 @@ class SpeculativeAsr:
         rid = f"{sid}/asr/t{fence.turn_id}/{next(self._ids)}"
         task = asyncio.create_task(
             self._pipeline.transcribe(
-                rid, audio, route=self._route_of(sid), sample_rate=self._rate, session_id=sid
+                rid,
+                audio,
+                route=self._route_of(sid),
+                sample_rate=self._rate,
+                session_id=sid,
+                context=self._last.get(sid),
             ),
             name=f"asr:{rid}",
         )
@@ -102,6 +117,7 @@ class SpeculativeAsr:
 
     def drop(self, session_id: str) -> None:
         """The session is closing: stop everything."""
+        self._last.pop(session_id, None)
         for entry in self._by_session.pop(session_id, []):
             self._discard(entry)
 
@@ -140,6 +156,8 @@ class SpeculativeAsr:
             return await self.transcript(fence, audio)
         if entry in entries:
             entries.remove(entry)
+        if text.strip():
+            self._last[sid] = (audio, text)
         return text
 
     def tasks(self) -> list[asyncio.Task[str]]:

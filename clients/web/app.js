@@ -15,12 +15,31 @@ const JITTER_S = 0.08; // playback starts this far behind the first chunk of a b
 // Exposed for tests and curious users (read-only view of what happened).
 const state = (window.duplexState = {
   connected: false, sessionId: null, userTranscripts: [], assistantTranscripts: [],
-  ttfaMs: [], responses: [], flushes: 0, resumes: 0, framesSent: 0,
+  ttfaMs: [], timings: [], responses: [], flushes: 0, resumes: 0, framesSent: 0,
   transport: "websocket", audioStarted: 0, audioCleared: 0, rtcPacketsReceived: 0,
   rtcAudioEnergy: 0,
 });
 
 // ------------------------------------------------------------------ player (jitter buffer)
+// One turn's server timeline (response.done timing) as a stacked bar next to the TTFA.
+const TIMING_PARTS = ["silence_wait", "asr", "llm", "tts", "send"];
+function drawTiming(seg) {
+  state.timings.push(seg);
+  const bar = $("timing");
+  bar.replaceChildren();
+  const total = TIMING_PARTS.reduce((sum, k) => sum + Math.max(0, seg[k] || 0), 0) || 1;
+  for (const k of TIMING_PARTS) {
+    const ms = Math.max(0, seg[k] || 0);
+    if (!ms) continue;
+    const part = document.createElement("span");
+    part.className = "seg seg-" + k;
+    part.style.width = (100 * ms / total).toFixed(1) + "%";
+    part.title = k + " " + Math.round(ms) + " ms";
+    bar.append(part);
+  }
+  bar.title = TIMING_PARTS.map((k) => k + " " + Math.round(seg[k] || 0) + " ms").join(" · ");
+}
+
 class Player {
   constructor() {
     this.ctx = new AudioContext({ sampleRate: OUT_RATE, latencyHint: "interactive" });
@@ -207,6 +226,7 @@ class Session {
       case "response.done": {
         const r = ev.response;
         state.responses.push(r.status);
+        if (r.timing && r.timing.segments_ms) drawTiming(r.timing.segments_ms);
         $("turns").textContent = state.responses.length;
         if (this.assistantLine) {
           const text = this.assistantLine.firstChild.textContent;

@@ -33,6 +33,9 @@ from duplex_server.protocol.events import (
 
 T = TypeVar("T")
 _DEFAULT_TD = TurnDetection()
+#: semantic_vad: the longest silence a turn that does not sound finished waits for (it is
+#: also the session's ``silence_duration_ms`` unless the client sets one)
+SEMANTIC_MAX_WAIT_MS = {"low": 3000, "medium": 1500, "auto": 1500, "high": 1000}
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +169,8 @@ def _turn_detection(
     if param is None:
         return None
     base = current if current is not None else TurnDetection()
+    if base.type != param.type:  # a new kind starts from its own defaults
+        base = TurnDetection()
     changes: dict[str, object] = {}
     for name in (
         "threshold",
@@ -181,13 +186,25 @@ def _turn_detection(
         if not isinstance(value, UnsetType):
             changes[name] = value
     if param.type == "semantic_vad":
-        eagerness = param.eagerness if isinstance(param.eagerness, str) else "auto"
-        silence = {"low": 1200, "medium": 700, "auto": 700, "high": 400}.get(eagerness)
+        eagerness = param.eagerness if isinstance(param.eagerness, str) else base.eagerness
+        eagerness = eagerness or "auto"
+        silence = SEMANTIC_MAX_WAIT_MS.get(eagerness)
         if silence is None:
             raise ProtocolError(
-                "invalid_value", f"unknown eagerness {eagerness!r}", param="turn_detection"
+                "invalid_value",
+                f"eagerness must be one of low, medium, high, auto; got {eagerness!r}",
+                param="turn_detection.eagerness",
             )
-        changes.setdefault("silence_duration_ms", silence)
+        changes["type"] = "semantic_vad"
+        changes["eagerness"] = eagerness
+        if base.type != "semantic_vad" or not isinstance(param.eagerness, UnsetType):
+            changes.setdefault("silence_duration_ms", silence)
+    elif not isinstance(param.eagerness, UnsetType):
+        raise ProtocolError(
+            "invalid_value",
+            "eagerness applies to semantic_vad only",
+            param="turn_detection.eagerness",
+        )
     out = msgspec.structs.replace(base, **changes)
     if not 0.0 <= out.threshold <= 1.0:
         raise ProtocolError(

@@ -45,7 +45,7 @@ class TurnDetectionParam(_Strict, frozen=True):
     create_response: bool | UnsetType = UNSET
     interrupt_response: bool | UnsetType = UNSET
     idle_timeout_ms: int | UnsetType | None = UNSET
-    eagerness: str | UnsetType = UNSET  # semantic_vad: accepted, mapped onto server_vad
+    eagerness: str | UnsetType = UNSET  # semantic_vad: low, medium, high, auto
     # duplex extensions: false barge-in guards
     min_interrupt_speech_ms: int | UnsetType = UNSET
     uninterruptible_ms: int | UnsetType = UNSET
@@ -266,7 +266,7 @@ class AudioFormatOut(msgspec.Struct, frozen=True):
 class TurnDetection(msgspec.Struct, frozen=True):
     """The effective server VAD settings (defaults are docs/protocol.md's)."""
 
-    type: Literal["server_vad"] = "server_vad"
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
@@ -275,6 +275,8 @@ class TurnDetection(msgspec.Struct, frozen=True):
     idle_timeout_ms: int | None = None
     min_interrupt_speech_ms: int = 120
     uninterruptible_ms: int = 0
+    #: semantic_vad only (null for server_vad): how soon a turn that sounds finished ends
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
 
 
 class NoiseReductionOut(msgspec.Struct, frozen=True):
@@ -392,6 +394,25 @@ class Usage(msgspec.Struct, frozen=True):
     output_tokens: int = 0
 
 
+class ResponseTiming(msgspec.Struct, frozen=True):
+    """Where the time of one response went (a duplex extension on ``response.done``).
+
+    ``moments_ms``: server moments in ms relative to the user's last voiced audio
+    (``last_voice``, estimated from the VAD's ``audio_end_ms`` and the input clock; absent
+    for a turn without server VAD, then relative to ``committed``): ``speech_started``,
+    ``speech_stopped``, ``committed``, ``transcript_ready``, ``response_created``,
+    ``first_audio`` (the engine's first audio chunk reached the session) and
+    ``first_audio_sent`` (its delta written to the socket). ``segments_ms``: ``silence_wait``
+    (last voice -> speech_stopped), ``asr`` (speech_stopped or commit -> transcript),
+    ``llm`` (prompt -> first token), ``tts`` (first token -> first audio chunk, the first
+    clause's words included), ``send`` (first audio -> written), ``server_total`` (last
+    voice or commit -> first audio written). Missing moments are omitted.
+    """
+
+    moments_ms: dict[str, float]
+    segments_ms: dict[str, float]
+
+
 class ResponseObj(msgspec.Struct, frozen=True):
     id: str
     status: Literal["in_progress", "completed", "cancelled", "incomplete", "failed"]
@@ -405,6 +426,7 @@ class ResponseObj(msgspec.Struct, frozen=True):
     # duplex extensions
     epoch: int = 0
     audio_ms: float = 0.0
+    timing: ResponseTiming | None = None
 
 
 # ============================================================================ server events

@@ -40,6 +40,39 @@ class Response:
     call: ev.FunctionCallItem | None = None  # the function call, once it began
     call_args: list[str] = field(default_factory=list)
     previous: str | None = None  # the item before this response's item
+    #: session moments (the core's clock, ms) and engine segments for ``response.timing``
+    moments: dict[str, float] = field(default_factory=dict)
+    engine_ms: dict[str, float] = field(default_factory=dict)
+
+
+def timing_origin(resp: Response) -> float | None:
+    """The moment a response's timeline counts from: the last voiced audio, else the commit."""
+    m = resp.moments
+    return m.get("last_voice", m.get("committed", m.get("response_created")))
+
+
+def response_timing(resp: Response) -> ev.ResponseTiming | None:
+    """The response's timeline (moments relative to :func:`timing_origin`) and segments."""
+    m = resp.moments
+    origin = timing_origin(resp)
+    if origin is None:
+        return None
+    moments = {k: round(v - origin, 1) for k, v in m.items()}
+    seg: dict[str, float] = {}
+
+    def span(name: str, a: str, b: str) -> None:
+        if a in m and b in m:
+            seg[name] = round(m[b] - m[a], 1)
+
+    span("silence_wait", "last_voice", "speech_stopped")
+    span("asr", "speech_stopped" if "speech_stopped" in m else "committed", "transcript_ready")
+    for key, name in (("llm_first_token", "llm"), ("tts_first_audio", "tts")):
+        if key in resp.engine_ms:
+            seg[name] = round(resp.engine_ms[key], 1)
+    span("send", "first_audio", "first_audio_sent")
+    if "first_audio_sent" in m:
+        seg["server_total"] = moments["first_audio_sent"]
+    return ev.ResponseTiming(moments_ms=moments, segments_ms=seg)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +242,7 @@ def finished_events(
         conversation_id=None if resp.oob else "conv_default",
         epoch=resp.fence.epoch,
         audio_ms=resp.audio_ms,
+        timing=response_timing(resp),
     )
     out += [
         Send(ev.ContentPartDone(response_id=rid, item_id=iid, part=part)),

@@ -102,6 +102,7 @@ from duplex_server.protocol.responses import (
     finished_events,
     message_events,
     started_events,
+    timing_origin,
 )
 from duplex_server.protocol.resume import token_matches
 from duplex_server.protocol.vad import VadEvent
@@ -135,6 +136,10 @@ class SessionCore:
         self.lease_generation = lease_generation
         self.epoch = 0
         self.turn_id = 0
+        #: moments (ms, the caller's clock) of the turn being answered: response.done timing
+        self.turn_moments: dict[str, float] = {}
+        #: response id -> its timeline's origin (the transport adds the write moment)
+        self.response_origin: dict[str, float] = {}
         self.response_seq = 0
         self.closed = False
         self.encode_output = encode_output
@@ -640,6 +645,10 @@ class SessionCore:
             elif isinstance(step, Speaking):
                 out += self._maybe_barge_in(now_ms, step.speech_ms)
             elif isinstance(step, SpeechEnded):
+                # the moment the last voiced audio arrived: the input clock runs
+                # input_ms - audio_end_ms ahead of it
+                last = now_ms - max(0.0, self.input.input_ms - step.audio_end_ms)
+                self.turn_moments = {"last_voice": last, "speech_stopped": now_ms}
                 out += self._maybe_barge_in(now_ms, step.speech_ms)
                 end = int(step.audio_end_ms)
                 out.append(Send(ev.SpeechStopped(audio_end_ms=end, item_id=step.item_id)))
@@ -659,8 +668,13 @@ class SessionCore:
         if self.closed or event.fence.epoch < self.epoch:
             return []  # stale: a cancelled epoch's output never becomes an event
         if isinstance(event, AudioChunk):
+            cur = self.responses.matching(event.fence)
+            if cur is not None:
+                cur.moments.setdefault("first_audio", now_ms)
             return self._audio(event)
         if isinstance(event, UserTranscript):
+            if event.final:
+                self.turn_moments.setdefault("transcript_ready", now_ms)
             if not event.final and event.fence.turn_id >= self.turn_id:
                 return self._live_partial(event.text)
             return self.items.transcript(event.fence.turn_id, event.text, event.final)
@@ -688,6 +702,8 @@ class SessionCore:
         resp = self.responses.matching(event.fence)
         if resp is None:
             return []
+        if event.timing_ms:
+            resp.engine_ms.update(event.timing_ms)
         error = None
         if event.error is not None:
             error = ev.ErrorDetail(
@@ -743,6 +759,10 @@ class SessionCore:
             oob=oob,
             metadata=request.metadata,
         )
+        resp.moments.update(self.turn_moments)
+        resp.moments.setdefault("committed", self.turn_moments.get("speech_stopped", now_ms))
+        resp.moments["response_created"] = now_ms
+        self.turn_moments = {}
         self.responses.started(resp)
         self.idle_since_ms = None
         if not oob:
@@ -770,6 +790,10 @@ class SessionCore:
         *,
         tokens: int = 0,
     ) -> list[Action]:
+        origin = timing_origin(resp)
+        self.response_origin.clear()
+        if origin is not None:
+            self.response_origin[resp.id] = origin
         self.responses.ended()
         if resp.audio and not resp.oob:
             f = resp.fence

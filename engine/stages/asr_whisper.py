@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from engine.audio import pcm16_to_float32, resample
+from engine.audio import edge_trim, pcm16_to_float32, resample
 from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import AsrRequest, StageDone, StageRequest, TranscriptOut
@@ -40,6 +40,12 @@ ASR_RATE = 16000
 WINDOW_SAMPLES = 30 * ASR_RATE  # Whisper's fixed window
 NO_SPEECH_PROB = 0.6  # faster-whisper's defaults for skipping a silent window
 LOGPROB_FLOOR = -1.0
+#: Words a second a turn decoded after its context may hold; more is a decoding loop.
+_MAX_WPS = 6.0
+#: The previous turn (16 kHz float audio, its transcript), decoded before an utterance.
+_Context = tuple[npt.NDArray[np.float32], str]
+#: A previous turn longer than this is not used as context.
+CONTEXT_SAMPLES = 10 * ASR_RATE
 
 
 class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -54,6 +60,13 @@ class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     min_samples: Annotated[int, msgspec.Meta(ge=0)] = 1600
     # Utterances transcribed together in one batched call (the batching runtime's limit).
     max_batch: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+    # Quiet edges of an utterance are cut to this margin and the end padded with exactly
+    # this much silence (engine.audio.edge_trim), so the transcript does not depend on where
+    # the VAD, a speculation or a file cut the audio. None: transcribe the audio as it is.
+    edge_margin_ms: Annotated[int, msgspec.Meta(ge=0, le=2000)] | None = 150
+    # Decode a live turn after the same speaker's previous turn (audio and transcript, as
+    # the request carries them): short turns keep their context, as in one batch recording.
+    use_context: bool = True
 
 
 class WhisperAsr(BatchingBackend):
@@ -112,11 +125,21 @@ class WhisperAsr(BatchingBackend):
         return self.transcribe_batch([audio], [language])[0]
 
     def transcribe_batch(
-        self, audios: Sequence[npt.NDArray[np.float32]], languages: Sequence[str]
+        self,
+        audios: Sequence[npt.NDArray[np.float32]],
+        languages: Sequence[str],
+        contexts: Sequence[_Context | None] | None = None,
     ) -> list[str]:
-        """Transcribe several utterances in one batched encoder + decoder call."""
+        """Transcribe several utterances in one batched encoder + decoder call.
+
+        ``contexts[i]`` (the speaker's previous turn: its audio and transcript) is decoded
+        before utterance ``i``: the previous words are the forced decoder prefix, and only
+        the words after them are returned. A result that looks like a decoding loop (more
+        than ``_MAX_WPS`` words a second) is transcribed again without context.
+        """
         if self._model is None:
             raise StageError(f"{self.name}: model not loaded")
+        ctx: list[_Context | None] = list(contexts) if contexts else [None] * len(audios)
         texts = [""] * len(audios)
         short: list[int] = []
         for i, audio in enumerate(audios):
@@ -126,6 +149,9 @@ class WhisperAsr(BatchingBackend):
                 texts[i] = self._transcribe_long(audio, languages[i])
             else:
                 short.append(i)
+                c = ctx[i]
+                if c is not None and audio.size + c[0].size > WINDOW_SAMPLES:
+                    ctx[i] = None  # no room for the context in one window
         if not short:
             return texts
         m = self._model
@@ -133,35 +159,69 @@ class WhisperAsr(BatchingBackend):
 
         windows = []
         for i in short:
-            feats = m.feature_extractor(audios[i])
+            c = ctx[i]
+            audio = audios[i] if c is None else np.concatenate([c[0], audios[i]])
+            feats = m.feature_extractor(audio)
             windows.append(pad_or_trim(feats[:, : feats.shape[-1] - 1]))
         encoded = m.encode(np.stack(windows).astype(np.float32))
         prompts = []
         tokenizers = []
+        prefixes: list[list[int]] = []
         for i in short:
             tok = self._tokenizer(self.opts.language or languages[i])
             hint = self.opts.initial_prompt
             previous = tok.encode(" " + hint.strip()) if hint else []
-            prompts.append(m.get_prompt(tok, previous, without_timestamps=True))
+            c = ctx[i]
+            prefix = c[1].strip() if c is not None else ""
+            prompts.append(
+                m.get_prompt(tok, previous, without_timestamps=True, prefix=prefix or None)
+            )
+            prefixes.append(tok.encode(" " + prefix) if prefix else [])
             tokenizers.append(tok)
         from faster_whisper.transcribe import get_suppressed_tokens
 
+        max_length = m.max_length
+        if all(prefixes):  # every item decodes after a context: cap the continuation, so a
+            # loop (Whisper repeating itself after a forced prefix) stops early and costs
+            # little before the loop guard decodes the turn alone
+            budget = max(
+                len(p) + int(_MAX_WPS * 2 * audios[i].size / ASR_RATE) + 12
+                for i, p in zip(short, prompts, strict=True)
+            )
+            max_length = min(max_length, budget)
         results = m.model.generate(
             encoded,
             prompts,
             beam_size=self.opts.beam_size,
-            max_length=m.max_length,
+            max_length=max_length,
             return_scores=True,
             return_no_speech_prob=True,
             suppress_blank=True,
             suppress_tokens=get_suppressed_tokens(tokenizers[0], [-1]),
         )
-        for i, tok, res in zip(short, tokenizers, results, strict=True):
+        retry: list[int] = []
+        for i, tok, pre, res in zip(short, tokenizers, prefixes, results, strict=True):
             tokens = res.sequences_ids[0]
+            if pre:
+                if tokens[: len(pre)] != pre:
+                    retry.append(i)
+                    continue
+                tokens = tokens[len(pre) :]
             avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)
-            if res.no_speech_prob > NO_SPEECH_PROB and avg_logprob < LOGPROB_FLOOR:
+            if not pre and res.no_speech_prob > NO_SPEECH_PROB and avg_logprob < LOGPROB_FLOOR:
                 continue  # a silent window
-            texts[i] = tok.decode(tokens).strip()
+            text = tok.decode(tokens).strip()
+            if pre:  # the previous turn's closing punctuation may open the continuation
+                text = text.lstrip(" .,;:!?")
+            seconds = audios[i].size / ASR_RATE
+            if pre and len(text.split()) > _MAX_WPS * seconds + 2:
+                retry.append(i)  # a loop after the context: decode this turn alone
+                continue
+            texts[i] = text
+        if retry:
+            again = self.transcribe_batch([audios[i] for i in retry], [languages[i] for i in retry])
+            for i, text in zip(retry, again, strict=True):
+                texts[i] = text
         return texts
 
     def _transcribe_long(self, audio: npt.NDArray[np.float32], language: str) -> str:
@@ -183,12 +243,26 @@ class WhisperAsr(BatchingBackend):
     def prepare(self, request: StageRequest) -> Any:
         if not isinstance(request, AsrRequest):
             raise StageError(f"{self.name}: expected an AsrRequest, got {type(request).__name__}")
-        return resample(pcm16_to_float32(request.audio), request.sample_rate, ASR_RATE)
+        audio = self._audio(request.audio, request.sample_rate)
+        context: _Context | None = None
+        if self.opts.use_context and request.context_audio and request.context_text.strip():
+            before = self._audio(request.context_audio, request.sample_rate)
+            if before.size <= CONTEXT_SAMPLES:  # else its words would outrun its audio
+                context = (before, request.context_text)
+        return audio, context
+
+    def _audio(self, pcm: bytes, rate: int) -> npt.NDArray[np.float32]:
+        audio = resample(pcm16_to_float32(pcm), rate, ASR_RATE)
+        if self.opts.edge_margin_ms is not None:
+            audio = edge_trim(audio, ASR_RATE, self.opts.edge_margin_ms)
+        return audio
 
     def step(self, batch: Sequence[BatchSlot]) -> None:
         requests = [s.request for s in batch]
         languages = [r.language if isinstance(r, AsrRequest) else "en" for r in requests]
-        texts = self.transcribe_batch([s.state for s in batch], languages)
+        texts = self.transcribe_batch(
+            [s.state[0] for s in batch], languages, [s.state[1] for s in batch]
+        )
         for slot, text in zip(batch, texts, strict=True):
             rid = slot.request.request_id
             slot.emit(TranscriptOut(request_id=rid, text=text, final=True))

@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, cast
@@ -26,13 +27,15 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from engine.audio import pcm16_to_float32
+from engine.audio import Float32Array, pcm16_to_float32
 from engine.models import silero_vad_onnx
 
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
 CHUNK_SAMPLES = 512  # 32 ms: the only chunk size silero's 16 kHz model accepts
+_RECENT_CHUNKS = 12  # ~380 ms before speech_started: the onset and its padding
+_TURN_CHUNKS = 250  # 8 s: what Smart Turn hears of a turn
 _CONTEXT = 64  # samples of the previous chunk prepended to each chunk (silero v5+)
 CHUNK_MS = CHUNK_SAMPLES / SAMPLE_RATE * 1000.0
 
@@ -279,6 +282,13 @@ class VadSegmenter:
                 return VadEvent("pause", self._silence, end_ms, self._silence)
         return None
 
+    def end_now(self, at_ms: float) -> VadEvent | None:
+        """End the speech in progress now (a semantic end of turn during a pause); the
+        stop's ``audio_ms`` is where the silence began."""
+        if not self.speaking:
+            return None
+        return self._stop(self._silence if self._silence is not None else at_ms, at_ms)
+
     def finish(self, end_ms: float) -> VadEvent | None:
         """End of input: close an open speech segment."""
         if not self.speaking:
@@ -301,9 +311,24 @@ class VadStream:
     (samples fed / 16 kHz), starting at 0 or at ``reset(start_ms)``.
     """
 
-    def __init__(self, detector: VoiceActivityDetector, segmenter: VadSegmenter) -> None:
+    def __init__(
+        self,
+        detector: VoiceActivityDetector,
+        segmenter: VadSegmenter,
+        end_of_turn: Callable[[Float32Array], bool] | None = None,
+        min_turn_ms: float = 0.0,
+    ) -> None:
+        """``end_of_turn``: asked at each ``pause`` of a turn with at least ``min_turn_ms``
+        of speech (onset -> silence), with the turn's audio so far (16 kHz, from ~380 ms
+        before speech_started, at most the last 8 s); True ends the turn there
+        (``speech_stopped`` right after the ``pause``)."""
+        self.min_turn_ms = min_turn_ms
+        self._turn_onset = 0.0
         self.detector = detector
         self.segmenter = segmenter
+        self.end_of_turn = end_of_turn
+        self._recent: deque[Float32Array] = deque(maxlen=_RECENT_CHUNKS)
+        self._turn: deque[Float32Array] = deque(maxlen=_TURN_CHUNKS)
         self._pending = np.zeros(0, dtype=np.float32)
         self._carry = b""
         self._samples = 0
@@ -317,9 +342,7 @@ class VadStream:
     def feed(self, pcm: bytes) -> list[VadEvent]:
         events: list[VadEvent] = []
         for chunk in self.split(pcm):
-            event = self.observe(self.detector.probability(chunk))
-            if event is not None:
-                events.append(event)
+            events += self.observe(self.detector.probability(chunk), chunk)
         return events
 
     def split(self, pcm: bytes) -> list[npt.NDArray[np.float32]]:
@@ -336,12 +359,30 @@ class VadStream:
         self._pending = audio[n_chunks * CHUNK_SAMPLES :].copy()
         return chunks
 
-    def observe(self, probability: float) -> VadEvent | None:
-        """The next chunk's speech probability: advance the clock, update the segmenter."""
+    def observe(self, probability: float, chunk: Float32Array) -> list[VadEvent]:
+        """The next chunk and its speech probability: advance the clock, update the
+        segmenter, and (with ``end_of_turn``) keep the turn's audio and ask at a pause."""
         start = self.position_ms
         self._samples += CHUNK_SAMPLES
         self.last_probability = probability
-        return self.segmenter.update(probability, start, self.position_ms)
+        event = self.segmenter.update(probability, start, self.position_ms)
+        if self.end_of_turn is not None:
+            self._recent.append(chunk)
+            if event is not None and event.kind == "speech_started":
+                self._turn = deque(self._recent, maxlen=_TURN_CHUNKS)
+                self._turn_onset = event.onset_ms
+            elif self.segmenter.speaking:
+                self._turn.append(chunk)
+        if event is None:
+            return []
+        events = [event]
+        long_enough = event.audio_ms - self._turn_onset >= self.min_turn_ms
+        if event.kind == "pause" and self.end_of_turn is not None and long_enough:
+            if self.end_of_turn(np.concatenate(list(self._turn))):
+                stop = self.segmenter.end_now(self.position_ms)
+                if stop is not None:
+                    events.append(stop)
+        return events
 
     def finish(self) -> VadEvent | None:
         return self.segmenter.finish(self.position_ms)
@@ -354,3 +395,5 @@ class VadStream:
         self._samples = 0
         self._origin_ms = start_ms
         self.last_probability = 0.0
+        self._recent.clear()
+        self._turn.clear()

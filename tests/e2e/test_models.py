@@ -48,6 +48,13 @@ def test_real_models_audio_turn(cpu_server: str) -> None:
             assert audio and done["response"]["audio_ms"] > 200
             spoken = done["response"]["output"][0]["content"][0]["transcript"]
             assert spoken.strip()
+            # the timeline on response.done (docs/protocol.md §5.2), in order
+            timing = done["response"]["timing"]
+            seg, at = timing["segments_ms"], timing["moments_ms"]
+            assert {"silence_wait", "asr", "llm", "tts", "send", "server_total"} <= set(seg)
+            assert all(v >= 0 for v in seg.values()), timing
+            assert 0 < at["speech_stopped"] <= at["transcript_ready"] <= at["first_audio"]
+            assert at["first_audio"] <= at["first_audio_sent"] == seg["server_total"]
 
     asyncio.run(run())
 

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 
 from engine.client import AsyncEngine
@@ -340,6 +341,38 @@ def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
             orch = engine._orch
             assert orch is not None and orch.speculation is not None
             assert orch.speculation.started == 2 and orch.speculation.used == 1
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_speculation_is_not_used_when_sound_follows_the_pause() -> None:
+    """Transcript parity: a soft last word after the pause (quiet enough that the VAD did
+    not call it speech, so no ``input.resume``) would be missing from the pause's guess, so
+    the commit transcribes the whole turn again."""
+
+    async def main() -> None:
+        backends = stages(asr_delay_s=0.05)
+        engine = await start_engine(backends)
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            loud = (np.sin(np.arange(8000) / 5) * 20000).astype("<i2").tobytes()
+            soft = (np.sin(np.arange(4000) / 5) * 2000).astype("<i2").tobytes()  # -20 dB
+            await engine.append(f, gen, audio=loud)
+            await engine.signal(f, gen, "input.pause")
+            await asyncio.sleep(0.2)
+            await engine.append(f, gen, audio=soft + b"\0\0" * 4000)
+            await engine.commit(f, gen)
+            await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
+            asr = backends["asr"][0]
+            assert isinstance(asr, TestStage)
+            assert len(asr.submitted) == 2  # the guess, then the whole turn again
+            orch = engine._orch
+            assert orch is not None and orch.speculation is not None
+            assert orch.speculation.started == 1 and orch.speculation.used == 0
         finally:
             await engine.shutdown()
 

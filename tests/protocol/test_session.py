@@ -349,3 +349,38 @@ def test_live_partials_are_deltas_of_the_speech_item() -> None:
     assert deltas("never tried") == []  # revised: the completed transcript settles it
     c.input.speech_item = None
     assert deltas("ever tried again") == []  # no speech in progress
+
+
+def _td_update(c: SessionCore, **td: object) -> list[ev.ServerEvent]:
+    param = ev.SessionParam(
+        audio=ev.AudioParam(input=ev.AudioInputParam(turn_detection=ev.TurnDetectionParam(**td)))  # type: ignore[arg-type]
+    )
+    return sent(c.on_client_event(ev.SessionUpdate(session=param), 0))
+
+
+def test_semantic_vad_settings_round_trip_and_bad_values() -> None:
+    c = core()
+    out = _td_update(c, type="semantic_vad", eagerness="high")
+    updated = next(e for e in out if isinstance(e, ev.SessionUpdated))
+    td = updated.session.audio.input.turn_detection
+    assert td is not None and (td.type, td.eagerness) == ("semantic_vad", "high")
+    assert td.silence_duration_ms == 1000  # high: the longest wait of an unfinished turn
+    _td_update(c, type="semantic_vad")  # eagerness kept
+    assert c.config.turn_detection is not None and c.config.turn_detection.eagerness == "high"
+    _td_update(c, type="semantic_vad", eagerness="low", silence_duration_ms=2500)
+    assert c.config.turn_detection.silence_duration_ms == 2500
+    before = c.config
+    for bad, param in (
+        ({"type": "semantic_vad", "eagerness": "eager"}, "turn_detection.eagerness"),
+        ({"type": "server_vad", "eagerness": "low"}, "turn_detection.eagerness"),
+    ):
+        out = _td_update(c, **bad)
+        err = next(e for e in out if isinstance(e, ev.Error))
+        assert err.error.code == "invalid_value" and err.error.param == param, err
+        assert "eagerness" in err.error.message
+        assert c.config == before  # nothing changed
+    _td_update(c, type="server_vad")  # back to server VAD: its own defaults
+    assert c.config.turn_detection is not None
+    assert c.config.turn_detection.type == "server_vad"
+    assert c.config.turn_detection.eagerness is None
+    assert c.config.turn_detection.silence_duration_ms == 500

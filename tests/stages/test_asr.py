@@ -72,6 +72,23 @@ def test_pocketsphinx_stream_partials_then_final(piper_question: bytes) -> None:
     assert stream.finish() == ""
 
 
+def test_whisper_decodes_a_short_turn_after_the_previous_one(
+    whisper: WhisperAsr, beckett: bytes
+) -> None:
+    """A live turn "Ever failed." cut alone by the VAD: Whisper-base hears nonsense ("and
+    we're done.") without context; decoded after the previous turn (its audio, and its
+    transcript as the forced prefix) it returns only the new words, right."""
+    prev = beckett[int(0.05 * 32000) : int(1.52 * 32000)]
+    turn = beckett[int(1.59 * 32000) : int(3.12 * 32000)]
+    req = AsrRequest(request_id="c", audio=turn, context_audio=prev, context_text="Ever tried.")
+    run = run_request(whisper, req)
+    text = next(o.text for o in run.outputs if isinstance(o, TranscriptOut))
+    assert wer("Ever failed.", text) == 0.0, text
+    # a context longer than CONTEXT_SAMPLES is not used (its words would outrun its audio)
+    long = AsrRequest(request_id="d", audio=turn, context_audio=beckett * 2, context_text="x")
+    assert "x" not in run_request(whisper, long).outputs[0].text.lower().split()
+
+
 async def _together(whisper: WhisperAsr, clips: list[bytes]) -> list[str]:
     async def one(i: int, pcm: bytes) -> str:
         outs = [o async for o in whisper.submit(AsrRequest(request_id=f"b{i}", audio=pcm))]

@@ -8,8 +8,10 @@ import pytest
 from engine.audio import (
     PcmChunker,
     StreamResampler,
+    edge_trim,
     float32_to_pcm16,
     pcm16_to_float32,
+    quiet_after,
     resample,
     resample_pcm16,
     split_pcm,
@@ -80,3 +82,29 @@ def test_chunker_and_split() -> None:
     assert len(chunker.flush()) == 2 * 100
     assert chunker.flush() == b""
     assert [len(c) for c in split_pcm(pcm, 24000, 50.0)] == [2400, 2400, 200]
+
+
+def test_edge_trim_makes_the_cut_point_irrelevant() -> None:
+    """The same words cut 96 ms or 500 ms into the trailing silence (or sent with a
+    second of silence around them) give the ASR the same samples."""
+    rate = 16000
+    speech = _tone(rate, 0.8)
+    pad = np.zeros(rate, dtype=np.float32)
+    a = edge_trim(np.concatenate([pad[:4800], speech, pad[:1536]]), rate, 150)
+    b = edge_trim(np.concatenate([pad[:4800], speech, pad[:8000]]), rate, 150)
+    c = edge_trim(np.concatenate([pad, speech, pad]), rate, 150)
+    assert np.array_equal(a, b) and np.array_equal(b, c)
+    assert a.size == pytest.approx(speech.size + 2 * 2400, abs=2 * 320)
+    assert np.all(a[-2400:] == 0)
+    silent = np.zeros(rate, dtype=np.float32)
+    assert edge_trim(silent, rate, 150) is silent  # nothing to anchor on: untouched
+
+
+def test_quiet_after_tells_silence_from_a_soft_word() -> None:
+    loud = float32_to_pcm16(_tone(16000, 0.5))
+    soft = float32_to_pcm16(_tone(16000, 0.2) * 0.1)  # -20 dB: a soft word
+    noise = float32_to_pcm16(np.random.default_rng(1).normal(0, 0.001, 8000))  # -51 dB
+    assert quiet_after(loud + bytes(8000), len(loud))
+    assert quiet_after(loud + noise, len(loud))
+    assert not quiet_after(loud + bytes(3200) + soft, len(loud))
+    assert quiet_after(loud, len(loud))

@@ -169,8 +169,8 @@ def test_batched_silero_scores_like_one_stream_at_a_time(beckett: bytes) -> None
         np.testing.assert_allclose(together[k], alone[k], atol=1e-5)
     assert len(scores[-1]) == 16000 // CHUNK_SAMPLES  # 32000 bytes = 16000 samples
     # same segments: the streams keep their own state across batched rounds
-    for s, probs in zip(streams, together, strict=True):
-        events = [e for p in probs if (e := s.observe(p)) is not None]
+    for s, probs, chunks in zip(streams, together, pieces, strict=True):
+        events = [e for p, c in zip(probs, chunks, strict=True) for e in s.observe(p, c)]
         assert [e.kind for e in events][:2] == ["speech_started", "speech_stopped"]
 
 

@@ -144,6 +144,11 @@ def test_spoken_turn_transcripts_and_barge_in(server: str, browser: Any) -> None
     assert state["flushes"] >= 1  # the local player was flushed on barge-in
     assert state["userTranscripts"][:2] == ["what is the weather like today"] * 2
     assert any(t.startswith("Hello there.") for t in state["assistantTranscripts"])
+    # the completed turn's timeline (response.done timing) is drawn as a stacked bar
+    assert state["timings"] and all(v >= 0 for v in state["timings"][-1].values()), state
+    assert "asr" in state["timings"][-1] and "llm" in state["timings"][-1]
+    bars = browser.find_elements("css selector", "#timing .seg")
+    assert bars and any(b.get_attribute("title").startswith("asr ") for b in bars)
     assert state["ttfaMs"] and 0 < state["ttfaMs"][0] < 5000
     page = browser.find_element("id", "log").text
     assert "what is the weather like today" in page and "Hello there." in page
