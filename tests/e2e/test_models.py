@@ -32,6 +32,13 @@ def test_real_models_audio_turn(cpu_server: str) -> None:
     async def run() -> None:
         async with Client.connect(addr) as c:
             await c.until("session.created", within=30)
+            # the first 4 s hold three phrases with ~0.7 s pauses between them: a 1 s silence
+            # window keeps them one turn (with the default 500 ms each pause ends a turn)
+            td = {"type": "server_vad", "silence_duration_ms": 1000}
+            await c.send(
+                {"type": "session.update", "session": {"audio": {"input": {"turn_detection": td}}}}
+            )
+            await c.until("session.updated", within=30)
             await send_audio(c, silence(300) + speech + silence(1500))
             await c.until("input_audio_buffer.speech_started", within=30)
             done = await c.until("response.done", within=120)
