@@ -84,6 +84,9 @@ class EngineConfig(_Frozen, frozen=True):
     output_sample_rate: PositiveInt = 24000
     default_instructions: str = "You are a helpful voice assistant. Answer briefly."
     max_output_tokens: PositiveInt = 96
+    # Answer a pause's speculative transcript ahead of the commit and hold the output until
+    # the turn commits (engine/drafts.py); false: a response starts at the commit.
+    speculative_response: bool = True
     control_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
 
 

@@ -16,6 +16,8 @@ class Counters:
     stage_steps: list[tuple[str, int]] = field(default_factory=list)  # (stage, batch size)
     #: bytes held for live sessions by part, all sessions summed (the reaper refreshes it)
     session_bytes: dict[str, int] = field(default_factory=dict)
+    #: speculative responses (engine/drafts.py): started, used (adopted), dropped
+    drafts: dict[str, int] = field(default_factory=lambda: {"started": 0, "used": 0, "dropped": 0})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def latency(self, stage: str, seconds: float) -> None:

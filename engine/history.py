@@ -269,8 +269,17 @@ class ConversationHistory:
         """Milliseconds of audio recorded for an assistant turn."""
         return self._get(turn_id, response_seq).produced_ms
 
-    def messages(self, instructions: str) -> tuple[ChatMessage, ...]:
-        """System message plus the newest turns that fit in the budget (see module doc)."""
+    def messages(
+        self, instructions: str, pending_user: str | None = None
+    ) -> tuple[ChatMessage, ...]:
+        """System message plus the newest turns that fit in the budget (see module doc).
+        ``pending_user``: the prompt as it will be once that user text is added."""
+        if pending_user is not None:
+            self._turns.append(_UserTurn(-1, pending_user, None))
+            try:
+                return self.messages(instructions)
+            finally:
+                self._turns.pop()
         merged = self._merged()
         budget = self._budget
         last_user = max((i for i, (role, _) in enumerate(merged) if role == "user"), default=-1)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from engine.admission import BatchAdmission
 from engine.batch_jobs import run_batch
 from engine.config import EngineConfig
 from engine.counters import Counters
+from engine.drafts import Draft, ResponsePlan
 from engine.duplex.control import Cancel, DuplexControl, Effects
 from engine.duplex.fence import epoch_prefix, session_prefix
 from engine.duplex.session import DuplexSession, TurnJob
@@ -49,6 +51,7 @@ from engine.messages import (
     EngineOutput,
     EngineRequest,
     ErrorInfo,
+    Fence,
     GenerateRequest,
     Priority,
     ResponseDone,
@@ -62,7 +65,7 @@ from engine.messages import (
     Tool,
     UserTranscript,
 )
-from engine.pipeline import Pipeline, SpokenChunk
+from engine.pipeline import LlmResult, Pipeline, SpokenChunk
 from engine.speculation import SpeculativeAsr
 from engine.stages.base import StageBackend, StagePool
 from engine.tool_calls import CallStream
@@ -107,6 +110,8 @@ class Orchestrator:
         self.speculation: SpeculativeAsr | None = None
         self.partials: PartialTranscriber | None = None
         self._partial_gen: dict[str, int] = {}
+        self._drafts: dict[str, Draft] = {}  # speculative responses (engine/drafts.py)
+        self._draft_ids = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.request_q: janus.Queue[EngineRequest] | None = None
         self.started: concurrent.futures.Future[janus.SyncQueue[EngineRequest]] = (
@@ -277,8 +282,9 @@ class Orchestrator:
         if spec is not None:
             for sid in effects.unspeculate:
                 spec.resume(sid)
+                self._drop_draft(sid)
             for fence, audio in effects.speculate:
-                spec.start(fence, audio)
+                self._start_draft(fence, spec.start(fence, audio))
         if self.partials is not None:
             for sid in effects.input_reset:
                 self._partial_gen[sid] = self._partial_gen.get(sid, 0) + 1
@@ -342,6 +348,8 @@ class Orchestrator:
         while (job := self.control.next_job(sid)) is not None:
             runner.job, runner.started = job, False
             session = self.control.sessions[sid]
+            for other in [s for s in self._drafts if s != sid]:
+                self._drop_draft(other)  # a draft never holds a stage a real turn waits for
             if job.respond:  # batch work waits until this turn's first output is out
                 self.admission.enter_critical(job.fence.key())
             try:
@@ -362,6 +370,7 @@ class Orchestrator:
                 self.admission.leave_critical(job.fence.key())
                 if runner.job is job:
                     runner.job = None
+                self._drop_draft(sid)  # one the turn did not adopt
             self.control.job_done(sid, job, time.monotonic())
 
     def _fail_turn(self, sid: str, job: TurnJob, runner: _Runner, exc: EngineError) -> None:
@@ -413,29 +422,17 @@ class Orchestrator:
         marks = {} if marks is None else marks
         sid, fence = session.session_id, job.fence
         prefix = fence.key()
-        cfg = session.config
         opts = job.response or ResponseOptions()
         history = session.history
         record = opts.conversation != "none"  # out of band: the history is not written
         turn, resp = fence.turn_id, fence.response_seq
-        modalities = opts.output_modalities or cfg.output_modalities
-        want_text = "text" in modalities
-        want_audio = "audio" in modalities
-        route = "voice" if want_audio else "text"
-        choice = opts.tool_choice or cfg.tool_choice
-        name = opts.tool_name if opts.tool_choice is not None else cfg.tool_name
-        tools = active_tools(opts.tools if opts.tools is not None else cfg.tools, choice, name)
-        required = bool(tools) and choice in ("required", "function")
-        instructions = opts.instructions or cfg.instructions or self.config.default_instructions
-        if tools:
-            instructions = f"{instructions}\n\n{tools_prompt(tools, required)}"
-        if opts.input is not None:
-            messages: tuple[ChatMessage, ...] = (
-                ChatMessage(role="system", content=instructions),
-                *(ChatMessage(role=m.role, content=m.content) for m in opts.input),
-            )
-        else:
-            messages = history.messages(instructions)
+        plan = self._response_plan(session, opts)
+        want_text = "text" in (opts.output_modalities or session.config.output_modalities)
+        want_audio = plan.route == "voice"
+        draft = self._drafts.pop(sid, None)
+        if draft is not None and (draft.plan is None or draft.plan != plan):
+            self._discard_draft(draft)  # not started yet, or it answers something else
+            draft = None
         if record:
             history.start_assistant(turn, resp)
         calls = CallStream()
@@ -486,29 +483,26 @@ class Orchestrator:
                 ),
             )
 
-        result = await self.pipeline.respond(
-            prefix,
-            messages,
-            route=route,
-            max_tokens=opts.max_output_tokens
-            or cfg.max_output_tokens
-            or self.config.max_output_tokens,
-            temperature=next(
-                (t for t in (opts.temperature, cfg.temperature) if t is not None), 0.0
-            ),
-            voice=cfg.voice,
-            sample_rate=cfg.output_sample_rate,
-            session_id=sid,
-            priority=Priority.REALTIME,
-            on_text=on_text,
-            on_chunk=on_chunk,
-            tools=tools,
-            tool_required=required,
-            on_call=on_call,
-        )
+        if draft is not None:
+            assert draft.task is not None
+            marks["speculative_ms"] = (t_llm - draft.created) * 1000  # how far ahead it began
+            self.counters.drafts["used"] += 1
+            draft.adopt(on_text, on_chunk, on_call)
+            try:
+                drafted = await draft.task
+            except asyncio.CancelledError:
+                draft.task.cancel()
+                raise
+            if drafted is None:  # cannot happen once it has a plan; be loud if it does
+                raise StageError("the speculative response ended without a result")
+            result = drafted
+        else:
+            result = await self._start_response(
+                prefix, sid, plan, on_text=on_text, on_chunk=on_chunk, on_call=on_call
+            )
         length = result.finish_reason == "length"
         if result.call:
-            self._finish_call(session, job, calls, call_id, tools, record)
+            self._finish_call(session, job, calls, call_id, plan.tools, record)
             if record:
                 history.finish_assistant(turn, resp, "completed")
             if length:
@@ -529,6 +523,130 @@ class Orchestrator:
                 timing_ms={k: round(v, 1) for k, v in marks.items()},
             ),
         )
+
+    def _response_plan(
+        self, session: DuplexSession, opts: ResponseOptions, pending_user: str | None = None
+    ) -> ResponsePlan:
+        """The stage request a response of ``session`` with ``opts`` makes now (with
+        ``pending_user``: as if that user text had been added to the history first)."""
+        cfg = session.config
+        modalities = opts.output_modalities or cfg.output_modalities
+        choice = opts.tool_choice or cfg.tool_choice
+        name = opts.tool_name if opts.tool_choice is not None else cfg.tool_name
+        tools = active_tools(opts.tools if opts.tools is not None else cfg.tools, choice, name)
+        required = bool(tools) and choice in ("required", "function")
+        instructions = opts.instructions or cfg.instructions or self.config.default_instructions
+        if tools:
+            instructions = f"{instructions}\n\n{tools_prompt(tools, required)}"
+        if opts.input is not None:
+            messages: tuple[ChatMessage, ...] = (
+                ChatMessage(role="system", content=instructions),
+                *(ChatMessage(role=m.role, content=m.content) for m in opts.input),
+            )
+        else:
+            messages = session.history.messages(instructions, pending_user)
+        return ResponsePlan(
+            messages=messages,
+            route="voice" if "audio" in modalities else "text",
+            max_tokens=opts.max_output_tokens
+            or cfg.max_output_tokens
+            or self.config.max_output_tokens,
+            temperature=next(
+                (t for t in (opts.temperature, cfg.temperature) if t is not None), 0.0
+            ),
+            voice=cfg.voice,
+            sample_rate=cfg.output_sample_rate,
+            tools=tools,
+            tool_required=required,
+        )
+
+    async def _start_response(
+        self,
+        prefix: str,
+        sid: str,
+        plan: ResponsePlan,
+        *,
+        on_text: Callable[[str], None],
+        on_chunk: Callable[[SpokenChunk], None],
+        on_call: Callable[[str], None],
+    ) -> LlmResult:
+        assert self.pipeline is not None
+        return await self.pipeline.respond(
+            prefix,
+            plan.messages,
+            route=plan.route,
+            max_tokens=plan.max_tokens,
+            temperature=plan.temperature,
+            voice=plan.voice,
+            sample_rate=plan.sample_rate,
+            session_id=sid,
+            priority=Priority.REALTIME,
+            on_text=on_text,
+            on_chunk=on_chunk,
+            tools=plan.tools,
+            tool_required=plan.tool_required,
+            on_call=on_call,
+        )
+
+    # ------------------------------------------------------------------ speculative responses
+    def _start_draft(self, fence: Fence, asr: asyncio.Task[str]) -> None:
+        """A pause's transcription started: answer it ahead of the commit (engine/drafts.py),
+        unless a real turn is running anywhere (a draft never delays one)."""
+        sid = fence.session_id
+        self._drop_draft(sid)
+        if not self.config.speculative_response or self._turn_running():
+            return
+        draft = Draft(
+            sid, fence.epoch, f"{epoch_prefix(sid, fence.epoch)}draft{next(self._draft_ids)}"
+        )
+        draft.task = asyncio.create_task(self._run_draft(draft, asr), name=f"draft:{draft.prefix}")
+        self._drafts[sid] = draft
+        self.counters.drafts["started"] += 1
+
+    def _turn_running(self, besides: str | None = None) -> bool:
+        return any(r.job is not None for s, r in self._runners.items() if s != besides)
+
+    async def _run_draft(self, draft: Draft, asr: asyncio.Task[str]) -> LlmResult | None:
+        try:
+            heard = await asyncio.shield(asr)
+        except (StageError, asyncio.CancelledError):
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            return None  # the guess failed or was dropped: the commit transcribes again
+        session = self.control.sessions.get(draft.session_id)
+        if (
+            not heard.strip()
+            or session is None
+            or session.state != "open"
+            or session.fence.epoch != draft.epoch
+            or self._turn_running()
+        ):
+            return None
+        draft.plan = self._response_plan(session, ResponseOptions(), pending_user=heard)
+        return await self._start_response(
+            draft.prefix,
+            draft.session_id,
+            draft.plan,
+            on_text=draft.on_text,
+            on_chunk=draft.on_chunk,
+            on_call=draft.on_call,
+        )
+
+    def _drop_draft(self, sid: str) -> None:
+        draft = self._drafts.pop(sid, None)
+        if draft is not None:
+            self._discard_draft(draft)
+
+    def _discard_draft(self, draft: Draft) -> None:
+        """Stop a draft that will not be adopted: nothing it held is ever sent."""
+        draft.discard()
+        self.counters.drafts["dropped"] += 1
+        if draft.task is not None:
+            if not draft.task.done():
+                draft.task.cancel()
+            self._track(draft.task)
+        self._abort(draft.session_id, f"{draft.prefix}/")
 
     def _finish_call(
         self,
@@ -581,6 +699,7 @@ class Orchestrator:
 
     def _cancel(self, cancel: Cancel) -> None:
         sid = cancel.session_id
+        self._drop_draft(sid)
         runner = self._runners.get(sid)
         prefix = epoch_prefix(sid, cancel.old_epoch)
         if (
@@ -631,6 +750,7 @@ class Orchestrator:
     async def _cleanup(self, sid: str) -> None:
         """Abort everything of a closing session; free its slot only once that succeeded."""
         try:
+            self._drop_draft(sid)
             self._abort(sid, session_prefix(sid))
             runner = self._runners.pop(sid, None)
             if runner is not None:

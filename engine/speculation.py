@@ -97,11 +97,12 @@ class SpeculativeAsr:
             entry.task.cancel()
         self._track(entry.task)
 
-    def start(self, fence: Fence, audio: bytes) -> None:
+    def start(self, fence: Fence, audio: bytes) -> asyncio.Task[str]:
         """``input.pause``: transcribe the input so far (replaces an older pause guess)."""
         self.resume(fence.session_id)
-        self._start(fence, audio, "pause")
+        entry = self._start(fence, audio, "pause")
         self.started += 1
+        return entry.task
 
     def resume(self, session_id: str) -> None:
         """``input.resume``: the user goes on, so a pause guess would miss words."""

@@ -66,7 +66,11 @@ def response_timing(resp: Response) -> ev.ResponseTiming | None:
 
     span("silence_wait", "last_voice", "speech_stopped")
     span("asr", "speech_stopped" if "speech_stopped" in m else "committed", "transcript_ready")
-    for key, name in (("llm_first_token", "llm"), ("tts_first_audio", "tts")):
+    for key, name in (
+        ("llm_first_token", "llm"),
+        ("tts_first_audio", "tts"),
+        ("speculative_ms", "speculative_lead"),
+    ):
         if key in resp.engine_ms:
             seg[name] = round(resp.engine_ms[key], 1)
     span("send", "first_audio", "first_audio_sent")

@@ -1,0 +1,214 @@
+"""Speculative responses (engine/drafts.py) on the deterministic test stage, both transports.
+
+A pause's transcript is answered ahead of the commit and the output held: a commit releases
+exactly the held audio, in order, once, under the turn's own fence; speech that resumes (or
+anything that changes what the answer would be) drops it, and none of its bytes is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from duplex_contract.settings import SessionUpdate
+from engine.client import AsyncEngine
+from engine.messages import AudioChunk, Fence, ResponseDone, SessionEvent
+from engine.orchestrator import Orchestrator
+from engine.stages.testing import TestStage
+from tests.engine.conftest import UNIT, collect, make_config, open_engine, run, stages
+
+pytestmark = pytest.mark.usefixtures("transport")  # both engine transports
+
+SPEECH = b"\1\0" * 8000  # 0.5 s at 16 kHz
+SILENCE = b"\0\0" * 4000
+
+
+def _orch(engine: AsyncEngine) -> Orchestrator:
+    orch = engine._orch  # the loopback engine exposes its server's too (conftest)
+    assert isinstance(orch, Orchestrator)
+    return orch
+
+
+async def _start(speculative: bool = True) -> tuple[AsyncEngine, dict[str, list[TestStage]]]:
+    backends = stages(asr_delay_s=0.05)
+    cfg = msgspec.structs.replace(make_config(), speculative_response=speculative)
+    engine = await open_engine(cfg, backends)
+    return engine, backends  # type: ignore[return-value]
+
+
+async def _held(orch: Orchestrator, sid: str) -> int:
+    """Wait until the session's draft has produced all its audio; return the bytes held."""
+    for _ in range(200):
+        draft = orch._drafts.get(sid)
+        if draft is not None and draft.task is not None and draft.task.done():
+            return draft.held_bytes
+        await asyncio.sleep(0.02)
+    raise AssertionError("the draft did not finish")
+
+
+async def _no_events(engine: AsyncEngine, sid: str) -> list[SessionEvent]:
+    """Events delivered within a short wait (there must be none while a draft is held)."""
+    try:
+        return await collect(engine, sid, lambda e: True, within=0.3 * UNIT)
+    except TimeoutError:
+        return []
+
+
+async def _spoken_turn(speculative: bool) -> tuple[list[SessionEvent], AsyncEngine, dict]:  # type: ignore[type-arg]
+    engine, backends = await _start(speculative)
+    res = await engine.open()
+    sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+    assert sid and f
+    await engine.append(f, gen, audio=SPEECH)
+    await engine.signal(f, gen, "input.pause")
+    if speculative:
+        assert await _held(_orch(engine), sid) > 0
+        assert await _no_events(engine, sid) == []  # held, not sent
+    await engine.append(f, gen, audio=SILENCE)
+    await engine.commit(f, gen)
+    evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
+    return evs, engine, backends
+
+
+def test_a_committed_turn_releases_exactly_the_held_audio_once() -> None:
+    async def main() -> None:
+        plain, engine0, _ = await _spoken_turn(speculative=False)
+        await engine0.shutdown()
+        evs, engine, backends = await _spoken_turn(speculative=True)
+        try:
+            done = evs[-1]
+            assert isinstance(done, ResponseDone) and done.status == "completed"
+            assert "speculative_ms" in (done.timing_ms or {})  # the draft answered it
+            chunks = [e for e in evs if isinstance(e, AudioChunk)]
+            expected = [e for e in plain if isinstance(e, AudioChunk)]
+            assert chunks and [c.pcm for c in chunks] == [c.pcm for c in expected]
+            assert [c.audio_start_ms for c in chunks] == [c.audio_start_ms for c in expected]
+            assert all(c.fence == done.fence for c in chunks)  # the turn's fence, not a draft's
+            assert len(backends["llm"][0].submitted) == 1  # the draft's request, not a second
+            assert "/draft" in backends["llm"][0].submitted[0]
+            assert _orch(engine).counters.drafts == {"started": 1, "used": 1, "dropped": 0}
+            assert await _no_events(engine, done.fence.session_id) == []  # once: no repeats
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_speech_that_resumes_drops_the_draft_and_sends_none_of_it() -> None:
+    async def main() -> None:
+        engine, backends = await _start()
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            await engine.append(f, gen, audio=SPEECH)
+            await engine.signal(f, gen, "input.pause")
+            orch = _orch(engine)
+            assert await _held(orch, sid) > 0
+            draft = orch._drafts[sid]
+            await engine.signal(f, gen, "input.resume")  # the user goes on
+            assert sid not in orch._drafts and draft.held_bytes == 0
+            await engine.append(f, gen, audio=SPEECH + SILENCE)
+            await engine.commit(f, gen)
+            evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
+            done = evs[-1]
+            assert isinstance(done, ResponseDone) and done.status == "completed"
+            assert "speculative_ms" not in (done.timing_ms or {})
+            chunks = [e for e in evs if isinstance(e, AudioChunk)]
+            assert chunks and all(c.fence == done.fence for c in chunks)
+            # the audio sent is one whole answer (from 0 ms, no gap, nothing twice)
+            starts = [c.audio_start_ms for c in chunks]
+            assert starts[0] == 0 and starts == sorted(set(starts))
+            llm = backends["llm"][0].submitted
+            assert len(llm) == 2 and "/draft" in llm[0] and "/draft" not in llm[1]
+            assert orch.counters.drafts == {"started": 1, "used": 0, "dropped": 1}
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_a_changed_prompt_is_not_answered_by_the_draft() -> None:
+    """New instructions between the pause and the commit: the draft answered another
+    prompt, so the turn drops it and starts its own response."""
+
+    async def main() -> None:
+        engine, backends = await _start()
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            await engine.append(f, gen, audio=SPEECH)
+            await engine.signal(f, gen, "input.pause")
+            orch = _orch(engine)
+            assert await _held(orch, sid) > 0
+            await engine.signal(
+                f, gen, "session.update", update=SessionUpdate(instructions="Be terse.")
+            )
+            await engine.append(f, gen, audio=SILENCE)
+            await engine.commit(f, gen)
+            evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
+            done = evs[-1]
+            assert isinstance(done, ResponseDone) and done.status == "completed"
+            assert "speculative_ms" not in (done.timing_ms or {})
+            assert len(backends["llm"][0].submitted) == 2
+            assert orch.counters.drafts["used"] == 0 and orch.counters.drafts["dropped"] == 1
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_another_sessions_real_turn_drops_the_draft() -> None:
+    async def main() -> None:
+        engine, _ = await _start()
+        try:
+            a = await engine.open()
+            b = await engine.open()
+            assert a.session_id and a.accepted_fence and b.session_id and b.accepted_fence
+            await engine.append(a.accepted_fence, 1, audio=SPEECH)
+            await engine.signal(a.accepted_fence, 1, "input.pause")
+            orch = _orch(engine)
+            await asyncio.sleep(0.01)
+            assert a.session_id in orch._drafts
+            await engine.append(b.accepted_fence, 1, text="hello")
+            await engine.commit(b.accepted_fence, 1)
+            await collect(engine, b.session_id, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
+            assert a.session_id not in orch._drafts  # dropped when b's turn started
+            assert orch.counters.drafts["dropped"] == 1
+            # a's turn still gets its answer, started at its commit
+            await engine.append(a.accepted_fence, 1, audio=SILENCE)
+            await engine.commit(a.accepted_fence, 1)
+            evs = await collect(
+                engine, a.session_id, lambda e: isinstance(e, ResponseDone), 10 * UNIT
+            )
+            done = evs[-1]
+            assert isinstance(done, ResponseDone) and done.status == "completed"
+            assert any(isinstance(e, AudioChunk) for e in evs)
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_a_barge_in_drops_the_draft() -> None:
+    async def main() -> None:
+        engine, _ = await _start()
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            await engine.append(f, gen, audio=SPEECH)
+            await engine.signal(f, gen, "input.pause")
+            orch = _orch(engine)
+            assert await _held(orch, sid) > 0
+            nxt = Fence(sid, f.epoch + 1, f.turn_id, f.response_seq)
+            await engine.signal(f, gen, "barge_in", next_fence=nxt)
+            assert sid not in orch._drafts and orch.counters.drafts["dropped"] == 1
+            assert [e for e in await _no_events(engine, sid) if isinstance(e, AudioChunk)] == []
+        finally:
+            await engine.shutdown()
+
+    run(main())
