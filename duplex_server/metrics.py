@@ -46,6 +46,15 @@ class _EngineCollector(Collector):
         )
         stale.add_metric([], stats.stale_chunks_dropped)
         yield stale
+        drafts = CounterMetricFamily(
+            "duplex_speculative_responses",
+            "Speculative responses (answers to a pause, held until the commit) by outcome: "
+            "started, used (a turn adopted it), dropped (never sent)",
+            labels=["outcome"],
+        )
+        for outcome, n in stats.speculative_responses.items():
+            drafts.add_metric([outcome], n)
+        yield drafts
         depth = GaugeMetricFamily("duplex_engine_queue_depth", "Engine queues", labels=["queue"])
         depth.add_metric(["request"], stats.request_queue_depth)
         depth.add_metric(["output"], stats.output_queue_depth)

@@ -84,6 +84,8 @@ class EngineStats:
     stages_down: dict[str, str] = field(default_factory=dict)
     # bytes the engine holds for its sessions, by part (engine_input, history, speculation)
     session_bytes: dict[str, int] = field(default_factory=dict)
+    # speculative responses (engine/drafts.py) by outcome: started, used, dropped
+    speculative_responses: dict[str, int] = field(default_factory=dict)
 
 
 class AsyncEngine:
@@ -474,6 +476,7 @@ class AsyncEngine:
             },
             stages_down=orch.stages_down(),
             session_bytes=dict(orch.counters.session_bytes),
+            speculative_responses=dict(orch.counters.drafts),
         )
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:

@@ -78,6 +78,11 @@ _BATCH_MAX = 512
 AbortPlan = list[tuple[StagePool, list[tuple[int, list[str]]]]]
 
 
+def _plan_diff(a: ResponsePlan, b: ResponsePlan) -> str:
+    """The fields in which two response plans differ (a log line's reason)."""
+    return ", ".join(f for f in a.__dataclass_fields__ if getattr(a, f) != getattr(b, f))
+
+
 @dataclass
 class _Runner:
     task: asyncio.Task[None]
@@ -431,6 +436,9 @@ class Orchestrator:
         want_audio = plan.route == "voice"
         draft = self._drafts.pop(sid, None)
         if draft is not None and (draft.plan is None or draft.plan != plan):
+            if log.isEnabledFor(logging.INFO):
+                why = "not started" if draft.plan is None else _plan_diff(draft.plan, plan)
+                log.info("speculative response for %s not used: %s", prefix, why)
             self._discard_draft(draft)  # not started yet, or it answers something else
             draft = None
         if record:
@@ -594,7 +602,7 @@ class Orchestrator:
         unless a real turn is running anywhere (a draft never delays one)."""
         sid = fence.session_id
         self._drop_draft(sid)
-        if not self.config.speculative_response or self._turn_running():
+        if not self.config.speculative_response or self._turn_running(besides=sid):
             return
         draft = Draft(
             sid, fence.epoch, f"{epoch_prefix(sid, fence.epoch)}draft{next(self._draft_ids)}"
@@ -603,7 +611,8 @@ class Orchestrator:
         self._drafts[sid] = draft
         self.counters.drafts["started"] += 1
 
-    def _turn_running(self, besides: str | None = None) -> bool:
+    def _turn_running(self, besides: str) -> bool:
+        """A real turn runs in a session other than ``besides``."""
         return any(r.job is not None for s, r in self._runners.items() if s != besides)
 
     async def _run_draft(self, draft: Draft, asr: asyncio.Task[str]) -> LlmResult | None:
@@ -620,7 +629,7 @@ class Orchestrator:
             or session is None
             or session.state != "open"
             or session.fence.epoch != draft.epoch
-            or self._turn_running()
+            or self._turn_running(besides=draft.session_id)  # its own turn may wait for it
         ):
             return None
         draft.plan = self._response_plan(session, ResponseOptions(), pending_user=heard)
