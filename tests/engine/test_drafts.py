@@ -108,8 +108,10 @@ def test_speech_that_resumes_drops_the_draft_and_sends_none_of_it() -> None:
             orch = _orch(engine)
             assert await _held(orch, sid) > 0
             draft = orch._drafts[sid]
+            assert orch._session_bytes()["draft"] == draft.held_bytes  # accounted (metrics)
             await engine.signal(f, gen, "input.resume")  # the user goes on
             assert sid not in orch._drafts and draft.held_bytes == 0
+            assert orch._session_bytes()["draft"] == 0
             await engine.append(f, gen, audio=SPEECH + SILENCE)
             await engine.commit(f, gen)
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)

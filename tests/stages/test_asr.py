@@ -14,7 +14,7 @@ import pytest
 from engine.audio import resample_pcm16
 from engine.messages import AsrRequest, StageDone, TranscriptOut
 from engine.stages.asr_pocketsphinx import PocketsphinxAsr, PocketsphinxStream
-from engine.stages.asr_whisper import WhisperAsr, WhisperOptions
+from engine.stages.asr_whisper import WhisperAsr, WhisperOptions, looks_looped
 from tests.stages.helpers import BECKETT_REF, run_request, wer
 
 pytestmark = pytest.mark.models
@@ -191,4 +191,25 @@ def test_whisper_loop_in_a_short_window_is_decoded_again_in_30s(
     monkeypatch.setattr(whisper, "_decode", spy)
     text = _transcribe(whisper, pcm)
     assert calls == [False, True], calls  # the short window looped, the full one did not
+    assert wer("Fail again.", text) == 0.0, text
+
+
+def test_looks_looped() -> None:
+    assert looks_looped("Fail again. Fail again.", 1.4)  # a phrase right after itself
+    assert looks_looped("no no no", 2.0)  # a lone word three times
+    assert looks_looped("one two three four five six seven eight nine ten eleven", 1.0)
+    assert not looks_looped("No, no. Try again.", 1.5)
+    assert not looks_looped("It was the best of times, it was the worst of times.", 3.5)
+
+
+def test_whisper_short_window_loop_after_context_is_decoded_again_in_30s(
+    whisper: WhisperAsr, beckett: bytes
+) -> None:
+    """A live turn "Fail again." decoded after "Try again." in the short window comes out
+    "Fail again. Fail again."; the full window, with the same context, hears it right."""
+    cut = lambda a, b: beckett[int(a * 32000) // 2 * 2 : int(b * 32000) // 2 * 2]  # noqa: E731
+    req = AsrRequest(
+        request_id="l", audio=cut(6.3, 7.7), context_audio=cut(4.6, 5.9), context_text="Try again."
+    )
+    text = next(o.text for o in run_request(whisper, req).outputs if isinstance(o, TranscriptOut))
     assert wer("Fail again.", text) == 0.0, text
