@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from typing import Any
 
 from tests.server.harness import (
     Client,
+    b64,
     http_status,
     http_text,
     send_audio,
@@ -111,5 +113,82 @@ def test_manual_commit_and_g711_input(server: str) -> None:
                 e["type"] == "conversation.item.input_audio_transcription.completed"
                 for e in c.events
             )
+
+    asyncio.run(run())
+
+
+async def _speak(c: Client, pcm: bytes, chunk_ms: float = 20.0) -> None:
+    """Stream ``pcm`` (24 kHz PCM16) in real time, as a microphone does."""
+    step = int(24000 * chunk_ms / 1000) * 2
+    loop = asyncio.get_running_loop()
+    t = loop.time()
+    for i in range(0, len(pcm), step):
+        await c.send({"type": "input_audio_buffer.append", "audio": b64(pcm[i : i + step])})
+        t += chunk_ms / 1000
+        await asyncio.sleep(max(0.0, t - loop.time()))
+
+
+def _speculative(server: str) -> dict[str, float]:
+    body = http_text(server, "/metrics")
+    return {
+        line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in body.splitlines()
+        if line.startswith("duplex_speculative_responses_total{")
+    }
+
+
+def _one_whole_answer(c: Client) -> dict[str, Any]:
+    """The turn got exactly one response, and its audio deltas are that response's whole
+    audio: in order, no gap, nothing twice, nothing of another response."""
+    created = [e for e in c.events if e["type"] == "response.created"]
+    done = [e for e in c.events if e["type"] == "response.done"]
+    assert len(created) == len(done) == 1
+    rid = done[0]["response"]["id"]
+    audio = [e for e in c.events if e["type"] == "response.output_audio.delta"]
+    assert audio and all(e["response_id"] == rid for e in audio)
+    total = sum(len(base64.b64decode(e["delta"])) for e in audio) / 48.0
+    assert abs(total - done[0]["response"]["audio_ms"]) < 1.0
+    starts = [e["audio_start_ms"] for e in audio]
+    assert starts[0] == 0 and starts == sorted(set(starts))
+    return done[0]
+
+
+def test_a_pause_is_answered_ahead_and_released_at_the_commit(server: str) -> None:
+    """The speculative response (docs/protocol.md §5.3) answers the pause; the commit
+    releases it: one whole answer, and the timeline says it was speculative."""
+
+    async def run() -> None:
+        before = _speculative(server)
+        async with Client.connect(server) as c:
+            await c.until("session.created")
+            await _speak(c, silence(200) + tone(600) + silence(900))
+            done = await c.until("response.done", within=10)
+            assert done["response"]["status"] == "completed"
+            _one_whole_answer(c)
+            assert "speculative_lead" in done["response"]["timing"]["segments_ms"]
+        after = _speculative(server)
+        assert after["used"] == before.get("used", 0) + 1
+
+    asyncio.run(run())
+
+
+def test_speech_after_a_pause_drops_the_speculative_answer_unsent(server: str) -> None:
+    async def run() -> None:
+        before = _speculative(server)
+        async with Client.connect(server) as c:
+            await c.until("session.created")
+            # a pause long enough for the answer to be drafted, then the user goes on
+            await _speak(c, silence(200) + tone(600) + silence(350) + tone(500) + silence(900))
+            done = await c.until("response.done", within=10)
+            assert done["response"]["status"] == "completed"
+            _one_whole_answer(c)  # none of the dropped answer's audio came out
+            stops = [e for e in c.events if e["type"] == "input_audio_buffer.speech_stopped"]
+            assert len(stops) == 1  # one turn: the pause did not end it
+        after = _speculative(server)
+        # the first pause's answer was dropped when speech resumed; the final pause's one
+        # answered the turn
+        assert after["started"] == before.get("started", 0) + 2
+        assert after["dropped"] == before.get("dropped", 0) + 1
+        assert after["used"] == before.get("used", 0) + 1
 
     asyncio.run(run())
