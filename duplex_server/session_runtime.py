@@ -116,6 +116,7 @@ class EngineSessions(Protocol):
         next_fence: Fence | None = None,
         update: SessionUpdate | None = None,
         item: ItemRef | None = None,
+        respond: bool = True,
     ) -> ControlResult: ...
 
     async def touch(
@@ -474,7 +475,7 @@ class LiveSession:
             nxt = Fence(fence.session_id, cmd.epoch + 1, fence.turn_id, fence.response_seq)
             res = await eng.signal(fence, gen, cmd.event, next_fence=nxt)
         elif isinstance(cmd, Speculate):
-            res = await eng.signal(fence, gen, cmd.event)
+            res = await eng.signal(fence, gen, cmd.event, respond=cmd.respond)
         elif isinstance(cmd, Update):
             upd = SessionUpdate.replace_with(cmd.settings)
             res = await eng.signal(fence, gen, "session.update", update=upd)

@@ -370,6 +370,7 @@ class AsyncEngine:
         update: SessionUpdate | None = None,
         operation_id: str | None = None,
         item: ItemRef | None = None,
+        respond: bool = True,
     ) -> ControlResult:
         return await self.call(
             SignalCall(
@@ -380,6 +381,7 @@ class AsyncEngine:
                 update=update,
                 operation_id=operation_id,
                 item=item,
+                respond=respond,
             )
         )
 

@@ -205,6 +205,9 @@ class SignalCall(Msg, frozen=True, tag="signal"):
     update: SessionUpdate | None = None
     operation_id: str | None = None
     item: ItemRef | None = None  # item.delete
+    # input.pause: the commit that may follow will ask for a response (so the engine may
+    # answer the pause ahead of it: engine/drafts.py)
+    respond: bool = True
 
 
 class PlaybackMark(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -288,8 +288,12 @@ class Orchestrator:
             for sid in effects.unspeculate:
                 spec.resume(sid)
                 self._drop_draft(sid)
-            for fence, audio in effects.speculate:
-                self._start_draft(fence, spec.start(fence, audio))
+            for fence, audio, respond in effects.speculate:
+                task = spec.start(fence, audio)
+                if respond:
+                    self._start_draft(fence, task)
+                else:
+                    self._drop_draft(fence.session_id)
         if self.partials is not None:
             for sid in effects.input_reset:
                 self._partial_gen[sid] = self._partial_gen.get(sid, 0) + 1

@@ -88,6 +88,7 @@ class Speculate:
     epoch: int
     event: Literal["input.pause", "input.resume"]
     event_id: str | None = None
+    respond: bool = True  # input.pause: the turn's commit will ask for a response
 
 
 EngineCommand = Append | Commit | Cancel | Update | Touch | CloseSession | Speculate | DeleteItem

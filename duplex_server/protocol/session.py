@@ -655,7 +655,8 @@ class SessionCore:
                 respond = self.config.create_response
                 out += self._commit_user_audio(step.item_id, respond=respond, event_id=None)
             elif isinstance(step, Paused):
-                out.append(Call(Speculate(self.epoch, "input.pause")))
+                respond = self.config.create_response
+                out.append(Call(Speculate(self.epoch, "input.pause", respond=respond)))
             elif isinstance(step, Resumed):
                 out.append(Call(Speculate(self.epoch, "input.resume")))
         return out

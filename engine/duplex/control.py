@@ -68,7 +68,8 @@ class Effects:
     cancels: list[Cancel] = field(default_factory=list)
     cleanups: list[str] = field(default_factory=list)  # sessions to abort and then finish_close
     events: list[SessionOutput] = field(default_factory=list)
-    speculate: list[tuple[Fence, bytes]] = field(default_factory=list)  # ASR ahead of commit
+    # ASR ahead of the commit: (fence, input so far, the commit will ask for a response)
+    speculate: list[tuple[Fence, bytes, bool]] = field(default_factory=list)
     unspeculate: list[str] = field(default_factory=list)
     heard: list[tuple[str, bytes]] = field(default_factory=list)  # audio for live partials
     input_reset: list[str] = field(default_factory=list)  # the input buffer was taken/cleared
@@ -394,7 +395,7 @@ class DuplexControl:
     ) -> ControlResult:
         if call.event == "input.pause":
             if session.audio:
-                effects.speculate.append((session.fence, bytes(session.audio)))
+                effects.speculate.append((session.fence, bytes(session.audio), call.respond))
             return self._ok(control_id, session)
         if call.event == "input.resume":
             effects.unspeculate.append(session.session_id)

@@ -214,3 +214,25 @@ def test_a_barge_in_drops_the_draft() -> None:
             await engine.shutdown()
 
     run(main())
+
+
+def test_no_draft_when_the_commit_will_not_ask_for_a_response() -> None:
+    """A pause signalled with ``respond=False`` (create_response off, a transcription
+    session) is transcribed ahead but never answered ahead."""
+
+    async def main() -> None:
+        engine, backends = await _start()
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            await engine.append(f, gen, audio=SPEECH)
+            await engine.signal(f, gen, "input.pause", respond=False)
+            orch = _orch(engine)
+            await asyncio.sleep(0.2)
+            assert sid not in orch._drafts and orch.counters.drafts["started"] == 0
+            assert backends["llm"][0].submitted == [] and len(backends["asr"][0].submitted) == 1
+        finally:
+            await engine.shutdown()
+
+    run(main())

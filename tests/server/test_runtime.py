@@ -138,6 +138,7 @@ class FakeEngine:
         next_fence: Fence | None = None,
         update: SessionUpdate | None = None,
         item: ItemRef | None = None,
+        respond: bool = True,
     ) -> ControlResult:
         self.calls.append(event)
         self.updates.append(update)
