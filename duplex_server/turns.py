@@ -49,21 +49,31 @@ MIN_SPEECH_MS = 64.0
 #: so the transcript is ready when silence_duration_ms later ends the turn. Capped at half the
 #: silence window. Speech that resumes drops the speculation (``input.resume``).
 SPECULATE_AFTER_MS = 96.0
-#: semantic_vad: silence after which Smart Turn judges whether the turn sounds finished (the
-#: turn then ends there), and the P(complete) that counts as finished, per eagerness
+#: semantic_vad: silence after which Smart Turn judges how finished the turn sounds. At or
+#: above the eagerness's threshold the turn ends there; below SEMANTIC_UNFINISHED (it sounds
+#: unfinished) it waits silence_duration_ms (the eagerness's longest wait); in between, the
+#: ordinary SEMANTIC_PLAIN_WAIT_MS (server_vad's default window).
 SEMANTIC_CHECK_MS = 200.0
-SEMANTIC_THRESHOLD = {"low": 0.9, "medium": 0.8, "auto": 0.8, "high": 0.6}
-#: semantic_vad: a turn with less speech than this never ends early (Smart Turn calls a lone
-#: "it" complete); it waits for silence_duration_ms
+SEMANTIC_THRESHOLD = {"low": 0.98, "medium": 0.8, "auto": 0.8, "high": 0.6}
+SEMANTIC_UNFINISHED = 0.1
+SEMANTIC_PLAIN_WAIT_MS = 500.0
+#: semantic_vad: a turn with less speech than this is not judged (Smart Turn calls a lone
+#: "it" complete); it waits SEMANTIC_PLAIN_WAIT_MS
 SEMANTIC_MIN_SPEECH_MS = 400.0
 
 
-def _sounds_finished(threshold: float) -> Callable[[npt.NDArray[np.float32]], bool]:
-    """Smart Turn's verdict on a turn so far (the model is loaded once per process)."""
+def _turn_wait(
+    threshold: float, plain_ms: float
+) -> Callable[[npt.NDArray[np.float32]], float | None]:
+    """Smart Turn's verdict on a turn so far, as the silence (ms) that ends it: 0 (now),
+    ``plain_ms``, or None (the longest wait). The model is loaded once a process."""
     model = SmartTurn.shared()
 
-    def judge(audio: npt.NDArray[np.float32]) -> bool:
-        return model.probability(audio) >= threshold
+    def judge(audio: npt.NDArray[np.float32]) -> float | None:
+        p = model.probability(audio)
+        if p >= threshold:
+            return 0.0
+        return plain_ms if p >= SEMANTIC_UNFINISHED else None
 
     return judge
 
@@ -86,10 +96,12 @@ class InputProcessor:
         if turn_detection is not None:
             td = turn_detection
             pause_ms = min(SPECULATE_AFTER_MS, td.silence_duration_ms / 2)
-            end_of_turn: Callable[[npt.NDArray[np.float32]], bool] | None = None
+            end_of_turn: Callable[[npt.NDArray[np.float32]], float | None] | None = None
+            short_wait: float | None = None
             if td.type == "semantic_vad":
                 pause_ms = min(SEMANTIC_CHECK_MS, td.silence_duration_ms / 2)
-                end_of_turn = _sounds_finished(SEMANTIC_THRESHOLD[td.eagerness or "auto"])
+                short_wait = min(SEMANTIC_PLAIN_WAIT_MS, float(td.silence_duration_ms))
+                end_of_turn = _turn_wait(SEMANTIC_THRESHOLD[td.eagerness or "auto"], short_wait)
             segmenter = VadSegmenter(
                 threshold=max(td.threshold, 0.01),
                 min_speech_ms=MIN_SPEECH_MS,
@@ -98,7 +110,7 @@ class InputProcessor:
                 pause_ms=pause_ms,
             )
             self._vad = VadStream(
-                make_vad(vad_backend), segmenter, end_of_turn, SEMANTIC_MIN_SPEECH_MS
+                make_vad(vad_backend), segmenter, end_of_turn, SEMANTIC_MIN_SPEECH_MS, short_wait
             )
 
     def process(self, data: bytes, origin_ms: float) -> tuple[bytes, list[VadEvent]]:

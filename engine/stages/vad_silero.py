@@ -236,12 +236,16 @@ class VadSegmenter:
         self.silence_duration_ms = silence_duration_ms
         self.prefix_padding_ms = prefix_padding_ms
         self.pause_ms = pause_ms
+        #: this silence ends the turn after this long instead of ``silence_duration_ms``
+        #: (set at a pause by a semantic verdict; cleared when speech returns or stops)
+        self.stop_after_ms: float | None = None
         self.paused = False
         self.speaking = False
         self._onset: float | None = None
         self._silence: float | None = None
 
     def reset(self) -> None:
+        self.stop_after_ms = None
         self.paused = False
         self.speaking = False
         self._onset = None
@@ -265,13 +269,15 @@ class VadSegmenter:
             return None
         if is_speech:
             self._silence = None
+            self.stop_after_ms = None
             if self.paused:
                 self.paused = False
                 return VadEvent("resume", start_ms, end_ms, start_ms)
         elif is_silence:
             if self._silence is None:
                 self._silence = start_ms
-            if end_ms - self._silence >= self.silence_duration_ms:
+            limit = self.stop_after_ms
+            if end_ms - self._silence >= (self.silence_duration_ms if limit is None else limit):
                 return self._stop(self._silence, end_ms)
             if (
                 self.pause_ms is not None
@@ -297,6 +303,7 @@ class VadSegmenter:
         return self._stop(self._silence if self._silence is not None else end_ms, end_ms)
 
     def _stop(self, audio_ms: float, at_ms: float) -> VadEvent:
+        self.stop_after_ms = None
         self.paused = False
         self.speaking = False
         self._onset = None
@@ -315,14 +322,18 @@ class VadStream:
         self,
         detector: VoiceActivityDetector,
         segmenter: VadSegmenter,
-        end_of_turn: Callable[[Float32Array], bool] | None = None,
+        end_of_turn: Callable[[Float32Array], float | None] | None = None,
         min_turn_ms: float = 0.0,
+        short_turn_wait_ms: float | None = None,
     ) -> None:
         """``end_of_turn``: asked at each ``pause`` of a turn with at least ``min_turn_ms``
         of speech (onset -> silence), with the turn's audio so far (16 kHz, from ~380 ms
-        before speech_started, at most the last 8 s); True ends the turn there
-        (``speech_stopped`` right after the ``pause``)."""
+        before speech_started, at most the last 8 s); it returns the silence (ms) after
+        which this pause ends the turn: at most the silence so far ends it there
+        (``speech_stopped`` right after the ``pause``), None keeps the segmenter's
+        ``silence_duration_ms``. A shorter turn's pause waits ``short_turn_wait_ms``."""
         self.min_turn_ms = min_turn_ms
+        self.short_turn_wait_ms = short_turn_wait_ms
         self._turn_onset = 0.0
         self.detector = detector
         self.segmenter = segmenter
@@ -376,12 +387,17 @@ class VadStream:
         if event is None:
             return []
         events = [event]
-        long_enough = event.audio_ms - self._turn_onset >= self.min_turn_ms
-        if event.kind == "pause" and self.end_of_turn is not None and long_enough:
-            if self.end_of_turn(np.concatenate(list(self._turn))):
+        if event.kind == "pause" and self.end_of_turn is not None:
+            if event.audio_ms - self._turn_onset >= self.min_turn_ms:
+                wait = self.end_of_turn(np.concatenate(list(self._turn)))
+            else:
+                wait = self.short_turn_wait_ms
+            if wait is not None and wait <= event.at_ms - event.audio_ms:
                 stop = self.segmenter.end_now(self.position_ms)
                 if stop is not None:
                     events.append(stop)
+            else:
+                self.segmenter.stop_after_ms = wait
         return events
 
     def finish(self) -> VadEvent | None:

@@ -12,7 +12,7 @@ import soundfile
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent, VadStop
-from duplex_server.turns import SEMANTIC_CHECK_MS, InputProcessor
+from duplex_server.turns import SEMANTIC_CHECK_MS, SEMANTIC_PLAIN_WAIT_MS, InputProcessor
 from engine.smart_turn import SmartTurn, features, model_path
 from tests.server.harness import ROOT
 
@@ -73,3 +73,18 @@ def test_a_finished_utterance_ends_after_a_short_silence() -> None:
     assert len(stops) == 1, stops
     decided_at, stop = stops[0]
     assert decided_at - stop.audio_end_ms <= SEMANTIC_CHECK_MS + 100, (decided_at, stop)
+
+
+def test_eagerness_low_gives_a_finished_sounding_turn_the_plain_window() -> None:
+    """'it was the age of wisdom,': Smart Turn calls it finished enough for `auto` (the turn
+    ends at the 200 ms check), not for `low` (0.98): there it ends after the plain 500 ms,
+    not after low's longest wait (3 s), since it does not sound unfinished either."""
+    pcm = _clip((4.4, 5.75))
+    waits = {}
+    for eagerness, longest in (("auto", 1500), ("low", 3000)):
+        td = TurnDetection(type="semantic_vad", eagerness=eagerness, silence_duration_ms=longest)
+        stops = [(t, e) for t, e in _stream(pcm, td) if isinstance(e, VadStop)]
+        assert len(stops) == 1, (eagerness, stops)
+        waits[eagerness] = stops[0][0] - stops[0][1].audio_end_ms
+    assert waits["auto"] <= SEMANTIC_CHECK_MS + 100, waits
+    assert SEMANTIC_PLAIN_WAIT_MS <= waits["low"] <= SEMANTIC_PLAIN_WAIT_MS + 100, waits

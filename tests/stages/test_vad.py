@@ -181,3 +181,42 @@ def test_silero_streams_share_one_model_session() -> None:
     chunk = np.zeros(CHUNK_SAMPLES, np.float32)
     a.probability(chunk)
     assert not np.array_equal(a._state, b._state)  # state is per stream
+
+
+def _stop_after(verdict: float | None, speech_chunks: int = 20) -> float | None:
+    """Silence (ms) after which a turn stops when the semantic verdict at its 192 ms pause
+    is ``verdict`` (VadStream.end_of_turn); None if it never stops within 3 s."""
+    seg = VadSegmenter(threshold=0.5, min_speech_ms=64, silence_duration_ms=1500, pause_ms=192)
+    stream = VadStream(EnergyVad(), seg, lambda audio: verdict, 400.0, 480.0)
+    chunk = np.zeros(CHUNK_SAMPLES, dtype=np.float32)
+    for _ in range(speech_chunks):
+        stream.observe(0.9, chunk)
+    silence_from = stream.position_ms
+    for _ in range(int(3000 / CHUNK_MS)):
+        for ev in stream.observe(0.0, chunk):
+            if ev.kind == "speech_stopped":
+                assert ev.audio_ms == silence_from
+                return stream.position_ms - silence_from
+    return None
+
+
+def test_a_semantic_verdict_sets_how_long_this_pause_may_last() -> None:
+    """Finished (0): the turn ends at the pause; probably finished (a wait): after that
+    much silence; unfinished (None): after silence_duration_ms; a turn too short to judge:
+    after short_turn_wait_ms."""
+    assert _stop_after(0.0) == 192.0
+    assert _stop_after(500.0) == 512.0
+    assert _stop_after(None) == 1504.0
+    assert _stop_after(0.0, speech_chunks=5) == 480.0  # 160 ms of speech: not judged
+
+
+def test_speech_after_a_pause_clears_the_verdict() -> None:
+    seg = VadSegmenter(threshold=0.5, min_speech_ms=64, silence_duration_ms=1500, pause_ms=192)
+    verdicts = iter([None, 480.0])  # the first pause sounds unfinished, the second not
+    stream = VadStream(EnergyVad(), seg, lambda audio: next(verdicts), 0.0)
+    chunk = np.zeros(CHUNK_SAMPLES, dtype=np.float32)
+    kinds = []
+    for p in [0.9] * 10 + [0.0] * 20 + [0.9] * 10 + [0.0] * 30:  # 640 ms pause, speech, end
+        kinds += [(ev.kind, stream.position_ms) for ev in stream.observe(p, chunk)]
+    assert [k for k, _ in kinds] == ["speech_started", "pause", "resume", "pause", "speech_stopped"]
+    assert kinds[-1][1] - 40 * CHUNK_MS == 480.0  # the second verdict, not the first
