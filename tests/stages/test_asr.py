@@ -14,7 +14,7 @@ import pytest
 from engine.audio import resample_pcm16
 from engine.messages import AsrRequest, StageDone, TranscriptOut
 from engine.stages.asr_pocketsphinx import PocketsphinxAsr, PocketsphinxStream
-from engine.stages.asr_whisper import WhisperAsr, WhisperOptions, looks_looped
+from engine.stages.asr_whisper import WhisperAsr, WhisperOptions, looks_looped, too_few_words
 from tests.stages.helpers import BECKETT_REF, run_request, wer
 
 pytestmark = pytest.mark.models
@@ -200,6 +200,14 @@ def test_looks_looped() -> None:
     assert looks_looped("one two three four five six seven eight nine ten eleven", 1.0)
     assert not looks_looped("No, no. Try again.", 1.5)
     assert not looks_looped("It was the best of times, it was the worst of times.", 3.5)
+
+
+def test_too_few_words() -> None:
+    """A context-decoded turn whose words the (wrong) forced prefix swallowed: 'age of
+    foolishness' for 8 s of speech is decoded again alone."""
+    assert too_few_words("age of foolishness", 7.95)
+    assert not too_few_words("It was the best of times, it was the worst of times.", 4.0)
+    assert not too_few_words("Yes.", 1.0)  # short turns are not judged
 
 
 def test_whisper_short_window_loop_after_context_is_decoded_again_in_30s(
