@@ -490,6 +490,9 @@ async def soak(
         "leftover_slots": int(sum(last.get("duplex_engine_sessions", {}).values())),
         "failures": len(st.failures),
         "failure_details": st.failures[:20],
+        # by kind: a timeout (no event for --timeout s), refused (the server shed the
+        # session: error resource_exhausted, no slot), other (a wrong event, status or seq)
+        "failure_kinds": dict(Counter(_kind(f["what"]) for f in st.failures)),
         "sessions_run": st.sessions,
         "turns": dict(st.turns),
         "client": "realtime" if realtime else "burst",
@@ -523,6 +526,12 @@ async def soak(
         )
         result["plot"] = str(args.plot)
     return result
+
+
+def _kind(what: str) -> str:
+    if what.startswith("timeout"):
+        return "timeout"
+    return "refused" if "resource_exhausted" in what else "other"
 
 
 def _percentiles(xs: list[float]) -> dict[str, float]:

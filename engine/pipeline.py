@@ -99,6 +99,11 @@ class Pipeline:
     def route(self, name: str) -> Route:
         return self.graph.route(name)
 
+    def input_saturated(self, route: str) -> bool:
+        """Would a request to ``route``'s first input stage (ASR) wait behind others now?"""
+        stages = self.route(route).inputs
+        return bool(stages) and self.pools[stages[0].name].saturated
+
     def _chunker(self, stage: StageInfo) -> Chunker:
         make = getattr(self.pools[stage.name].replicas[0], "make_chunker", None)
         chunker: Chunker | None = make() if make is not None else None

@@ -6,7 +6,10 @@
   silence was appended since); ``input.resume`` drops it. A guess runs at
   ``Priority.SPECULATIVE``: behind every committed turn's ASR, so that on a loaded ASR stage
   the guesses (up to one per pause in the user's speech) never delay a turn; a queued guess
-  that the user's next words make stale is aborted before it runs.
+  that the user's next words make stale is aborted before it runs. And no guess is started
+  while the ASR stage is saturated (every replica busy): it would only wait, then compete
+  for the cores with the committed turns (a CPU soak of 8 sessions ran 71 Whisper passes
+  for 27 turns before this).
 * Turn ASR survives a barge-in: a cancel aborts the old epoch's LLM and TTS work, but the
   user's words are re-queued in the new epoch (engine/duplex/control.py), and their
   transcription, already running, is picked up by the re-queued job (same audio) instead of
@@ -72,6 +75,7 @@ class SpeculativeAsr:
         self._ids = itertools.count()
         self.started = 0
         self.used = 0
+        self.skipped = 0  # pauses not guessed at: the ASR stage was saturated
 
     def _start(self, fence: Fence, audio: bytes, kind: Literal["pause", "turn"]) -> _Transcription:
         sid = fence.session_id
@@ -103,8 +107,13 @@ class SpeculativeAsr:
         self._track(entry.task)
 
     def start(self, fence: Fence, audio: bytes) -> None:
-        """``input.pause``: transcribe the input so far (replaces an older pause guess)."""
+        """``input.pause``: transcribe the input so far (replaces an older pause guess);
+        not when the ASR stage is saturated: the guess would wait, and then take the stage
+        from committed turns (``skipped`` counts these)."""
         self.resume(fence.session_id)
+        if self._pipeline.input_saturated(self._route_of(fence.session_id)):
+            self.skipped += 1
+            return
         self._start(fence, audio, "pause")
         self.started += 1
 

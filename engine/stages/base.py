@@ -526,6 +526,13 @@ class StagePool:
     async def start(self) -> None:
         await asyncio.gather(*(r.start() for r in self.replicas))
 
+    @property
+    def saturated(self) -> bool:
+        """Every replica has as many requests queued or running as it can take at once
+        (``max_batch`` for a batching replica, else one): another request would wait."""
+        room = sum(int(getattr(r, "max_batch", 1)) for r in self.replicas)
+        return sum(self._load) >= room
+
     def _pick(self, request: StageRequest) -> int:
         sid = request.session_id
         if sid is None:

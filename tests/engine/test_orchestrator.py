@@ -351,6 +351,43 @@ def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
     run(main())
 
 
+def test_no_speculative_asr_while_the_asr_stage_is_saturated() -> None:
+    """A pause guess that would wait behind another session's turn is not started (it would
+    take the stage and the cores from committed turns); the commit transcribes as usual."""
+
+    async def main() -> None:
+        backends = stages(asr_delay_s=0.4)
+        engine = await start_engine(backends)
+        try:
+            a, b = await engine.open(), await engine.open()
+            assert a.session_id and a.accepted_fence and b.session_id and b.accepted_fence
+            await engine.append(a.accepted_fence, a.lease_generation, audio=b"\1\0" * 8000)
+            await engine.commit(a.accepted_fence, a.lease_generation)  # A's ASR: 0.4 s
+            await asyncio.sleep(0.1)
+            fb, gb = b.accepted_fence, b.lease_generation
+            await engine.append(fb, gb, audio=b"\1\0" * 8000)
+            await engine.signal(fb, gb, "input.pause")  # the stage is busy with A's turn
+            await collect(engine, a.session_id, lambda e: isinstance(e, ResponseDone))
+            orch = engine._orch
+            assert orch is not None and orch.speculation is not None
+            assert orch.speculation.skipped == 1 and orch.speculation.started == 0
+            asr = backends["asr"][0]
+            assert isinstance(asr, TestStage)
+            assert len(asr.submitted) == 1  # A's turn only
+            # once the stage is free, B's pause is guessed at again, and its commit uses it
+            await engine.signal(fb, gb, "input.resume")
+            await engine.signal(fb, gb, "input.pause")
+            await asyncio.sleep(0.5)
+            await engine.commit(fb, gb)
+            await collect(engine, b.session_id, lambda e: isinstance(e, ResponseDone))
+            assert orch.speculation.started == 1 and orch.speculation.used == 1
+            assert len(asr.submitted) == 2
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
 def test_speculation_is_not_used_when_sound_follows_the_pause() -> None:
     """Transcript parity: a soft last word after the pause (quiet enough that the VAD did
     not call it speech, so no ``input.resume``) would be missing from the pause's guess, so
