@@ -18,7 +18,17 @@ beckett.wav for the CPU default), each turn one of:
   session goes on with the next turn;
 
 then ends the session with ``session.close`` (most), a plain close 1000 without it, or an
-abrupt drop it never resumes (the server must end it after ``disconnect_grace_s``). Every
+abrupt drop it never resumes (the server must end it after ``disconnect_grace_s``). A session
+that fails (below) closes its sockets (1000), as a client that gives up would.
+
+``--client realtime`` (the default on real models) behaves like a voice client: it streams
+its speech in real time (100 ms frames every 100 ms) and, after an answer, waits until the
+answer's audio has played (``audio_ms`` from its first chunk) before the next turn;
+``burst`` (the default on the test stage, whose TTS is paced by ``--pace``) sends speech at
+once and starts the next turn at once. An answer cut at ``max_output_tokens``
+(``incomplete``) is an answer. The wait from the end of the user's speech to the first
+audio of the answer is reported (``first_audio_s``: p50, p95, max): on an overloaded
+server turns queue, and this is what a user would wait. Every
 ``--sample-s`` it samples the server's RSS (the process and its children, /proc) and its
 session gauges (``/health``, ``duplex_sessions{state}``, ``duplex_engine_sessions{state}``,
 ``duplex_session_bytes{part}``). At the end it waits out the grace period and reads what is
@@ -26,13 +36,15 @@ left.
 
 Prints the RSS slope after warm-up (MB per hour, least squares), leftover sessions (live in
 the front end) and slots (engine sessions in any state), and failures (a timeout, an
-unexpected error or status, a seq gap or a refused resume). Writes a PNG of RSS and sessions
+unexpected error or status, a seq gap or a refused resume; ``failure_kinds``: timeout,
+refused (no session slot: ``resource_exhausted``), other). Writes a PNG of RSS and sessions
 over time (``--plot``) and ``--json PATH`` with ``rss_slope_mb_per_h``, ``leftover_sessions``,
 ``leftover_slots``, ``failures`` and the details. The machine's load average is recorded:
 read the figures with it.
 
     python bench/soak.py [--minutes M] [--sessions N] [--config C] [--json PATH]
         [--plot PNG] [--warmup-min W] [--grace S] [--chaos] [--pace X] [--seed N]
+        [--client auto|realtime|burst] [--timeout S] [--server-log PATH]
 """
 
 from __future__ import annotations
@@ -130,6 +142,7 @@ class Stats:
     chaos_affected: int = 0
     sessions: int = 0
     first_audio_s: list[float] = field(default_factory=list)  # end of speech -> first audio
+    silent_answers: int = 0  # answered with no audio (an LLM reply with nothing to speak)
 
 
 class Conn:
@@ -245,10 +258,14 @@ class Driver:
             else:
                 conn.ws.transport.abort()
             self.stats.ends[end] += 1
-        finally:  # every socket of the session, a resumed one that failed included
+        finally:  # every socket of the session, a resumed one that failed included: a
+            # client that gives up (a timeout) closes its socket, which ends the session
             for sock in sess.sockets:
                 if sock.transport is not None and not sock.transport.is_closing():
-                    sock.transport.abort()
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(sock.close(1000), 5.0)
+                    if not sock.transport.is_closing():
+                        sock.transport.abort()
 
     async def turn(self, conn: Conn, kind: str, rng: random.Random) -> Conn:
         if kind == "chaos":
@@ -260,7 +277,7 @@ class Driver:
             return conn
         await conn.speak(self.question + self.tail)
         delta = await self._first_delta(conn)
-        if delta is None:  # the answer failed (a crash in another session's batch)
+        if delta is None:  # no audio: failed by a crash (--chaos), or nothing to speak
             return conn
         rid = delta["response_id"]
         if kind == "turn":
@@ -316,7 +333,11 @@ class Driver:
             if event["type"] == "response.done":
                 if self._failed_by_chaos(event):
                     return None
-                raise Failure(f"response.done before its audio: {event['response']}")
+                resp = event["response"]
+                if resp["status"] == "completed" or _reason(event) == "max_output_tokens":
+                    self.stats.silent_answers += 1  # a reply with nothing to speak
+                    return None
+                raise Failure(f"response.done before its audio: {resp}")
 
     async def _done(self, conn: Conn, rid: str, ok: set[str]) -> dict[str, Any]:
         event: dict[str, Any] | None = getattr(conn, "pending_done", None)
@@ -499,6 +520,7 @@ async def soak(
         "first_audio_s": _percentiles(st.first_audio_s),
         "ends": dict(st.ends),
         "chaos_affected_turns": st.chaos_affected,
+        "silent_answers": st.silent_answers,
         "rss_mb_first": round(samples[0]["rss_mb"], 1),
         "rss_mb_after_warmup": round(
             next((s["rss_mb"] for s in samples if s["t_s"] >= warmup_s), float("nan")), 1
