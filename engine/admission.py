@@ -30,6 +30,12 @@ class BatchAdmission:
     def critical(self) -> int:
         return len(self._critical)
 
+    def critical_besides(self, session_id: str) -> bool:
+        """Is a session other than ``session_id`` inside its time-to-first-audio window?
+        (keys are fence keys, ``sess_x/e0/t1/r1``)"""
+        own = session_id + "/"
+        return any(not key.startswith(own) for key in self._critical)
+
     def enter_critical(self, key: str) -> None:
         self._critical.add(key)
         self._clear.clear()

@@ -99,10 +99,14 @@ class Pipeline:
     def route(self, name: str) -> Route:
         return self.graph.route(name)
 
-    def input_saturated(self, route: str) -> bool:
-        """Would a request to ``route``'s first input stage (ASR) wait behind others now?"""
+    def busy_for_guesses(self, route: str, session_id: str) -> bool:
+        """Would a speculative request of ``session_id`` on ``route``'s first input stage
+        (ASR) wait behind others, or compete for the cores with another session's turn
+        that has yet to send its first audio?"""
         stages = self.route(route).inputs
-        return bool(stages) and self.pools[stages[0].name].saturated
+        if stages and self.pools[stages[0].name].saturated:
+            return True
+        return self.admission.critical_besides(session_id)
 
     def _chunker(self, stage: StageInfo) -> Chunker:
         make = getattr(self.pools[stage.name].replicas[0], "make_chunker", None)

@@ -388,6 +388,45 @@ def test_no_speculative_asr_while_the_asr_stage_is_saturated() -> None:
     run(main())
 
 
+def test_no_speculative_asr_while_another_turn_waits_for_its_first_audio() -> None:
+    """The ASR stage is idle, but session A's turn has yet to send its first audio: B's
+    pause guess would take the cores from it, so it is not started."""
+
+    async def main() -> None:
+        backends = stages(token_interval_s=0.3)
+        engine = await start_engine(backends)
+        try:
+            sid_a, _, _ = await text_turn(engine)  # A's LLM: 0.3 s a token, no audio yet
+            b = await engine.open()
+            assert b.session_id and b.accepted_fence
+            fb, gb = b.accepted_fence, b.lease_generation
+            await asyncio.sleep(0.1)
+            await engine.append(fb, gb, audio=b"\1\0" * 8000)
+            await engine.signal(fb, gb, "input.pause")
+            orch = engine._orch
+            assert orch is not None and orch.speculation is not None
+            for _ in range(50):  # the signal is applied on the orchestrator's loop
+                if orch.speculation.skipped:
+                    break
+                await asyncio.sleep(0.01)
+            assert orch.speculation.skipped == 1 and orch.speculation.started == 0
+            asr = backends["asr"][0]
+            assert isinstance(asr, TestStage) and asr.submitted == []
+            # A answered: B's next pause is guessed at
+            await collect(engine, sid_a, lambda e: isinstance(e, AudioChunk))
+            await engine.signal(fb, gb, "input.resume")
+            await engine.signal(fb, gb, "input.pause")
+            for _ in range(50):
+                if orch.speculation.started:
+                    break
+                await asyncio.sleep(0.01)
+            assert orch.speculation.started == 1
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
 def test_speculation_is_not_used_when_sound_follows_the_pause() -> None:
     """Transcript parity: a soft last word after the pause (quiet enough that the VAD did
     not call it speech, so no ``input.resume``) would be missing from the pause's guess, so
