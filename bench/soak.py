@@ -180,14 +180,19 @@ class Conn:
     async def send(self, obj: dict[str, Any]) -> None:
         await self.ws.send(json.dumps(obj))
 
-    async def speak(self, pcm: bytes) -> None:
-        """100 ms binary frames; with ``realtime``, one every 100 ms (a microphone)."""
+    async def speak(self, speech: bytes, tail: bytes) -> float:
+        """``speech`` then ``tail`` (silence) in 100 ms binary frames; with ``realtime``, one
+        every 100 ms (a microphone). Returns when the speech (not its tail) had been sent."""
         step = RATE // 10 * 2
+        pcm, spoke = speech + tail, time.monotonic()
         t0 = time.monotonic()
         for n, i in enumerate(range(0, len(pcm), step)):
             await self.ws.send(pcm[i : i + step])
+            if i + step >= len(speech) > i:
+                spoke = time.monotonic()
             if self.realtime:
                 await asyncio.sleep(max(0.0, t0 + (n + 1) * 0.1 - time.monotonic()))
+        return spoke
 
 
 @dataclass
@@ -275,8 +280,8 @@ class Driver:
             if not self._failed_by_chaos(done):
                 raise Failure(f"chaos turn ended {done['response']['status']}")
             return conn
-        await conn.speak(self.question + self.tail)
-        delta = await self._first_delta(conn)
+        spoke = await conn.speak(self.question, self.tail)
+        delta = await self._first_delta(conn, spoke)
         if delta is None:  # no audio: failed by a crash (--chaos), or nothing to speak
             return conn
         rid = delta["response_id"]
@@ -286,9 +291,9 @@ class Driver:
             await conn.send({"type": "response.cancel"})
             await self._done(conn, rid, ANSWERED | {"cancelled"})
         elif kind == "voice":
-            await conn.speak(self.interrupt + self.tail)
+            spoke = await conn.speak(self.interrupt, self.tail)
             await self._done(conn, rid, ANSWERED | {"cancelled"})
-            nxt = await self._first_delta(conn)
+            nxt = await self._first_delta(conn, spoke)
             if nxt is not None:
                 await self._listen(nxt, await self._done(conn, nxt["response_id"], ANSWERED))
         else:  # drop mid-answer, then resume from the last seq received
@@ -322,13 +327,13 @@ class Driver:
             if event["type"] == "response.done":
                 conn.pending_done = event  # type: ignore[attr-defined]
 
-    async def _first_delta(self, conn: Conn) -> dict[str, Any] | None:
-        asked = time.monotonic()  # the end of the user's speech (its trailing silence sent)
+    async def _first_delta(self, conn: Conn, spoke: float) -> dict[str, Any] | None:
+        """The answer's first audio chunk (``spoke``: when the user's speech ended)."""
         while True:
             event = await conn.recv()
             if event["type"] == "response.output_audio.delta":
                 event["_at"] = time.monotonic()
-                self.stats.first_audio_s.append(event["_at"] - asked)
+                self.stats.first_audio_s.append(event["_at"] - spoke)
                 return event
             if event["type"] == "response.done":
                 if self._failed_by_chaos(event):
