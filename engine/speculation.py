@@ -6,11 +6,7 @@
   silence was appended since); ``input.resume`` drops it. A guess runs at
   ``Priority.SPECULATIVE``: behind every committed turn's ASR, so that on a loaded ASR stage
   the guesses (up to one per pause in the user's speech) never delay a turn; a queued guess
-  that the user's next words make stale is aborted before it runs. And no guess is started
-  while the ASR stage is saturated (every replica busy) or while another session's turn is
-  inside its time-to-first-audio window (engine/admission.py): it would only wait, or take
-  the cores from that turn (a CPU soak of 8 sessions ran 71 Whisper passes for 27 turns,
-  ~2.6 guesses per turn, before this). A guess is a latency gain on an idle server only.
+  that the user's next words make stale is aborted before it runs.
 * Turn ASR survives a barge-in: a cancel aborts the old epoch's LLM and TTS work, but the
   user's words are re-queued in the new epoch (engine/duplex/control.py), and their
   transcription, already running, is picked up by the re-queued job (same audio) instead of
@@ -108,15 +104,9 @@ class SpeculativeAsr:
         self._track(entry.task)
 
     def start(self, fence: Fence, audio: bytes) -> None:
-        """``input.pause``: transcribe the input so far (replaces an older pause guess);
-        not when the ASR stage is saturated (the guess would wait, then take the stage
-        from committed turns) or another session's turn has yet to send its first audio
-        (the guess would take the cores from it); ``skipped`` counts these."""
+        """``input.pause``: transcribe the input so far (replaces an older pause guess)."""
         sid = fence.session_id
         self.resume(sid)
-        if self._pipeline.busy_for_guesses(self._route_of(sid), sid):
-            self.skipped += 1
-            return
         self._start(fence, audio, "pause")
         self.started += 1
 
