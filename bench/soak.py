@@ -18,7 +18,17 @@ beckett.wav for the CPU default), each turn one of:
   session goes on with the next turn;
 
 then ends the session with ``session.close`` (most), a plain close 1000 without it, or an
-abrupt drop it never resumes (the server must end it after ``disconnect_grace_s``). Every
+abrupt drop it never resumes (the server must end it after ``disconnect_grace_s``). A session
+that fails (below) closes its sockets (1000), as a client that gives up would.
+
+``--client realtime`` (the default on real models) behaves like a voice client: it streams
+its speech in real time (100 ms frames every 100 ms) and, after an answer, waits until the
+answer's audio has played (``audio_ms`` from its first chunk) before the next turn;
+``burst`` (the default on the test stage, whose TTS is paced by ``--pace``) sends speech at
+once and starts the next turn at once. An answer cut at ``max_output_tokens``
+(``incomplete``) is an answer. The wait from the end of the user's speech to the first
+audio of the answer is reported (``first_audio_s``: p50, p95, max): on an overloaded
+server turns queue, and this is what a user would wait. Every
 ``--sample-s`` it samples the server's RSS (the process and its children, /proc) and its
 session gauges (``/health``, ``duplex_sessions{state}``, ``duplex_engine_sessions{state}``,
 ``duplex_session_bytes{part}``). At the end it waits out the grace period and reads what is
@@ -26,13 +36,15 @@ left.
 
 Prints the RSS slope after warm-up (MB per hour, least squares), leftover sessions (live in
 the front end) and slots (engine sessions in any state), and failures (a timeout, an
-unexpected error or status, a seq gap or a refused resume). Writes a PNG of RSS and sessions
+unexpected error or status, a seq gap or a refused resume; ``failure_kinds``: timeout,
+refused (no session slot: ``resource_exhausted``), other). Writes a PNG of RSS and sessions
 over time (``--plot``) and ``--json PATH`` with ``rss_slope_mb_per_h``, ``leftover_sessions``,
 ``leftover_slots``, ``failures`` and the details. The machine's load average is recorded:
 read the figures with it.
 
     python bench/soak.py [--minutes M] [--sessions N] [--config C] [--json PATH]
         [--plot PNG] [--warmup-min W] [--grace S] [--chaos] [--pace X] [--seed N]
+        [--client auto|realtime|burst] [--timeout S] [--server-log PATH]
 """
 
 from __future__ import annotations
@@ -61,6 +73,9 @@ from serverproc import ROOT, running_server
 RATE = 24000
 CHAOS_WORD = "SOAKCHAOS"
 TERMINAL = {"completed", "cancelled", "incomplete", "failed"}
+# an answered turn: completed, or cut at max_output_tokens (incomplete, reason
+# max_output_tokens: the whole answer the server was asked for; SmolLM2 often runs that long)
+ANSWERED = {"completed", "incomplete"}
 
 
 # ---------------------------------------------------------------------------- config
@@ -126,13 +141,16 @@ class Stats:
     failures: list[dict[str, str]] = field(default_factory=list)
     chaos_affected: int = 0
     sessions: int = 0
+    first_audio_s: list[float] = field(default_factory=list)  # end of speech -> first audio
+    silent_answers: int = 0  # answered with no audio (an LLM reply with nothing to speak)
 
 
 class Conn:
     """One socket of a session: reads events in order and checks the seq continues."""
 
-    def __init__(self, ws: Any, sess: SessionState, timeout: float) -> None:
-        self.ws, self.sess, self.timeout = ws, sess, timeout
+    def __init__(self, ws: Any, sess: SessionState, timeout: float, realtime: bool) -> None:
+        self.ws, self.sess, self.timeout, self.realtime = ws, sess, timeout, realtime
+        sess.sockets.append(ws)
 
     async def recv(self) -> dict[str, Any]:
         try:
@@ -162,10 +180,19 @@ class Conn:
     async def send(self, obj: dict[str, Any]) -> None:
         await self.ws.send(json.dumps(obj))
 
-    async def speak(self, pcm: bytes) -> None:
-        step = RATE // 10 * 2  # 100 ms binary frames
-        for i in range(0, len(pcm), step):
+    async def speak(self, speech: bytes, tail: bytes) -> float:
+        """``speech`` then ``tail`` (silence) in 100 ms binary frames; with ``realtime``, one
+        every 100 ms (a microphone). Returns when the speech (not its tail) had been sent."""
+        step = RATE // 10 * 2
+        pcm, spoke = speech + tail, time.monotonic()
+        t0 = time.monotonic()
+        for n, i in enumerate(range(0, len(pcm), step)):
             await self.ws.send(pcm[i : i + step])
+            if i + step >= len(speech) > i:
+                spoke = time.monotonic()
+            if self.realtime:
+                await asyncio.sleep(max(0.0, t0 + (n + 1) * 0.1 - time.monotonic()))
+        return spoke
 
 
 @dataclass
@@ -174,13 +201,17 @@ class SessionState:
     token: str = ""
     resume_query: str = "?intent=resume"
     last_seq: int = 0
+    sockets: list[Any] = field(default_factory=list)  # every socket opened, closed at the end
     # a cancel that crosses the end of its response gets this answer (documented)
     tolerate: set[str] = field(default_factory=lambda: {"response_cancel_not_active"})
 
 
 class Driver:
-    def __init__(self, addr: str, test_stage: bool, chaos: bool, timeout: float) -> None:
+    def __init__(
+        self, addr: str, test_stage: bool, chaos: bool, timeout: float, realtime: bool = False
+    ) -> None:
         self.addr, self.test_stage, self.chaos, self.timeout = addr, test_stage, chaos, timeout
+        self.realtime = realtime  # a real client: speaks in real time, hears the answer out
         self.stats = Stats()
         self.question = tone(600) if test_stage else speech_clip()
         self.tail = silence(900 if test_stage else 1200)
@@ -206,7 +237,7 @@ class Driver:
         kinds = ["turn", "cancel", "voice", "drop", "chaos"]
         weights = [2.0, 1.0, 1.0, 2.0, 0.3 if self.chaos and self.test_stage else 0.0]
         ws = await websockets.connect(self.url(), max_size=None, open_timeout=self.timeout)
-        conn = Conn(ws, sess, self.timeout)
+        conn = Conn(ws, sess, self.timeout, self.realtime)
         try:
             created = await conn.until("session.created")
             sess.session_id = created["session"]["id"]
@@ -232,9 +263,14 @@ class Driver:
             else:
                 conn.ws.transport.abort()
             self.stats.ends[end] += 1
-        finally:
-            if conn.ws.transport is not None and not conn.ws.transport.is_closing():
-                conn.ws.transport.abort()
+        finally:  # every socket of the session, a resumed one that failed included: a
+            # client that gives up (a timeout) closes its socket, which ends the session
+            for sock in sess.sockets:
+                if sock.transport is not None and not sock.transport.is_closing():
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(sock.close(1000), 5.0)
+                    if not sock.transport.is_closing():
+                        sock.transport.abort()
 
     async def turn(self, conn: Conn, kind: str, rng: random.Random) -> Conn:
         if kind == "chaos":
@@ -244,35 +280,35 @@ class Driver:
             if not self._failed_by_chaos(done):
                 raise Failure(f"chaos turn ended {done['response']['status']}")
             return conn
-        await conn.speak(self.question + self.tail)
-        delta = await self._first_delta(conn)
-        if delta is None:  # the answer failed (a crash in another session's batch)
+        spoke = await conn.speak(self.question, self.tail)
+        delta = await self._first_delta(conn, spoke)
+        if delta is None:  # no audio: failed by a crash (--chaos), or nothing to speak
             return conn
         rid = delta["response_id"]
         if kind == "turn":
-            await self._done(conn, rid, {"completed"})
+            await self._listen(delta, await self._done(conn, rid, ANSWERED))
         elif kind == "cancel":
             await conn.send({"type": "response.cancel"})
-            await self._done(conn, rid, {"completed", "cancelled"})
+            await self._done(conn, rid, ANSWERED | {"cancelled"})
         elif kind == "voice":
-            await conn.speak(self.interrupt + self.tail)
-            await self._done(conn, rid, {"completed", "cancelled"})
-            nxt = await self._first_delta(conn)
+            spoke = await conn.speak(self.interrupt, self.tail)
+            await self._done(conn, rid, ANSWERED | {"cancelled"})
+            nxt = await self._first_delta(conn, spoke)
             if nxt is not None:
-                await self._done(conn, nxt["response_id"], {"completed"})
+                await self._listen(nxt, await self._done(conn, nxt["response_id"], ANSWERED))
         else:  # drop mid-answer, then resume from the last seq received
             await asyncio.sleep(rng.uniform(0.0, 0.3))
             conn.ws.transport.abort()
             await asyncio.sleep(rng.uniform(0.05, 0.5))
             conn = await self.resume(conn.sess)
-            await self._done(conn, rid, {"completed"})
+            await self._listen(delta, await self._done(conn, rid, ANSWERED))
         return conn
 
     async def resume(self, sess: SessionState) -> Conn:
         ws = await websockets.connect(
             self.url(sess.resume_query), max_size=None, open_timeout=self.timeout
         )
-        conn = Conn(ws, sess, self.timeout)
+        conn = Conn(ws, sess, self.timeout, self.realtime)
         await conn.send(
             {
                 "type": "session.resume",
@@ -291,23 +327,41 @@ class Driver:
             if event["type"] == "response.done":
                 conn.pending_done = event  # type: ignore[attr-defined]
 
-    async def _first_delta(self, conn: Conn) -> dict[str, Any] | None:
+    async def _first_delta(self, conn: Conn, spoke: float) -> dict[str, Any] | None:
+        """The answer's first audio chunk (``spoke``: when the user's speech ended)."""
         while True:
             event = await conn.recv()
             if event["type"] == "response.output_audio.delta":
+                event["_at"] = time.monotonic()
+                self.stats.first_audio_s.append(event["_at"] - spoke)
                 return event
             if event["type"] == "response.done":
                 if self._failed_by_chaos(event):
                     return None
-                raise Failure(f"response.done {event['response']['status']} before its audio")
+                resp = event["response"]
+                if resp["status"] == "completed" or _reason(event) == "max_output_tokens":
+                    self.stats.silent_answers += 1  # a reply with nothing to speak
+                    return None
+                raise Failure(f"response.done before its audio: {resp}")
 
-    async def _done(self, conn: Conn, rid: str, ok: set[str]) -> None:
-        event = getattr(conn, "pending_done", None)
+    async def _done(self, conn: Conn, rid: str, ok: set[str]) -> dict[str, Any]:
+        event: dict[str, Any] | None = getattr(conn, "pending_done", None)
         while event is None or event["response"]["id"] != rid:
             event = await conn.until("response.done")
         status = event["response"]["status"]
         if status not in ok and not self._failed_by_chaos(event):
             raise Failure(f"response {status} (expected {sorted(ok)}): {event['response']}")
+        if status == "incomplete" and _reason(event) != "max_output_tokens":
+            raise Failure(f"response incomplete: {event['response']}")
+        return event
+
+    async def _listen(self, first: dict[str, Any], done: dict[str, Any]) -> None:
+        """A real client plays the answer before its user speaks again: wait until its
+        audio, from its first chunk, has played (``realtime`` only)."""
+        if not self.realtime:
+            return
+        audio_s = float(done["response"].get("audio_ms") or 0.0) / 1000.0
+        await asyncio.sleep(max(0.0, first["_at"] + audio_s - time.monotonic()))
 
     def _failed_by_chaos(self, done: dict[str, Any]) -> bool:
         resp = done["response"]
@@ -320,6 +374,10 @@ class Driver:
         return False
 
 
+def _reason(done: dict[str, Any]) -> str:
+    return str((done["response"].get("status_details") or {}).get("reason", ""))
+
+
 def _text_item(text: str) -> dict[str, Any]:
     content = [{"type": "input_text", "text": text}]
     return {
@@ -329,9 +387,10 @@ def _text_item(text: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- sampling
-def rss_mb(pid: int) -> float:
-    """Resident memory of ``pid`` and all its descendants, MB (Linux /proc)."""
-    total, todo, seen = 0, [pid], set()
+def rss_mb(pid: int) -> tuple[float, float]:
+    """Resident memory of ``pid`` and of all its descendants (the partials decoder), MB
+    (Linux /proc)."""
+    own, total, todo, seen = 0, 0, [pid], set()
     while todo:
         p = todo.pop()
         if p in seen:
@@ -341,9 +400,10 @@ def rss_mb(pid: int) -> float:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1])
+                    own = total if p == pid else own
             for task in Path(f"/proc/{p}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
-    return total / 1024
+    return own / 1024, (total - own) / 1024
 
 
 _SAMPLE = re.compile(r'^(duplex_[a-z_]+)\{(\w+)="([^"]*)"\} ([0-9.e+-]+)$', re.M)
@@ -367,7 +427,9 @@ async def sampler(
     while True:
         sample = await asyncio.to_thread(scrape, addr)
         sample["t_s"] = time.monotonic() - t0
-        sample["rss_mb"] = rss_mb(pid)
+        main, children = rss_mb(pid)
+        sample["rss_mb"] = main + children
+        sample["rss_children_mb"] = children
         out.append(sample)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every)
@@ -393,6 +455,7 @@ def plot(
     t = np.array([s["t_s"] for s in samples]) / 60
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     ax1.plot(t, [s["rss_mb"] for s in samples], label="server RSS (MB)")
+    ax1.plot(t, [s["rss_children_mb"] for s in samples], ls=":", label="of which child processes")
     ax1.axvline(warmup_s / 60, color="grey", ls="--", label="end of warm-up")
     ax1.set_ylabel("MB")
     ax1.set_title(f"{title}: slope after warm-up {slope:+.1f} MB/h")
@@ -419,7 +482,8 @@ def plot(
 async def soak(
     addr: str, pid: int, args: argparse.Namespace, test_stage: bool, grace_s: float
 ) -> dict[str, Any]:
-    driver = Driver(addr, test_stage, args.chaos, args.timeout)
+    realtime = (not test_stage) if args.client == "auto" else args.client == "realtime"
+    driver = Driver(addr, test_stage, args.chaos, args.timeout, realtime)
     samples: list[dict[str, Any]] = []
     stop = asyncio.Event()
     t0 = time.monotonic()
@@ -452,22 +516,32 @@ async def soak(
         "leftover_slots": int(sum(last.get("duplex_engine_sessions", {}).values())),
         "failures": len(st.failures),
         "failure_details": st.failures[:20],
+        # by kind: a timeout (no event for --timeout s), refused (the server shed the
+        # session: error resource_exhausted, no slot), other (a wrong event, status or seq)
+        "failure_kinds": dict(Counter(_kind(f["what"]) for f in st.failures)),
         "sessions_run": st.sessions,
         "turns": dict(st.turns),
+        "client": "realtime" if realtime else "burst",
+        "first_audio_s": _percentiles(st.first_audio_s),
         "ends": dict(st.ends),
         "chaos_affected_turns": st.chaos_affected,
+        "silent_answers": st.silent_answers,
         "rss_mb_first": round(samples[0]["rss_mb"], 1),
         "rss_mb_after_warmup": round(
             next((s["rss_mb"] for s in samples if s["t_s"] >= warmup_s), float("nan")), 1
         ),
         "rss_mb_last": round(samples[-1]["rss_mb"], 1),
+        "rss_children_mb_last": round(samples[-1]["rss_children_mb"], 1),
         "session_bytes_last": last.get("duplex_session_bytes", {}),
         "sessions_by_state_last": last.get("duplex_sessions", {}),
         "minutes": args.minutes,
         "sessions": args.sessions,
         "warmup_s": warmup_s,
         "grace_s": grace_s,
-        "samples": [{k: s[k] for k in ("t_s", "rss_mb", "health_sessions")} for s in samples],
+        "samples": [
+            {k: s[k] for k in ("t_s", "rss_mb", "rss_children_mb", "health_sessions")}
+            for s in samples
+        ],
     }
     if args.plot:
         plot(
@@ -479,6 +553,24 @@ async def soak(
         )
         result["plot"] = str(args.plot)
     return result
+
+
+def _kind(what: str) -> str:
+    if what.startswith("timeout"):
+        return "timeout"
+    return "refused" if "resource_exhausted" in what else "other"
+
+
+def _percentiles(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {}
+    a = np.array(xs)
+    return {
+        "n": len(xs),
+        "p50": round(float(np.percentile(a, 50)), 2),
+        "p95": round(float(np.percentile(a, 95)), 2),
+        "max": round(float(a.max()), 2),
+    }
 
 
 def main() -> None:
@@ -493,6 +585,14 @@ def main() -> None:
     p.add_argument("--sample-s", type=float, default=5.0)
     p.add_argument("--timeout", type=float, default=60.0, help="per event (s)")
     p.add_argument("--chaos", action="store_true", help="crash the LLM worker now and then")
+    p.add_argument(
+        "--client",
+        choices=("auto", "realtime", "burst"),
+        default="auto",
+        help="realtime: speak at real time and hear each answer out before the next turn "
+        "(a real voice client); burst: send speech at once, next turn at once; auto: "
+        "realtime on real models, burst on the test stage (its TTS is paced by --pace)",
+    )
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--pace", type=float, default=3.0, help="test stage: speech x real time")
     p.add_argument("--server-log", help="write the server's output here")

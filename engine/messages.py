@@ -38,10 +38,16 @@ from duplex_contract.tools import ToolOutput as ToolOutput
 
 
 class Priority(IntEnum):
-    """Lower runs first: real-time work is scheduled ahead of batch work."""
+    """Lower runs first: real-time work is scheduled ahead of batch work.
+
+    ``SPECULATIVE``: real-time work that may be thrown away (an ASR guess at a pause in the
+    user's speech, engine/speculation.py): it runs when no committed turn's work waits, so
+    on a loaded stage the guesses never delay a turn (they are admitted like real-time
+    work, not held back like batch requests)."""
 
     REALTIME = 0
-    BATCH = 1
+    SPECULATIVE = 1
+    BATCH = 2
 
 
 # ----------------------------------------------------------------------------- chat

@@ -3,7 +3,10 @@
 * Speculative ASR: the server signals ``input.pause`` once a short silence starts inside
   speech, and the transcript of the input so far is usually ready when the silence window
   ends the turn. A commit uses it when its audio starts with the speculated audio (only
-  silence was appended since); ``input.resume`` drops it.
+  silence was appended since); ``input.resume`` drops it. A guess runs at
+  ``Priority.SPECULATIVE``: behind every committed turn's ASR, so that on a loaded ASR stage
+  the guesses (up to one per pause in the user's speech) never delay a turn; a queued guess
+  that the user's next words make stale is aborted before it runs.
 * Turn ASR survives a barge-in: a cancel aborts the old epoch's LLM and TTS work, but the
   user's words are re-queued in the new epoch (engine/duplex/control.py), and their
   transcription, already running, is picked up by the re-queued job (same audio) instead of
@@ -28,7 +31,7 @@ from typing import Any, Literal
 
 from engine.audio import quiet_after
 from engine.errors import StageError
-from engine.messages import Fence
+from engine.messages import Fence, Priority
 from engine.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,8 @@ class SpeculativeAsr:
                 sample_rate=self._rate,
                 session_id=sid,
                 context=self._last.get(sid),
+                # a guess only uses the stage when no committed turn waits for it
+                priority=Priority.SPECULATIVE if kind == "pause" else Priority.REALTIME,
             ),
             name=f"asr:{rid}",
         )

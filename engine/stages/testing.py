@@ -162,6 +162,7 @@ class TestStage:
         self._cancelled: dict[str, _Abort] = {}
         self.restarts = 0
         self.submitted: list[str] = []
+        self.priorities: dict[str, int] = {}  # request id -> its Priority
         self._rng = np.random.default_rng(1234)
         self._tones: dict[tuple[int, float], bytes] = {}
 
@@ -195,6 +196,7 @@ class TestStage:
         cancelled = _Abort()
         self._cancelled[request.request_id] = cancelled
         self.submitted.append(request.request_id)
+        self.priorities[request.request_id] = int(request.priority)
         try:
             if isinstance(request, AsrRequest):
                 gen = self._asr(request, cancelled)

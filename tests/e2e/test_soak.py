@@ -52,3 +52,26 @@ def test_ci_soak_keeps_memory_flat_and_returns_every_session(tmp_path: Path) -> 
     assert result["session_bytes_last"] and not any(result["session_bytes_last"].values())
     assert result["rss_slope_mb_per_h"] <= RSS_SLOPE_MAX_MB_PER_H, result["samples"]
     assert png.stat().st_size > 10_000
+
+
+def test_realtime_client_speaks_at_real_time_and_hears_answers_out(tmp_path: Path) -> None:
+    """``--client realtime`` (the default on real models): speech streamed at real time, each
+    answer heard out before the next turn; the first-audio waits are reported."""
+    out = tmp_path / "soak.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "soak.py")]
+    cmd += ["--config", str(ROOT / "configs" / "test.yaml"), "--minutes", "0.4"]
+    cmd += ["--sessions", "2", "--grace", "1", "--sample-s", "2", "--pace", "4"]
+    cmd += ["--client", "realtime", "--timeout", str(30 * UNIT), "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180 * UNIT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["client"] == "realtime"
+    assert result["failures"] == 0, result["failure_details"]
+    assert result["leftover_sessions"] == 0 and result["leftover_slots"] == 0
+    waits = result["first_audio_s"]
+    assert waits["n"] >= 2 and 0 < waits["p50"] <= waits["max"] < 30 * UNIT
+    # real time: a turn takes its 1.5 s of speech and silence to send, and then (but for a
+    # cancel) the answer's ~3.5 s of audio to play; in 24 s two sessions did at most ~10
+    # such turns (burst, with the answer sent at 4x real time: several times as many)
+    heard = sum(n for kind, n in result["turns"].items() if kind != "cancel")
+    assert 0 < heard <= 2 * (24 / 5.0 + 1), result["turns"]

@@ -179,6 +179,33 @@ def test_realtime_items_are_taken_before_batch_items() -> None:
     run(main())
 
 
+def test_a_committed_turn_goes_before_speculative_guesses() -> None:
+    """Guesses (ASR at a pause, Priority.SPECULATIVE) queued on a busy stage: a committed
+    turn's request that joins after them runs at the next step, ahead of all of them."""
+
+    async def main() -> None:
+        stage = started("llm", step_s=0.01, reply="a b c d e f", max_batch=1)
+        await stage.start()
+        try:
+            guesses = [
+                llm_req(f"g{i}/e0/t0/r0/llm", priority=Priority.SPECULATIVE) for i in range(3)
+            ]
+            tasks = [asyncio.create_task(drain(stage, r)) for r in guesses]
+            await asyncio.sleep(0.03)  # the first guess is running
+            await drain(stage, llm_req("t0/e0/t0/r0/llm"))
+            await asyncio.gather(*tasks)
+            steps = [b[0] for b in stage.batches]
+            first = steps.index("t0/e0/t0/r0/llm")
+            last = len(steps) - 1 - steps[::-1].index("t0/e0/t0/r0/llm")
+            assert first > 0  # a guess had started
+            assert set(steps[first : last + 1]) == {"t0/e0/t0/r0/llm"}, steps
+            assert not any(s.startswith(("g1", "g2")) for s in steps[:first]), steps
+        finally:
+            await stage.close()
+
+    run(main())
+
+
 def test_worker_crash_fails_its_requests_and_the_worker_restarts() -> None:
     async def main() -> None:
         stage = started("llm", step_s=0.005, crash_on="die")

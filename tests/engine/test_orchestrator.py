@@ -18,6 +18,7 @@ from engine.messages import (
     ChatMessage,
     Fence,
     OpenCall,
+    Priority,
     ResponseDone,
     ResponseStarted,
     SessionConfig,
@@ -328,6 +329,8 @@ def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
             assert isinstance(asr, TestStage)
             assert len(asr.submitted) == 1  # the pause's transcription served the commit
             assert asr.submitted[0].startswith(f"{sid}/asr/t0/")  # no epoch: survives cancels
+            # a guess yields the ASR stage to committed turns (a loaded stage runs them first)
+            assert asr.priorities[asr.submitted[0]] == Priority.SPECULATIVE
             # the user resumed: the speculation is dropped and the commit transcribes afresh
             await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             f2 = Fence(sid, 0, 1, 1)
@@ -338,6 +341,7 @@ def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
             await engine.commit(f2, gen)
             await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             assert len(asr.submitted) == 3  # the dropped guess, then the commit's own ASR
+            assert asr.priorities[asr.submitted[2]] == Priority.REALTIME
             orch = engine._orch
             assert orch is not None and orch.speculation is not None
             assert orch.speculation.started == 2 and orch.speculation.used == 1
