@@ -279,13 +279,14 @@ class WhisperAsr(BatchingBackend):
             if pre:  # the previous turn's closing punctuation may open the continuation
                 text = text.lstrip(" .,;:!?")
             seconds = audios[i].size / ASR_RATE
-            if short_window and looks_looped(text, seconds):
-                again_full.append(i)  # a loop in a short window: decode it in 30 s
-                continue
             if pre and (looks_looped(text, seconds) or too_few_words(text, seconds)):
                 # a loop after the context, or the context swallowed this turn's words (a
                 # wrong previous transcript forced as the prefix): decode this turn alone
+                # (in its own short window first: ~0.3 s, vs ~1.2 s for 30 s with context)
                 retry.append(i)
+                continue
+            if short_window and looks_looped(text, seconds):
+                again_full.append(i)  # a loop in a short window: decode it in 30 s
                 continue
             texts[i] = text
         if retry:

@@ -210,11 +210,11 @@ def test_too_few_words() -> None:
     assert not too_few_words("Yes.", 1.0)  # short turns are not judged
 
 
-def test_whisper_short_window_loop_after_context_is_decoded_again_in_30s(
+def test_whisper_short_window_loop_after_context_is_decoded_again(
     whisper: WhisperAsr, beckett: bytes
 ) -> None:
     """A live turn "Fail again." decoded after "Try again." in the short window comes out
-    "Fail again. Fail again."; the full window, with the same context, hears it right."""
+    "Fail again. Fail again."; decoded again alone, it is heard right."""
     cut = lambda a, b: beckett[int(a * 32000) // 2 * 2 : int(b * 32000) // 2 * 2]  # noqa: E731
     req = AsrRequest(
         request_id="l", audio=cut(6.3, 7.7), context_audio=cut(4.6, 5.9), context_text="Try again."
