@@ -56,8 +56,9 @@ CONTEXT_SAMPLES = 10 * ASR_RATE
 
 
 def looks_looped(text: str, seconds: float) -> bool:
-    """Whisper repeating itself: more than ``_MAX_WPS`` words a second, or a phrase said
-    again right after itself ("Fail again. Fail again."; a lone word three times). A real
+    """Whisper repeating itself: more than ``_MAX_WPS`` words a second, a phrase said again
+    right after itself ("Fail again. Fail again."; a lone word three times), or ending with
+    the start of the phrase before. A real
     repetition only costs a decode in the full window, whose result stands."""
     words = ["".join(c for c in w.lower() if c.isalnum() or c == "'") for w in text.split()]
     words = [w for w in words if w]
@@ -67,6 +68,13 @@ def looks_looped(text: str, seconds: float) -> bool:
         times = 3 if n == 1 else 2
         for i in range(len(words) - times * n + 1):
             if all(words[i + k * n : i + (k + 1) * n] == words[i : i + n] for k in range(times)):
+                return True
+    # a phrase of 4+ words, then the start (3+ words) of it again where the text stops (a
+    # loop cut by the length cap): "it was the age of it was the age"
+    for n in range(4, len(words)):
+        for r in range(3, n):  # the text ends with the phrase words[i:i+n], then r of it
+            i = len(words) - r - n
+            if i >= 0 and words[i + n :] == words[i : i + r]:
                 return True
     return False
 

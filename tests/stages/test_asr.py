@@ -198,7 +198,10 @@ def test_looks_looped() -> None:
     assert looks_looped("Fail again. Fail again.", 1.4)  # a phrase right after itself
     assert looks_looped("no no no", 2.0)  # a lone word three times
     assert looks_looped("one two three four five six seven eight nine ten eleven", 1.0)
+    assert looks_looped("it was the age of it was the age", 1.75)  # cut short
+    assert looks_looped("of it was the age of it was the", 1.5)
     assert not looks_looped("No, no. Try again.", 1.5)
+    assert not looks_looped("age of it was ever tried", 1.5)
     assert not looks_looped("It was the best of times, it was the worst of times.", 3.5)
 
 
