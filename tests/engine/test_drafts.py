@@ -48,6 +48,18 @@ async def _held(orch: Orchestrator, sid: str) -> int:
     raise AssertionError("the draft did not finish")
 
 
+async def _paused(engine: AsyncEngine) -> tuple[str, Fence, int, Orchestrator]:
+    """A session that spoke, then paused: its draft has produced (and holds) its audio."""
+    res = await engine.open()
+    sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+    assert sid and f
+    await engine.append(f, gen, audio=SPEECH)
+    await engine.signal(f, gen, "input.pause")
+    orch = _orch(engine)
+    assert await _held(orch, sid) > 0
+    return sid, f, gen, orch
+
+
 async def _no_events(engine: AsyncEngine, sid: str) -> list[SessionEvent]:
     """Events delivered within a short wait (there must be none while a draft is held)."""
     try:
@@ -100,13 +112,7 @@ def test_speech_that_resumes_drops_the_draft_and_sends_none_of_it() -> None:
     async def main() -> None:
         engine, backends = await _start()
         try:
-            res = await engine.open()
-            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-            assert sid and f
-            await engine.append(f, gen, audio=SPEECH)
-            await engine.signal(f, gen, "input.pause")
-            orch = _orch(engine)
-            assert await _held(orch, sid) > 0
+            sid, f, gen, orch = await _paused(engine)
             draft = orch._drafts[sid]
             assert orch._session_bytes()["draft"] == draft.held_bytes  # accounted (metrics)
             await engine.signal(f, gen, "input.resume")  # the user goes on
@@ -139,13 +145,7 @@ def test_a_changed_prompt_is_not_answered_by_the_draft() -> None:
     async def main() -> None:
         engine, backends = await _start()
         try:
-            res = await engine.open()
-            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-            assert sid and f
-            await engine.append(f, gen, audio=SPEECH)
-            await engine.signal(f, gen, "input.pause")
-            orch = _orch(engine)
-            assert await _held(orch, sid) > 0
+            sid, f, gen, orch = await _paused(engine)
             await engine.signal(
                 f, gen, "session.update", update=SessionUpdate(instructions="Be terse.")
             )
@@ -199,13 +199,7 @@ def test_a_barge_in_drops_the_draft() -> None:
     async def main() -> None:
         engine, _ = await _start()
         try:
-            res = await engine.open()
-            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-            assert sid and f
-            await engine.append(f, gen, audio=SPEECH)
-            await engine.signal(f, gen, "input.pause")
-            orch = _orch(engine)
-            assert await _held(orch, sid) > 0
+            sid, f, gen, orch = await _paused(engine)
             nxt = Fence(sid, f.epoch + 1, f.turn_id, f.response_seq)
             await engine.signal(f, gen, "barge_in", next_fence=nxt)
             assert sid not in orch._drafts and orch.counters.drafts["dropped"] == 1
