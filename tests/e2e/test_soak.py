@@ -17,11 +17,14 @@ from pathlib import Path
 
 from tests.server.harness import ROOT, UNIT
 
-MINUTES = 2.0
-WARMUP_MIN = 1.25
+MINUTES = 3.0
+#: RSS still climbs for ~100-120 s here (arenas growing to the soak's working set: 8 sessions
+#: at --pace 6 went 142 -> 162 MB between 60 and 120 s, then +1-3 MB a minute, with or
+#: without speculative responses, 2026-12-03); the slope is read after that
+WARMUP_MIN = 2.0
 #: The bound on the RSS slope after warm-up. The leak this soak found (a session whose
 #: engine session had ended stayed live in the front end, with its journal) grew RSS at
-#: 550-900 MB/h in this very set-up; after the fix the slope over the last 45 s is within
+#: 550-900 MB/h in this very set-up; after the fix the slope over the last 60 s is within
 #: allocator noise (one 2-3 MB arena step in 45 s reads as 160-240 MB/h). So: flat within
 #: about one arena step, well below the leak's rate.
 RSS_SLOPE_MAX_MB_PER_H = 300.0
