@@ -55,6 +55,15 @@ class _EngineCollector(Collector):
         for outcome, n in stats.speculative_responses.items():
             drafts.add_metric([outcome], n)
         yield drafts
+        guesses = CounterMetricFamily(
+            "duplex_speculative_transcripts",
+            "Speculative transcripts of a pause in the user's speech by outcome: started, "
+            "skipped (another session's turn was running), used (the commit took it)",
+            labels=["outcome"],
+        )
+        for outcome, n in stats.speculative_transcripts.items():
+            guesses.add_metric([outcome], n)
+        yield guesses
         depth = GaugeMetricFamily("duplex_engine_queue_depth", "Engine queues", labels=["queue"])
         depth.add_metric(["request"], stats.request_queue_depth)
         depth.add_metric(["output"], stats.output_queue_depth)

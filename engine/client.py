@@ -86,6 +86,8 @@ class EngineStats:
     session_bytes: dict[str, int] = field(default_factory=dict)
     # speculative responses (engine/drafts.py) by outcome: started, used, dropped
     speculative_responses: dict[str, int] = field(default_factory=dict)
+    # speculative transcripts of pauses (engine/speculation.py): started, skipped, used
+    speculative_transcripts: dict[str, int] = field(default_factory=dict)
 
 
 class AsyncEngine:
@@ -479,6 +481,10 @@ class AsyncEngine:
             stages_down=orch.stages_down(),
             session_bytes=dict(orch.counters.session_bytes),
             speculative_responses=dict(orch.counters.drafts),
+            speculative_transcripts={
+                **orch.counters.guesses,
+                "used": orch.speculation.used if orch.speculation is not None else 0,
+            },
         )
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:

@@ -230,3 +230,55 @@ def test_no_draft_when_the_commit_will_not_ask_for_a_response() -> None:
             await engine.shutdown()
 
     run(main())
+
+
+def test_a_pause_while_another_sessions_turn_runs_is_not_guessed() -> None:
+    """The stages share the machine's cores: while a real turn runs in another session, a
+    pause gets no speculative transcript and no draft (the commit transcribes it); once no
+    other turn runs, pauses are guessed again."""
+
+    async def main() -> None:
+        backends = stages(asr_delay_s=0.05, token_interval_s=0.05 * UNIT)
+        engine = await open_engine(make_config(), backends)
+        try:
+            a = await engine.open()
+            b = await engine.open()
+            assert a.session_id and a.accepted_fence and b.session_id and b.accepted_fence
+            orch = _orch(engine)
+            await engine.append(b.accepted_fence, 1, text="hello")
+            await engine.commit(b.accepted_fence, 1)  # b's turn: slow LLM, still running
+            for _ in range(100):
+                if orch._turn_running(besides=a.session_id):
+                    break
+                await asyncio.sleep(0.01)
+            asr_before = len(backends["asr"][0].submitted)
+            await engine.append(a.accepted_fence, 1, audio=SPEECH)
+            await engine.signal(a.accepted_fence, 1, "input.pause")
+            await asyncio.sleep(0.1)
+            assert orch.counters.guesses == {"started": 0, "skipped": 1}
+            assert a.session_id not in orch._drafts and orch.counters.drafts["started"] == 0
+            assert len(backends["asr"][0].submitted) == asr_before  # no ASR for the guess
+            assert engine.stats().speculative_transcripts["skipped"] == 1
+            await collect(engine, b.session_id, lambda e: isinstance(e, ResponseDone), 20 * UNIT)
+            # a's commit transcribes its turn and answers it
+            await engine.append(a.accepted_fence, 1, audio=SILENCE)
+            done = await engine.commit(a.accepted_fence, 1)
+            evs = await collect(
+                engine, a.session_id, lambda e: isinstance(e, ResponseDone), 20 * UNIT
+            )
+            assert isinstance(evs[-1], ResponseDone) and evs[-1].status == "completed"
+            assert done.accepted_fence is not None
+            # nothing else runs now: the next pause is guessed (and answered ahead)
+            for _ in range(100):
+                if not orch._turn_running(besides=""):
+                    break
+                await asyncio.sleep(0.01)
+            await engine.append(done.accepted_fence, 1, audio=SPEECH)
+            await engine.signal(done.accepted_fence, 1, "input.pause")
+            await asyncio.sleep(0.05)
+            assert orch.counters.guesses["started"] == 1
+            assert a.session_id in orch._drafts
+        finally:
+            await engine.shutdown()
+
+    run(main())

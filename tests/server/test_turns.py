@@ -128,12 +128,13 @@ async def _speak(c: Client, pcm: bytes, chunk_ms: float = 20.0) -> None:
         await asyncio.sleep(max(0.0, t - loop.time()))
 
 
-def _speculative(server: str) -> dict[str, float]:
+def _speculative(server: str, family: str = "responses") -> dict[str, float]:
+    """``duplex_speculative_{family}_total`` by outcome (responses or transcripts)."""
     body = http_text(server, "/metrics")
     return {
         line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
         for line in body.splitlines()
-        if line.startswith("duplex_speculative_responses_total{")
+        if line.startswith(f"duplex_speculative_{family}_total{{")
     }
 
 
@@ -175,6 +176,7 @@ def test_a_pause_is_answered_ahead_and_released_at_the_commit(server: str) -> No
 def test_speech_after_a_pause_drops_the_speculative_answer_unsent(server: str) -> None:
     async def run() -> None:
         before = _speculative(server)
+        heard_before = _speculative(server, "transcripts")
         async with Client.connect(server) as c:
             await c.until("session.created")
             # a pause long enough for the answer to be drafted, then the user goes on
@@ -190,5 +192,9 @@ def test_speech_after_a_pause_drops_the_speculative_answer_unsent(server: str) -
         assert after["started"] == before.get("started", 0) + 2
         assert after["dropped"] == before.get("dropped", 0) + 1
         assert after["used"] == before.get("used", 0) + 1
+        heard = _speculative(server, "transcripts")  # one guess per pause, the last one used
+        assert heard["started"] == heard_before.get("started", 0) + 2
+        assert heard["used"] == heard_before.get("used", 0) + 1
+        assert heard["skipped"] == heard_before.get("skipped", 0)  # nothing else ran
 
     asyncio.run(run())
