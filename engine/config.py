@@ -63,6 +63,8 @@ class DuplexRuntimeConfig(_Frozen, frozen=True):
     idle_ttl_s: NonNegFloat | None = 300.0
     disconnect_grace_s: NonNegFloat = 30.0
     reaper_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # give freed heap memory back to the OS this often (engine/heap.py; 0: never)
+    heap_trim_interval_s: NonNegFloat = 10.0
     expiring_warning_s: NonNegFloat = 10.0
     max_session_s: NonNegFloat | None = None
     max_pending_turns: PositiveInt = 4

@@ -21,6 +21,7 @@ class Counters:
     #: speculative transcripts of pauses (engine/speculation.py): started, skipped (another
     #: session's real turn was running); the ones a commit used are counted there
     guesses: dict[str, int] = field(default_factory=lambda: {"started": 0, "skipped": 0})
+    heap_trims: int = 0  # free heap pages given back to the OS (engine/heap.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def latency(self, stage: str, seconds: float) -> None:

@@ -28,6 +28,7 @@ from duplex_contract.tools import (
     check_call,
     tools_prompt,
 )
+from engine import heap
 from engine.admission import BatchAdmission
 from engine.batch_jobs import run_batch
 from engine.config import EngineConfig
@@ -805,11 +806,18 @@ class Orchestrator:
 
     async def _reaper(self) -> None:
         interval = self.config.duplex.reaper_interval_s
+        trim_every = self.config.duplex.heap_trim_interval_s
+        next_trim = time.monotonic() + trim_every
         while True:
             await asyncio.sleep(interval)
             try:
-                self._apply(self.control.tick(time.monotonic(), self._cleaning))
+                now = time.monotonic()
+                self._apply(self.control.tick(now, self._cleaning))
                 self.counters.session_bytes = self._session_bytes()
+                if trim_every > 0 and now >= next_trim and heap.can_trim():
+                    next_trim = now + trim_every
+                    await asyncio.to_thread(heap.trim_heap)  # ~ms; off the loop
+                    self.counters.heap_trims += 1
             except Exception:
                 log.exception("reaper tick failed")
 

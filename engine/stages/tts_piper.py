@@ -75,6 +75,12 @@ class PiperTts(ThreadedBackend):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.opts.threads
         opts.inter_op_num_threads = 1
+        # No onnxruntime memory arena: it keeps the buffers of the longest sentence so far
+        # and never gives them back (150 sentences of 2-40 words: 156 -> 564 MB resident,
+        # still rising). Without it, freed tensors go back to malloc, and engine/heap.py's
+        # periodic trim returns them to the OS (749 -> 149 MB); each sentence costs ~10%
+        # more time.
+        opts.enable_cpu_mem_arena = False
         opts.log_severity_level = 3
         session = ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
         self._voice = PiperVoice(config=piper_config, session=session, download_dir=cache_dir())
