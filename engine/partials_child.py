@@ -6,7 +6,6 @@ writes ``[session_id, generation, text]`` frames on stdout. An empty frame ends 
 
 from __future__ import annotations
 
-import os
 import struct
 import sys
 from typing import IO
@@ -15,9 +14,6 @@ import msgspec
 
 _LEN = struct.Struct("<I")
 _WARM_DECODERS = 2
-# Partials are best effort: the child runs at a lower CPU priority than the server, so on
-# a busy machine the stages that answer turns (in the server process) get the cores first.
-NICENESS = 10
 
 
 def read_frame(stream: IO[bytes]) -> bytes | None:
@@ -37,7 +33,6 @@ def write_frame(stream: IO[bytes], payload: bytes) -> None:
 def main(max_streams: int) -> int:
     from engine.stages.asr_pocketsphinx import PocketsphinxStream
 
-    os.nice(NICENESS)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     free = [PocketsphinxStream() for _ in range(min(_WARM_DECODERS, max_streams))]
     streams: dict[str, PocketsphinxStream] = {}

@@ -31,3 +31,13 @@ def test_alternative_backends_have_default_options() -> None:
     for backend in ("pocketsphinx", "espeak"):
         cls = backend_class(backend)
         assert cls.Options() is not None
+
+
+def test_cpu_config_runs_one_thread_per_stage() -> None:
+    """The stages run at the same time and share two cores: one thread each (why: the
+    comment in configs/cpu.yaml)."""
+    config = load_engine_config(CPU_YAML)
+    opts = {name: stage.options for name, stage in config.stages.items()}
+    assert opts["asr"]["cpu_threads"] == 1
+    assert opts["llm"]["n_threads"] == 1
+    assert opts["tts"]["threads"] == 1

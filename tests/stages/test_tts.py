@@ -104,3 +104,10 @@ async def _abort_after_first_chunk(tts: PiperTts | EspeakTts) -> None:
 
 def test_abort_stops_output(tts: PiperTts | EspeakTts) -> None:
     asyncio.run(_abort_after_first_chunk(tts))
+
+
+def test_piper_runs_without_onnxruntime_s_memory_arena(piper: PiperTts) -> None:
+    """The arena would keep the longest sentence's buffers for good (engine/heap.py)."""
+    voice = piper._voice
+    assert voice is not None
+    assert voice.session.get_session_options().enable_cpu_mem_arena is False
