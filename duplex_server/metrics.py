@@ -20,6 +20,14 @@ _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.
 _SLOW = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
+def _by_outcome(name: str, doc: str, counts: dict[str, int]) -> CounterMetricFamily:
+    """A counter family with one sample per ``outcome`` label."""
+    family = CounterMetricFamily(name, doc, labels=["outcome"])
+    for outcome, n in counts.items():
+        family.add_metric([outcome], n)
+    return family
+
+
 class _EngineCollector(Collector):
     def __init__(self, engine: Callable[[], AsyncEngine | None]) -> None:
         self._engine = engine
@@ -35,35 +43,24 @@ class _EngineCollector(Collector):
         for state, n in stats.sessions.items():
             sessions.add_metric([state], n)
         yield sessions
-        admissions = CounterMetricFamily(
-            "duplex_admissions", "Session admissions by outcome", labels=["outcome"]
-        )
-        for outcome, n in stats.admissions.items():
-            admissions.add_metric([outcome], n)
-        yield admissions
+        yield _by_outcome("duplex_admissions", "Session admissions by outcome", stats.admissions)
         stale = CounterMetricFamily(
             "duplex_engine_stale_chunks_dropped", "Stale output dropped by the orchestrator"
         )
         stale.add_metric([], stats.stale_chunks_dropped)
         yield stale
-        drafts = CounterMetricFamily(
+        yield _by_outcome(
             "duplex_speculative_responses",
             "Speculative responses (answers to a pause, held until the commit) by outcome: "
             "started, used (a turn adopted it), dropped (never sent)",
-            labels=["outcome"],
+            stats.speculative_responses,
         )
-        for outcome, n in stats.speculative_responses.items():
-            drafts.add_metric([outcome], n)
-        yield drafts
-        guesses = CounterMetricFamily(
+        yield _by_outcome(
             "duplex_speculative_transcripts",
             "Speculative transcripts of a pause in the user's speech by outcome: started, "
             "skipped (another session's turn was running), used (the commit took it)",
-            labels=["outcome"],
+            stats.speculative_transcripts,
         )
-        for outcome, n in stats.speculative_transcripts.items():
-            guesses.add_metric([outcome], n)
-        yield guesses
         depth = GaugeMetricFamily("duplex_engine_queue_depth", "Engine queues", labels=["queue"])
         depth.add_metric(["request"], stats.request_queue_depth)
         depth.add_metric(["output"], stats.output_queue_depth)

@@ -56,6 +56,7 @@ from engine.messages import (
     TouchCall,
 )
 from engine.orchestrator import Orchestrator
+from engine.speculation import SpeculativeAsr
 from engine.stages.base import StageBackend
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,13 @@ class EngineStats:
     speculative_responses: dict[str, int] = field(default_factory=dict)
     # speculative transcripts of pauses (engine/speculation.py): started, skipped, used
     speculative_transcripts: dict[str, int] = field(default_factory=dict)
+
+
+def _guesses(spec: SpeculativeAsr | None) -> dict[str, int]:
+    """Speculative transcripts of pauses by outcome (engine/speculation.py)."""
+    if spec is None:
+        return {}
+    return {"started": spec.started, "skipped": spec.skipped, "used": spec.used}
 
 
 class AsyncEngine:
@@ -481,10 +489,7 @@ class AsyncEngine:
             stages_down=orch.stages_down(),
             session_bytes=dict(orch.counters.session_bytes),
             speculative_responses=dict(orch.counters.drafts),
-            speculative_transcripts={
-                **orch.counters.guesses,
-                "used": orch.speculation.used if orch.speculation is not None else 0,
-            },
+            speculative_transcripts=_guesses(orch.speculation),
         )
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:

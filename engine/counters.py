@@ -18,9 +18,6 @@ class Counters:
     session_bytes: dict[str, int] = field(default_factory=dict)
     #: speculative responses (engine/drafts.py): started, used (adopted), dropped
     drafts: dict[str, int] = field(default_factory=lambda: {"started": 0, "used": 0, "dropped": 0})
-    #: speculative transcripts of pauses (engine/speculation.py): started, skipped (another
-    #: session's real turn was running); the ones a commit used are counted there
-    guesses: dict[str, int] = field(default_factory=lambda: {"started": 0, "skipped": 0})
     heap_trims: int = 0  # free heap pages given back to the OS (engine/heap.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
 

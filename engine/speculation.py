@@ -71,6 +71,7 @@ class SpeculativeAsr:
         self._last: dict[str, tuple[bytes, str]] = {}
         self._ids = itertools.count()
         self.started = 0
+        self.skipped = 0  # pauses not guessed: another session's turn was running
         self.used = 0
 
     def _start(self, fence: Fence, audio: bytes, kind: Literal["pause", "turn"]) -> _Transcription:
@@ -108,6 +109,12 @@ class SpeculativeAsr:
         entry = self._start(fence, audio, "pause")
         self.started += 1
         return entry.task
+
+    def skip(self, session_id: str) -> None:
+        """``input.pause`` that is not guessed (the orchestrator's call): an older guess of
+        the session now misses words, so it goes too."""
+        self.resume(session_id)
+        self.skipped += 1
 
     def resume(self, session_id: str) -> None:
         """``input.resume``: the user goes on, so a pause guess would miss words."""
