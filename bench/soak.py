@@ -34,8 +34,7 @@ session gauges (``/health``, ``duplex_sessions{state}``, ``duplex_engine_session
 ``duplex_session_bytes{part}``). At the end it waits out the grace period and reads what is
 left.
 
-Prints the RSS slope from the warm-up to the end of the load (MB per hour, least squares; the
-wind-down after it is left out), leftover sessions (live in
+Prints the RSS slope after warm-up (MB per hour, least squares), leftover sessions (live in
 the front end) and slots (engine sessions in any state), and failures (a timeout, an
 unexpected error or status, a seq gap or a refused resume; ``failure_kinds``: timeout,
 refused (no session slot: ``resource_exhausted``), other). Writes a PNG of RSS and sessions
@@ -437,10 +436,8 @@ async def sampler(
             return
 
 
-def slope_mb_per_h(samples: list[dict[str, Any]], warmup_s: float, end_s: float) -> float:
-    """Least-squares RSS slope over the loaded part of the run: after the warm-up and up to
-    the end of the load (the wind-down after it, with sessions ending, would bias it down)."""
-    pts = [(s["t_s"], s["rss_mb"]) for s in samples if warmup_s <= s["t_s"] <= end_s]
+def slope_mb_per_h(samples: list[dict[str, Any]], warmup_s: float) -> float:
+    pts = [(s["t_s"], s["rss_mb"]) for s in samples if s["t_s"] >= warmup_s]
     if len(pts) < 3:
         return float("nan")
     t, rss = np.array(pts).T
@@ -511,8 +508,7 @@ async def soak(
     stop.set()
     await sampling
     warmup_s = args.warmup_min * 60 if args.warmup_min is not None else min(300.0, run_s / 3)
-    load_end_s = min(args.minutes * 60, run_s)
-    slope = slope_mb_per_h(samples, warmup_s, load_end_s)
+    slope = slope_mb_per_h(samples, warmup_s)
     st = driver.stats
     result: dict[str, Any] = {
         "rss_slope_mb_per_h": round(slope, 2),
@@ -541,7 +537,6 @@ async def soak(
         "minutes": args.minutes,
         "sessions": args.sessions,
         "warmup_s": warmup_s,
-        "slope_until_s": round(load_end_s, 1),
         "grace_s": grace_s,
         "samples": [
             {k: s[k] for k in ("t_s", "rss_mb", "rss_children_mb", "health_sessions")}
