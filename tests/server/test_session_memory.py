@@ -8,7 +8,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -52,6 +52,18 @@ def gauges(addr: str, name: str) -> dict[str, float]:
 def health(addr: str) -> dict[str, int]:
     by_state: dict[str, int] = json.loads(http_text(addr, "/health"))["sessions_by_state"]
     return by_state
+
+
+async def sampled(
+    addr: str, ready: Callable[[dict[str, float]], bool], within: float = 5.0
+) -> dict[str, float]:
+    """duplex_session_bytes once ``ready`` holds for it (the engine's parts are sampled)."""
+    deadline = time.monotonic() + within * UNIT
+    while True:
+        held = gauges(addr, "duplex_session_bytes")
+        if ready(held) or time.monotonic() >= deadline:
+            return held
+        await asyncio.sleep(0.05)
 
 
 async def settle(addr: str, want: dict[str, int], within: float = 5.0) -> None:
@@ -160,7 +172,9 @@ def test_the_input_bounds_give_backpressure_and_their_memory_comes_back(
             await send_audio(c, tone(600) + silence(900))
             done = await c.until("response.done", within=10)
             assert done["response"]["status"] == "completed"
-            held = gauges(mem_server, "duplex_session_bytes")
+            # the engine's parts are sampled every reaper_interval_s (protocol.md §8), so the
+            # answer's history shows up within a few ticks of response.done, not at once
+            held = await sampled(mem_server, lambda h: h.get("history", 0) > 0)
             assert held["history"] > 0 and held["input"] <= BACKLOG_MAX
             await c.send({"type": "session.close"})
             await c.until("session.closed")
