@@ -17,6 +17,7 @@ import asyncio
 import math
 import time
 import zlib
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -162,6 +163,9 @@ class TestStage:
         self._cancelled: dict[str, _Abort] = {}
         self.restarts = 0
         self.submitted: list[str] = []
+        # the last requests as submitted, in order (tests read them); bounded: a soak's
+        # server runs this stage for hours, and requests carry their audio
+        self.requests: deque[StageRequest] = deque(maxlen=64)
         self.priorities: dict[str, int] = {}  # request id -> its Priority
         self._rng = np.random.default_rng(1234)
         self._tones: dict[tuple[int, float], bytes] = {}
@@ -196,6 +200,7 @@ class TestStage:
         cancelled = _Abort()
         self._cancelled[request.request_id] = cancelled
         self.submitted.append(request.request_id)
+        self.requests.append(request)
         self.priorities[request.request_id] = int(request.priority)
         try:
             if isinstance(request, AsrRequest):
