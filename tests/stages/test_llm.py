@@ -159,3 +159,26 @@ def test_auto_tools_plain_text_reply_is_not_constrained(llm: LlamaCppLlm) -> Non
     got = run_request(llm, auto)
     texts = ["".join(o.text for o in r.outputs if isinstance(o, TextOut)) for r in (plain, got)]
     assert not texts[0].lstrip().startswith("{") and texts[0] == texts[1]
+
+
+def test_threads_alone_while_no_other_stage_computes(reference: Any) -> None:
+    """``n_threads_alone``: the LLM decodes with more threads while no other stage of the
+    engine computes (engine/compute.py), and with ``n_threads`` while one does, switching
+    between tokens; the greedy reply is the same either way."""
+    from engine import compute
+
+    llm = LlamaCppLlm(LlamaCppOptions(n_threads=1, n_threads_alone=2), "llm-alone")
+    asyncio.run(llm.start())
+    try:
+        alone = run_request(llm, LlmRequest(request_id="a", messages=(SYSTEM, QUESTION)))
+        assert llm._threads == 2 and llm.thread_switches == 1
+        with compute.working("tts"):  # another stage is busy: back to one thread
+            shared = run_request(llm, LlmRequest(request_id="b", messages=(SYSTEM, QUESTION)))
+            assert llm._threads == 1 and llm.thread_switches == 2
+        assert shared.text == alone.text == _batch(reference, (SYSTEM, QUESTION), 256)[0]
+        # its own work does not count as another stage's
+        with compute.working("llm-alone"):
+            run_request(llm, LlmRequest(request_id="c", messages=(SYSTEM, QUESTION)))
+        assert llm._threads == 2
+    finally:
+        asyncio.run(llm.close())

@@ -1,0 +1,89 @@
+"""engine/compute.py: which stage replicas compute now, as the stage runtimes mark it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import msgspec
+
+from engine import compute
+from engine.edges import Edge
+from engine.messages import StageDone, StageOutput, StageRequest, TextOut
+from engine.stages.base import BatchingBackend, BatchSlot, ThreadedBackend
+
+
+def test_working_counts_nested_units_and_others_busy_excludes_itself() -> None:
+    assert compute.busy() == {}
+    with compute.working("asr"):
+        assert compute.busy() == {"asr": 1}
+        assert not compute.others_busy("asr") and compute.others_busy("llm")
+        with compute.working("asr"), compute.working("tts"):
+            assert compute.busy() == {"asr": 2, "tts": 1}
+            assert compute.others_busy("asr")
+        assert compute.busy() == {"asr": 1}
+    assert compute.busy() == {} and not compute.others_busy("llm")
+
+
+class _Opts(msgspec.Struct, frozen=True):
+    pass
+
+
+class _Threaded(ThreadedBackend):
+    """Records what compute says while it runs."""
+
+    Options: ClassVar[type[msgspec.Struct]] = _Opts
+    consumes = Edge.TEXT
+    emits = Edge.TEXT
+
+    def __init__(self) -> None:
+        super().__init__(_Opts(), "threaded-x")
+        self.seen: list[dict[str, int]] = []
+
+    def load(self) -> None:
+        pass
+
+    def run(self, request: StageRequest, cancelled: threading.Event) -> Iterator[StageOutput]:
+        self.seen.append(compute.busy())
+        yield TextOut(request_id=request.request_id, text="x")
+        yield StageDone(request_id=request.request_id, finish_reason="stop")
+
+
+class _Batching(BatchingBackend):
+    Options: ClassVar[type[msgspec.Struct]] = _Opts
+    consumes = Edge.TEXT
+    emits = Edge.TEXT
+
+    def __init__(self) -> None:
+        super().__init__(_Opts(), "batching-x")
+        self.seen: list[dict[str, int]] = []
+
+    def load(self) -> None:
+        pass
+
+    def step(self, batch: Any) -> None:
+        self.seen.append(compute.busy())
+        for slot in batch:
+            assert isinstance(slot, BatchSlot)
+            slot.emit(StageDone(request_id=slot.request.request_id, finish_reason="stop"))
+            slot.finish()
+
+
+def test_the_stage_runtimes_mark_their_work() -> None:
+    async def main() -> None:
+        from engine.messages import LlmRequest
+
+        for backend in (_Threaded(), _Batching()):
+            await backend.start()
+            try:
+                req = LlmRequest(request_id="r", messages=())
+                outs = [o async for o in backend.submit(req)]
+                assert isinstance(outs[-1], StageDone)
+                assert backend.seen == [{backend.name: 1}]
+                assert compute.busy() == {}  # released when the work ends
+            finally:
+                await backend.close()
+
+    asyncio.run(main())
