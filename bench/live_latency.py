@@ -34,6 +34,7 @@ import base64
 import io
 import json
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -132,6 +133,7 @@ class Turn:
         transcripts: list[str] = []
         new_responses: set[str] = set()
         timing: dict[str, float] = {}
+        moments: dict[str, float] = {}
         for t, ev in self.events:
             kind = ev["type"]
             if kind == "input_audio_buffer.speech_started" and started is None:
@@ -149,6 +151,7 @@ class Turn:
                 t_info = ev["response"].get("timing") or {}
                 if not timing and t_info:
                     timing = dict(t_info.get("segments_ms", {}))
+                    moments = dict(t_info.get("moments_ms", {}))
                     if ttfa is not None and "server_total" in timing:
                         # client TTFA minus the server's own (last voice -> written): the
                         # network, the client's event loop and the VAD's estimate error
@@ -178,6 +181,7 @@ class Turn:
             "live_wer": round(wer(self.utt.text, live), 3),
             "batch_wer": round(wer(self.utt.text, batch_text), 3),
             "segments_ms": timing,
+            "moments_ms": moments,  # the server's, relative to its own last-voice estimate
         }
 
 
@@ -359,6 +363,20 @@ def plot(out: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
+def speculation_counts(addr: str) -> dict[str, dict[str, int]]:
+    """The server's speculation counters after the run (pause guesses and drafts by outcome),
+    from /metrics: how often the work done during a pause was used."""
+    text = httpx.get(f"http://{addr}/metrics", timeout=10).text
+    out: dict[str, dict[str, int]] = {}
+    for family, key in (
+        ("duplex_speculative_transcripts_total", "transcripts"),
+        ("duplex_speculative_responses_total", "responses"),
+    ):
+        for m in re.finditer(rf'^{family}\{{outcome="(\w+)"\}} (\S+)$', text, re.M):
+            out.setdefault(key, {})[m.group(1)] = int(float(m.group(2)))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "cpu.yaml")
@@ -372,8 +390,10 @@ def main() -> int:
         load_before = os.getloadavg()
         rows = asyncio.run(session(addr, args))
         load_after = os.getloadavg()
+        speculation = speculation_counts(addr)
     load = f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (1-min avg, 2 cores)"
     out = summarize(rows, args, load)
+    out["speculation"] = speculation
     print(f"{'turn':<12} {'ttfa ms':>8} {'false':>5} {'flush':>6}  live | batch transcript")
     for r in rows:
         print(
@@ -383,6 +403,7 @@ def main() -> int:
         )
     keys = ["live_ttfa_ms_p50", "live_ttfa_ms_p90", "false_turn_ends", "bargein_flush_ms_p50"]
     keys += ["stream_vs_batch_wer", "live_wer", "batch_wer", "breakdown_ms_p50", "load_average"]
+    keys += ["speculation"]
     for k in keys:
         print(f"{k}: {out[k]}")
     if args.json:

@@ -58,7 +58,8 @@ class _EngineCollector(Collector):
         yield _by_outcome(
             "duplex_speculative_transcripts",
             "Speculative transcripts of a pause in the user's speech by outcome: started, "
-            "skipped (another session's turn was running), used (the commit took it)",
+            "skipped (another session's turn was running), used (the commit took it), "
+            "reguessed (made again: sound the VAD did not call speech followed the pause)",
             stats.speculative_transcripts,
         )
         depth = GaugeMetricFamily("duplex_engine_queue_depth", "Engine queues", labels=["queue"])

@@ -20,7 +20,7 @@ _SCALE = 32768.0
 QUALITY = "HQ"
 
 
-def pcm16_to_float32(pcm: bytes) -> Float32Array:
+def pcm16_to_float32(pcm: bytes | bytearray | memoryview) -> Float32Array:
     """PCM16 little-endian bytes -> float32 samples in [-1, 1)."""
     if len(pcm) % 2:
         raise ValueError(f"PCM16 data must have an even number of bytes, got {len(pcm)}")
@@ -158,20 +158,30 @@ def edge_trim(audio: Float32Array, sample_rate: int, margin_ms: float) -> Float3
     return np.concatenate([audio[start:end].astype(np.float32), tail])
 
 
-def quiet_after(pcm: bytes, head_len: int) -> bool:
+def quiet_level(head: bytes | bytearray) -> float:
+    """The level under which audio after the PCM16 ``head`` counts as silence:
+    ``TAIL_REL`` of the head's loudest 20 ms window (see :func:`quiet_after`)."""
+    ref = _window_rms(pcm16_to_float32(head[: len(head) - len(head) % 2]), _QUIET_WIN)
+    return max(TAIL_REL * float(ref.max()) if ref.size else 0.0, EDGE_FLOOR)
+
+
+def quiet_after(pcm: bytes | bytearray, head_len: int, level: float | None = None) -> bool:
     """Is the PCM16 audio after the first ``head_len`` bytes silence, judged against the
-    loudness of the head (``TAIL_REL`` of its loudest 20 ms window)?"""
+    loudness of the head (``TAIL_REL`` of its loudest 20 ms window; ``level``: that level,
+    from :func:`quiet_level`, when the caller already has it)?"""
     tail = pcm16_to_float32(pcm[head_len - head_len % 2 :])
     if tail.size == 0:
         return True
-    head = pcm16_to_float32(pcm[: head_len - head_len % 2])
-    win = 320  # 20 ms at 16 kHz; the rule is coarse enough for any engine rate
-    ref = _window_rms(head, win)
-    level = max(TAIL_REL * float(ref.max()) if ref.size else 0.0, EDGE_FLOOR)
+    if level is None:
+        level = quiet_level(pcm[:head_len])
+    win = _QUIET_WIN
     t = _window_rms(tail, win)
     if t.size == 0:
         t = np.sqrt(np.mean(tail * tail, keepdims=True))
     return bool(float(t.max()) <= level)
+
+
+_QUIET_WIN = 320  # 20 ms at 16 kHz; the rule is coarse enough for any engine rate
 
 
 def split_pcm(pcm: bytes, sample_rate: int, chunk_ms: float) -> list[bytes]:

@@ -95,7 +95,12 @@ def _guesses(spec: SpeculativeAsr | None) -> dict[str, int]:
     """Speculative transcripts of pauses by outcome (engine/speculation.py)."""
     if spec is None:
         return {}
-    return {"started": spec.started, "skipped": spec.skipped, "used": spec.used}
+    return {
+        "started": spec.started,
+        "skipped": spec.skipped,
+        "used": spec.used,
+        "reguessed": spec.reguesses,
+    }
 
 
 class AsyncEngine:

@@ -69,6 +69,10 @@ class AsrRequest(Msg, frozen=True, tag="asr"):
     # whole recording, so a short turn ("Ever failed.") keeps its neighbours' context.
     context_audio: bytes = b""
     context_text: str = ""
+    # Seconds of silence between the end of the context's turn (its commit) and the start of
+    # this turn's audio, by the engine's clock: a long gap (the assistant answered, or the
+    # user paused) means a new utterance, which the ASR decodes alone.
+    context_gap_s: float = 0.0
 
 
 class LlmRequest(Msg, frozen=True, tag="llm"):

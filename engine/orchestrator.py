@@ -289,15 +289,29 @@ class Orchestrator:
             for sid in effects.unspeculate:
                 spec.resume(sid)
                 self._drop_draft(sid)
-            for fence, audio, respond in effects.speculate:
+            speculate = [(f, a, r, False) for f, a, r in effects.speculate]
+            guessed = {f.session_id for f, _, _, _ in speculate}
+            for sid in dict.fromkeys(s for s, _ in effects.heard):
+                # sound the VAD did not call speech followed a pause's guess (a soft last
+                # syllable): guess again once it has ended, not only at the commit
+                session = self.control.sessions.get(sid)
+                if sid in guessed or session is None or not session.audio:
+                    continue
+                respond = spec.stale_guess(sid, session.audio)
+                if respond is not None:
+                    speculate.append((session.fence, bytes(session.audio), respond, True))
+            for fence, audio, respond, again in speculate:
                 if self._turn_running(besides=fence.session_id):
                     # the stages share the machine's cores: a guess (and the draft that
                     # would answer it) runs only while no other session's real turn does
                     spec.skip(fence.session_id)
                     self._drop_draft(fence.session_id)
                     continue
-                task = spec.start(fence, audio)
-                if respond:
+                task = spec.start(fence, audio, respond, again)
+                if again and fence.session_id in self._drafts:
+                    pass  # the draft of the first guess goes on: the commit adopts it if the
+                    # words came out the same (a soft tail rarely adds one)
+                elif respond:
                     self._start_draft(fence, task)
                 else:
                     self._drop_draft(fence.session_id)

@@ -123,9 +123,11 @@ class Pipeline:
         priority: Priority = Priority.REALTIME,
         language: str = "en",
         context: tuple[bytes, str] | None = None,
+        context_gap_s: float = 0.0,
     ) -> str:
         """Run ``route``'s input stages on one utterance; returns its text. ``context``: the
-        previous turn's audio (same rate) and transcript, for the first stage."""
+        previous turn's audio (same rate) and transcript, for the first stage, which ended
+        ``context_gap_s`` before this utterance began."""
         stages = self.route(route).inputs
         if not stages:
             raise StageError(f"route {route!r} has no input stages", code="route_unavailable")
@@ -142,6 +144,7 @@ class Pipeline:
                 session_id=session_id,
                 context_audio=context[0] if context and i == 0 else b"",
                 context_text=context[1] if context and i == 0 else "",
+                context_gap_s=context_gap_s,
             )
             pcm: list[bytes] = []
             parts: list[str] = []

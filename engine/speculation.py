@@ -14,8 +14,11 @@
   (``sess_x/asr/t5/3``); a close still aborts them (session prefix).
 
 * Context: each turn is transcribed after the same session's previous turn (its audio and
-  transcript ride on the ASR request), so a short turn cut by the VAD ("Ever failed.") is
-  decoded with the words around it, as the batch route decodes one whole recording.
+  transcript ride on the ASR request, with the silence between the two), so a short turn
+  cut by the VAD ("Ever failed.") is decoded with the words around it, as the batch route
+  decodes one whole recording. The ASR uses it only across a short gap (Whisper:
+  ``context_max_gap_s``): after the assistant's answer or a long silence the user starts a
+  new utterance, and the previous words would leak into it.
 
 Runs on the orchestrator loop; the ASR itself runs in its stage.
 """
@@ -25,17 +28,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.audio import quiet_after
+from engine.audio import quiet_after, quiet_level
 from engine.errors import StageError
 from engine.messages import Fence, Priority
 from engine.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 _PER_SESSION = 4
+#: Quiet after sound that followed a pause guess before the guess is made again (the same
+#: wait as the front end's first guess, SPECULATE_AFTER_MS).
+REGUESS_QUIET_MS = 96.0
 
 
 @dataclass(eq=False)
@@ -44,6 +51,25 @@ class _Transcription:
     audio: bytes
     task: asyncio.Task[str]
     claimed: bool = False  # a turn job awaits it: never discarded under that job
+    respond: bool = True  # the pause asked for a draft answer too
+    _level: float | None = None  # quiet_level(audio), computed once
+
+    def sound_since(self, audio: bytes | bytearray, rate: int) -> bool | None:
+        """A pause guess and the turn's audio now (``audio`` starts with the guess's):
+        True when sound the VAD did not call speech (a soft last syllable, a breath)
+        followed the guessed point and has ended (the last ``REGUESS_QUIET_MS`` are
+        quiet), so the guess misses it and a new one can start; False when the guess still
+        covers the audio or the sound goes on; None when ``audio`` is not this turn's."""
+        if not audio.startswith(self.audio):
+            return None
+        if self._level is None:
+            self._level = quiet_level(self.audio)
+        if quiet_after(audio, len(self.audio), self._level):
+            return False
+        quiet = 2 * int(rate * REGUESS_QUIET_MS / 1000)
+        if len(audio) - len(self.audio) <= quiet:
+            return False
+        return quiet_after(audio, len(audio) - quiet, self._level)
 
     def covers(self, audio: bytes) -> bool:
         if self.kind == "pause":  # the commit may add trailing silence, and only silence:
@@ -66,17 +92,22 @@ class SpeculativeAsr:
         self._rate = sample_rate
         self._track = track  # the orchestrator awaits dropped tasks at shutdown
         self._by_session: dict[str, list[_Transcription]] = {}
-        #: each session's last committed turn (audio, transcript): the next turn's ASR
-        #: context (engine.messages.AsrRequest.context_audio)
-        self._last: dict[str, tuple[bytes, str]] = {}
+        #: each session's last committed turn (audio, transcript, when it was committed on
+        #: the monotonic clock): the next turn's ASR context (AsrRequest.context_audio)
+        self._last: dict[str, tuple[bytes, str, float]] = {}
         self._ids = itertools.count()
         self.started = 0
         self.skipped = 0  # pauses not guessed: another session's turn was running
+        self.reguesses = 0  # guesses made again: sound the VAD missed followed the pause
         self.used = 0
 
     def _start(self, fence: Fence, audio: bytes, kind: Literal["pause", "turn"]) -> _Transcription:
         sid = fence.session_id
         rid = f"{sid}/asr/t{fence.turn_id}/{next(self._ids)}"
+        last = self._last.get(sid)
+        gap = 0.0
+        if last is not None:  # the audio arrives in real time: it began len(audio) ago
+            gap = max(0.0, time.monotonic() - len(audio) / (2 * self._rate) - last[2])
         task = asyncio.create_task(
             self._pipeline.transcribe(
                 rid,
@@ -84,7 +115,8 @@ class SpeculativeAsr:
                 route=self._route_of(sid),
                 sample_rate=self._rate,
                 session_id=sid,
-                context=self._last.get(sid),
+                context=None if last is None else (last[0], last[1]),
+                context_gap_s=gap,
                 # a guess only uses the stage when no committed turn waits for it
                 priority=Priority.SPECULATIVE if kind == "pause" else Priority.REALTIME,
             ),
@@ -103,12 +135,39 @@ class SpeculativeAsr:
             entry.task.cancel()
         self._track(entry.task)
 
-    def start(self, fence: Fence, audio: bytes) -> asyncio.Task[str]:
-        """``input.pause``: transcribe the input so far (replaces an older pause guess)."""
-        self.resume(fence.session_id)
+    def start(
+        self, fence: Fence, audio: bytes, respond: bool = True, again: bool = False
+    ) -> asyncio.Task[str]:
+        """``input.pause``: transcribe the input so far (replaces an older pause guess).
+        ``again``: a guess made again after sound followed the pause (``stale_guess``); the
+        older guess is left to finish, unused by a commit, since a draft answer may be
+        waiting on its words (the same words as the new guess's, most often)."""
+        if again:
+            entries = self._by_session.get(fence.session_id, [])
+            for old in [e for e in entries if e.kind == "pause" and not e.claimed]:
+                entries.remove(old)
+                self._track(old.task)
+        else:
+            self.resume(fence.session_id)
         entry = self._start(fence, audio, "pause")
+        entry.respond = respond
         self.started += 1
         return entry.task
+
+    def stale_guess(self, session_id: str, audio: bytes | bytearray) -> bool | None:
+        """More input arrived: should the pause's guess be made again for ``audio`` (sound
+        followed it and has ended, see ``_Transcription.sound_since``)? Returns the guess's
+        ``respond`` flag if so, None if not (no guess, or it still covers the audio)."""
+        entries = self._by_session.get(session_id)
+        if not entries:
+            return None
+        last = entries[-1]
+        if last.kind != "pause" or last.claimed:
+            return None
+        if last.sound_since(audio, self._rate):
+            self.reguesses += 1
+            return last.respond
+        return None
 
     def skip(self, session_id: str) -> None:
         """``input.pause`` that is not guessed (the orchestrator's call): an older guess of
@@ -142,6 +201,7 @@ class SpeculativeAsr:
         cancelled job leaves it running for the job that re-queues the same words.
         """
         sid = fence.session_id
+        committed = time.monotonic()
         entries = self._by_session.setdefault(sid, [])
         entry = next((e for e in reversed(entries) if e.covers(audio)), None)
         if entry is not None and entry.kind == "pause":
@@ -170,7 +230,7 @@ class SpeculativeAsr:
         if entry in entries:
             entries.remove(entry)
         if text.strip():
-            self._last[sid] = (audio, text)
+            self._last[sid] = (audio, text, committed)
         return text
 
     def tasks(self) -> list[asyncio.Task[str]]:

@@ -80,8 +80,10 @@ def looks_looped(text: str, seconds: float) -> bool:
 
 
 def too_few_words(text: str, seconds: float) -> bool:
-    """Fewer than half a word a second over a turn of more than 2 s (speech runs at 2-3)."""
-    return seconds > 2.0 and len(text.split()) < 0.5 * seconds
+    """Fewer than a word a second over a turn of more than 1.5 s (speech runs at 2-3; the
+    turn's quiet edges are already trimmed): after a forced context, the decoder stopped
+    early ("It was" for 2.2 s of "It was the age of foolishness")."""
+    return seconds > 1.5 and len(text.split()) < seconds
 
 
 class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -103,6 +105,12 @@ class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Decode a live turn after the same speaker's previous turn (audio and transcript, as
     # the request carries them): short turns keep their context, as in one batch recording.
     use_context: bool = True
+    # ... but only when this turn began at most this long after the previous one was
+    # committed (by the engine's clock; the previous turn's silence window and this turn's
+    # prefix padding overlap it, so 1.0 is about 1.8 s of real silence): phrases of one
+    # stretch of speech. A new utterance after the assistant's answer is decoded alone
+    # (with the previous words forced first, Whisper carried them into it or lost it).
+    context_max_gap_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     # Encoder window: 30 (s, Whisper's own) or "auto" (the audio + 3 s, rounded up to 5 s, at
     # least 10 s; ~4x faster on a short turn, the same words on the bench's clips but for a
     # few near-homophones; a looping result is decoded again in 30 s).
@@ -287,9 +295,11 @@ class WhisperAsr(BatchingBackend):
             if pre:  # the previous turn's closing punctuation may open the continuation
                 text = text.lstrip(" .,;:!?")
             seconds = audios[i].size / ASR_RATE
-            if pre and (looks_looped(text, seconds) or too_few_words(text, seconds)):
+            if pre and (not text or looks_looped(text, seconds) or too_few_words(text, seconds)):
                 # a loop after the context, or the context swallowed this turn's words (a
-                # wrong previous transcript forced as the prefix): decode this turn alone
+                # wrong previous transcript forced as the prefix, or the decoder ending
+                # right after it: the new audio taken for the context's words again; a
+                # silent turn costs one more decode then): decode this turn alone
                 # (in its own short window first: ~0.3 s, vs ~1.2 s for 30 s with context)
                 retry.append(i)
                 continue
@@ -335,7 +345,12 @@ class WhisperAsr(BatchingBackend):
             raise StageError(f"{self.name}: expected an AsrRequest, got {type(request).__name__}")
         audio = self._audio(request.audio, request.sample_rate)
         context: _Context | None = None
-        if self.opts.use_context and request.context_audio and request.context_text.strip():
+        if (
+            self.opts.use_context
+            and request.context_audio
+            and request.context_text.strip()
+            and request.context_gap_s <= self.opts.context_max_gap_s
+        ):
             before = self._audio(request.context_audio, request.sample_rate)
             if before.size <= CONTEXT_SAMPLES:  # else its words would outrun its audio
                 context = (before, request.context_text)

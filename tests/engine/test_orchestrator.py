@@ -13,6 +13,7 @@ import pytest
 from engine.client import AsyncEngine
 from engine.errors import ControlError, EngineDeadError, StageError
 from engine.messages import (
+    AsrRequest,
     AudioChunk,
     ChatJob,
     ChatMessage,
@@ -354,7 +355,7 @@ def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
 def test_speculation_is_not_used_when_sound_follows_the_pause() -> None:
     """Transcript parity: a soft last word after the pause (quiet enough that the VAD did
     not call it speech, so no ``input.resume``) would be missing from the pause's guess, so
-    the commit transcribes the whole turn again."""
+    a commit right after it transcribes the whole turn again."""
 
     async def main() -> None:
         backends = stages(asr_delay_s=0.05)
@@ -368,7 +369,7 @@ def test_speculation_is_not_used_when_sound_follows_the_pause() -> None:
             await engine.append(f, gen, audio=loud)
             await engine.signal(f, gen, "input.pause")
             await asyncio.sleep(0.2)
-            await engine.append(f, gen, audio=soft + b"\0\0" * 4000)
+            await engine.append(f, gen, audio=soft)  # still sounding at the commit
             await engine.commit(f, gen)
             await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             asr = backends["asr"][0]
@@ -377,6 +378,96 @@ def test_speculation_is_not_used_when_sound_follows_the_pause() -> None:
             orch = engine._orch
             assert orch is not None and orch.speculation is not None
             assert orch.speculation.started == 1 and orch.speculation.used == 0
+            assert orch.speculation.reguesses == 0
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_sound_after_the_pause_is_guessed_again_once_it_ends() -> None:
+    """A soft last syllable after the pause's guess, then quiet: the guess is made again
+    for the whole audio as soon as ~100 ms of quiet follow the sound (not only at the
+    commit, 500 ms into the silence), while the first guess's draft answer goes on; the
+    commit then uses the new guess (and adopts the draft: the test ASR hears the same)."""
+
+    async def main() -> None:
+        backends = stages(asr_delay_s=0.05)
+        engine = await start_engine(backends)
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            loud = (np.sin(np.arange(8000) / 5) * 20000).astype("<i2").tobytes()
+            soft = (np.sin(np.arange(4000) / 5) * 2000).astype("<i2").tobytes()  # -20 dB
+            await engine.append(f, gen, audio=loud)
+            await engine.signal(f, gen, "input.pause")
+            await asyncio.sleep(0.2)
+            orch = engine._orch
+            assert orch is not None and orch.speculation is not None
+            spec = orch.speculation
+
+            async def settled() -> None:  # the engine applies an append after answering it
+                await asyncio.sleep(0.1)
+
+            first_draft = orch._drafts.get(sid)
+            assert first_draft is not None  # the pause's guess is answered ahead
+            await engine.append(f, gen, audio=soft)  # sounding: no new guess yet
+            await settled()
+            assert spec.started == 1
+            quiet = b"\0\0" * 1280  # 80 ms: not yet enough quiet
+            await engine.append(f, gen, audio=quiet)
+            await settled()
+            assert spec.started == 1
+            await engine.append(f, gen, audio=quiet)  # 160 ms of quiet after the sound
+            await settled()
+            assert spec.started == 2 and spec.reguesses == 1
+            # the first guess's draft answer goes on (the words are most often the same)
+            assert orch._drafts.get(sid) is first_draft
+            await engine.append(f, gen, audio=quiet)  # more quiet: the new guess covers it
+            await settled()
+            assert spec.started == 2
+            await engine.commit(f, gen)
+            await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
+            asr = backends["asr"][0]
+            assert isinstance(asr, TestStage)
+            audios = [len(r.audio) for r in asr.requests if isinstance(r, AsrRequest)]
+            assert audios == [len(loud), len(loud) + len(soft) + 2 * len(quiet)]
+            assert spec.used == 1  # the commit took the second guess
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_a_turn_carries_the_previous_turn_as_context_with_the_gap_between() -> None:
+    """Context decoding (engine/speculation.py): each turn's ASR request carries the
+    session's previous turn (audio and transcript) and the silence between the two by the
+    engine's clock, so the ASR can decode phrases of one stretch of speech together and a
+    new utterance after a long gap alone."""
+
+    async def main() -> None:
+        backends = stages(transcript="some words")
+        engine = await start_engine(backends)
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            half_s = b"\1\0" * 8000  # 0.5 s at 16 kHz, sent at once
+            for pause_s in (0.0, 0.0, 2.0):
+                await asyncio.sleep(pause_s)
+                await engine.append(f, gen, audio=half_s)
+                f = (await engine.commit(f, gen)).accepted_fence or f
+                await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
+            asr = backends["asr"][0]
+            assert isinstance(asr, TestStage)
+            reqs = [r for r in asr.requests if isinstance(r, AsrRequest)]
+            assert len(reqs) == 3
+            assert reqs[0].context_audio == b"" and reqs[0].context_text == ""
+            assert reqs[1].context_audio == half_s and reqs[1].context_text == "some words"
+            assert reqs[1].context_gap_s < 0.5  # right after the previous turn
+            assert reqs[2].context_audio == half_s
+            assert reqs[2].context_gap_s >= 1.3  # 2 s later, less the turn's 0.5 s
         finally:
             await engine.shutdown()
 

@@ -8,14 +8,19 @@ short synthesized question (it gets it exactly), no bound on long speech (it is 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
+import msgspec
 import pytest
+import soundfile as sf
 
 from engine.audio import resample_pcm16
 from engine.messages import AsrRequest, StageDone, TranscriptOut
 from engine.stages.asr_pocketsphinx import PocketsphinxAsr, PocketsphinxStream
 from engine.stages.asr_whisper import WhisperAsr, WhisperOptions, looks_looped, too_few_words
 from tests.stages.helpers import BECKETT_REF, run_request, wer
+
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 pytestmark = pytest.mark.models
 
@@ -86,6 +91,11 @@ def test_whisper_decodes_a_short_turn_after_the_previous_one(
     run = run_request(whisper, req)
     text = next(o.text for o in run.outputs if isinstance(o, TranscriptOut))
     assert wer("Ever failed.", text) == 0.0, text
+    # a new utterance (a longer gap after the previous turn than context_max_gap_s) is
+    # decoded alone; within the gap the context is used
+    late = msgspec.structs.replace(req, context_gap_s=whisper.opts.context_max_gap_s + 0.5)
+    assert whisper.prepare(late)[1] is None
+    assert whisper.prepare(req)[1] is not None
     # a context longer than CONTEXT_SAMPLES is not used (its words would outrun its audio)
     long = AsrRequest(request_id="d", audio=turn, context_audio=beckett * 2, context_text="x")
     assert "x" not in run_request(whisper, long).outputs[0].text.lower().split()
@@ -210,7 +220,28 @@ def test_too_few_words() -> None:
     foolishness' for 8 s of speech is decoded again alone."""
     assert too_few_words("age of foolishness", 7.95)
     assert not too_few_words("It was the best of times, it was the worst of times.", 4.0)
+    assert too_few_words("It was", 2.2)  # stopped early after the context
+    assert not too_few_words("It was the age of foolishness", 2.2)
     assert not too_few_words("Yes.", 1.0)  # short turns are not judged
+
+
+def test_whisper_decodes_a_turn_again_alone_when_the_decoder_ends_at_the_context(
+    whisper: WhisperAsr,
+) -> None:
+    """ "It was the age of foolishness" said again after the whole two_cities sentence (which
+    ends with those words): forced after that transcript, Whisper takes the new audio for
+    the context's last words and ends at once, so the turn came out empty. An empty result
+    after a context is decoded again alone."""
+    audio, rate = sf.read(DATA / "two_cities.wav", dtype="int16")
+    pcm = audio.tobytes()
+    cut = lambda a, b: pcm[int(a * rate) * 2 : int(b * rate) * 2]  # noqa: E731
+    full = (
+        "It was the best of times, it was the worst of times. It was the age of wisdom, "
+        "it was the age of foolishness."
+    )
+    req = AsrRequest(request_id="f", audio=cut(5.7, 7.95), context_audio=pcm, context_text=full)
+    text = next(o.text for o in run_request(whisper, req).outputs if isinstance(o, TranscriptOut))
+    assert wer("it was the age of foolishness", text) <= 0.2, text
 
 
 def test_whisper_short_window_loop_after_context_is_decoded_again(

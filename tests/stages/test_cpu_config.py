@@ -40,4 +40,5 @@ def test_cpu_config_runs_one_thread_per_stage() -> None:
     opts = {name: stage.options for name, stage in config.stages.items()}
     assert opts["asr"]["cpu_threads"] == 1
     assert opts["llm"]["n_threads"] == 1
+    assert opts["llm"]["n_threads_alone"] == 2  # a lone answer may use both cores
     assert opts["tts"]["threads"] == 1
