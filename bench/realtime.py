@@ -360,7 +360,11 @@ async def load_step(
 async def run_scaled(args: argparse.Namespace) -> dict[str, Any]:
     """Capacity of ``serve --workers N`` (clients straight to the front ends, or through
     HAProxy with ``--via-lb``): the largest step with p99 <= 10 ms and every client healthy."""
-    steps = [25, 50, 100, 150, 200, 300, 400] if args.quick else [50, 100, 150, 200, 300, 400, 600]
+    steps = (
+        [25, 50, 100, 150, 200, 250, 300, 400]
+        if args.quick
+        else [50, 100, 150, 200, 250, 300, 400, 600]
+    )
     if args.sessions:
         steps = [s for s in steps if s < args.sessions] + [args.sessions]
     seconds = 3.0 if args.quick else 8.0
