@@ -243,6 +243,19 @@ class Driver:
             sess.session_id = created["session"]["id"]
             sess.token = created["resume_token"]
             sess.resume_query = "?" + created.get("resume_query", "intent=resume")
+            if not self.test_stage:
+                # the question (beckett.wav's first 3 s) holds three phrases with ~0.7 s
+                # pauses: with the default 500 ms silence window each pause ends a turn, and
+                # that turn's answer is cancelled (turn_detected) when the next phrase starts.
+                # A 1 s window keeps the question one turn, as the soak means it.
+                td = {"type": "server_vad", "silence_duration_ms": 1000}
+                await conn.send(
+                    {
+                        "type": "session.update",
+                        "session": {"audio": {"input": {"turn_detection": td}}},
+                    }
+                )
+                await conn.until("session.updated")
             for _ in range(rng.randint(2, 5)):
                 kind = rng.choices(kinds, weights)[0]
                 conn = await self.turn(conn, kind, rng)
