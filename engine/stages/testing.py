@@ -44,6 +44,10 @@ from engine.messages import (
 )
 from engine.stages.base import BatchingBackend, BatchSlot, WorkerCrash
 
+#: How many request ids the test stages keep for tests to read back (``submitted``,
+#: ``priorities``, ``batches``); beyond it the oldest half is dropped
+KEEP_IDS = 4096
+
 Role = Literal["asr", "llm", "tts", "talker", "codec"]
 ROLES: dict[str, tuple[Edge, Edge]] = {
     "asr": (Edge.AUDIO, Edge.TEXT),
@@ -162,11 +166,11 @@ class TestStage:
         self.consumes, self.emits = ROLES[self.role]
         self._cancelled: dict[str, _Abort] = {}
         self.restarts = 0
-        self.submitted: list[str] = []
-        # the last requests as submitted, in order (tests read them); bounded: a soak's
-        # server runs this stage for hours, and requests carry their audio
-        self.requests: deque[StageRequest] = deque(maxlen=64)
-        self.priorities: dict[str, int] = {}  # request id -> its Priority
+        # what tests read back, all bounded: a soak's server runs this stage for hours (the
+        # unbounded id lists grew its RSS ~60 MB/h under the CI soak's load)
+        self.submitted: list[str] = []  # request ids as submitted, the last KEEP_IDS
+        self.requests: deque[StageRequest] = deque(maxlen=64)  # they carry their audio
+        self.priorities: dict[str, int] = {}  # request id -> its Priority, the last KEEP_IDS
         self._rng = np.random.default_rng(1234)
         self._tones: dict[tuple[int, float], bytes] = {}
 
@@ -202,6 +206,10 @@ class TestStage:
         self.submitted.append(request.request_id)
         self.requests.append(request)
         self.priorities[request.request_id] = int(request.priority)
+        if len(self.submitted) > KEEP_IDS:
+            for rid in self.submitted[: KEEP_IDS // 2]:
+                self.priorities.pop(rid, None)
+            del self.submitted[: KEEP_IDS // 2]
         try:
             if isinstance(request, AsrRequest):
                 gen = self._asr(request, cancelled)
@@ -362,7 +370,7 @@ class BatchTestStage(BatchingBackend):
     asr: one step per request (the transcript); llm: one word per step; tts: one audio
     chunk per step. ``step_s`` is slept once per step whatever the batch size (a batched
     forward pass). ``batches`` records the request ids of each step (tests check who ran
-    together). fail_on / crash_on / hang_on work as in :class:`TestStage`.
+    together; the last KEEP_IDS steps). fail_on / crash_on / hang_on work as in :class:`TestStage`.
     """
 
     __test__ = False
@@ -413,6 +421,8 @@ class BatchTestStage(BatchingBackend):
         if o.step_s:
             time.sleep(o.step_s)
         self.batches.append(tuple(s.request.request_id for s in batch))
+        if len(self.batches) > KEEP_IDS:
+            del self.batches[: KEEP_IDS // 2]
         for slot in batch:
             req, pending = slot.request, slot.state
             text = self._text(req) or (pending[0] if isinstance(req, AsrRequest) else "")

@@ -348,3 +348,30 @@ def test_a_talker_and_codec_route_streams_codec_frames_into_audio() -> None:
             await engine.shutdown()
 
     run(main())
+
+
+def test_the_test_stages_keep_a_bounded_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the test stages record for tests (request ids, priorities, steps) is bounded: a
+    soak's server runs them for hours, and these records grew its memory ~60 MB/h."""
+    import engine.stages.testing as testing
+
+    monkeypatch.setattr(testing, "KEEP_IDS", 8)
+
+    async def main() -> None:
+        plain = TestStage(TestStageOptions(), "llm")
+        batching = started("llm", max_batch=1)
+        await plain.start()
+        await batching.start()
+        try:
+            for i in range(20):
+                await drain(plain, llm_req(f"s{i}/e0/t0/r0/llm"))
+                await drain(batching, llm_req(f"s{i}/e0/t0/r0/llm"))
+        finally:
+            await batching.close()
+            await plain.close()
+        assert 4 <= len(plain.submitted) <= 8 and plain.submitted[-1] == "s19/e0/t0/r0/llm"
+        assert set(plain.priorities) == set(plain.submitted)
+        assert 4 <= len(batching.batches) <= 8
+        assert batching.batches[-1] == ("s19/e0/t0/r0/llm",)
+
+    run(main())
