@@ -103,9 +103,16 @@ class SocketAttachment:
 
     async def serve(self) -> None:
         self.hub.ensure_watchdog()
-        async with asyncio.TaskGroup() as tg:
-            self._writer_task = tg.create_task(self._writer(), name="writer")
-            self._tasks = [tg.create_task(self._reader(), name="reader"), self._writer_task]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._writer_task = tg.create_task(self._writer(), name="writer")
+                self._tasks = [tg.create_task(self._reader(), name="reader"), self._writer_task]
+        finally:
+            # a cancelled task keeps its CancelledError, whose traceback holds the task's
+            # frames and so this socket: without this, socket -> task -> error -> frame ->
+            # socket is a cycle, and the socket's session (journal, outbox) waited for the
+            # cyclic GC instead of being freed when the socket ends
+            self._tasks, self._writer_task = [], None
 
     async def _reader(self) -> None:
         try:
@@ -143,10 +150,11 @@ class SocketAttachment:
         except WebSocketDisconnect:
             pass  # the client went away mid-send: nothing more to write (it can resume)
         except asyncio.CancelledError:
+            if not self._stalled:
+                raise  # (before any local for the task: the error keeps this frame)
             task = asyncio.current_task()
-            if not self._stalled or task is None:
-                raise
-            task.uncancel()  # cancelled by the send watchdog: the client reads too slowly
+            if task is not None:
+                task.uncancel()  # cancelled by the send watchdog: the client reads too slowly
             if self.session is not None:
                 self.session.too_slow()
         finally:

@@ -185,6 +185,10 @@ _Config = tuple[AudioFormat, TurnDetection | None, NoiseReduction | None]
 _Result = list[tuple[bytes, list[VadEvent]]] | BaseException
 
 
+def _ignore(*_: object) -> None:
+    """A closed lane's callbacks."""
+
+
 class InputLane:
     """One session's input audio, processed by an :class:`InputProcessor` off the loop, in order.
 
@@ -247,6 +251,9 @@ class InputLane:
         self._closed = True
         self._queue.clear()
         self._backlog = 0
+        # the callbacks are the session's bound methods (session -> lane -> session): drop
+        # them, so that an ended session is freed at once, not by the cyclic GC
+        self._on_processed, self._on_failed = _ignore, _ignore
 
     # ------------------------------------------------------------------ scheduler side
     def _take(self) -> list[bytes | _Config]:

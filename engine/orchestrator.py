@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import secrets
@@ -82,6 +83,26 @@ AbortPlan = list[tuple[StagePool, list[tuple[int, list[str]]]]]
 def _plan_diff(a: ResponsePlan, b: ResponsePlan) -> str:
     """The fields in which two response plans differ (a log line's reason)."""
     return ", ".join(f for f in a.__dataclass_fields__ if getattr(a, f) != getattr(b, f))
+
+
+def _cancelling() -> bool:
+    """Is the running task being cancelled (not just something it awaited)? A helper, not
+    a local in the caller: a task in a local of a frame its error's traceback holds is a
+    task -> error -> frame -> task cycle, freed only by the cyclic GC."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _reap(task: asyncio.Task[Any]) -> None:
+    """A done callback for a task nobody awaits: read its outcome, so asyncio does not log
+    an exception as never retrieved, and take a cancelled task's CancelledError from it (a
+    cancelled task keeps it until read, and its traceback keeps the frames that ran, with
+    whatever they referenced: session state held until the cyclic GC ran)."""
+    if task.cancelled():
+        with contextlib.suppress(asyncio.CancelledError):
+            task.result()
+    else:
+        task.exception()
 
 
 @dataclass
@@ -337,6 +358,7 @@ class Orchestrator:
         """Keep a task that nobody awaits; shutdown cancels and awaits it."""
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_reap)
 
     # ------------------------------------------------------------------ output
     def emit(self, sid: str, event: SessionEvent, *, final: bool = False) -> None:
@@ -385,8 +407,7 @@ class Orchestrator:
             try:
                 await self._run_turn(session, job, runner)
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
+                if _cancelling():
                     raise  # this runner was cancelled (barge-in, close, shutdown)
                 # something the turn awaited was cancelled, not the runner: fail the turn
                 # and go on, never leave the session's job unfinished
@@ -635,7 +656,7 @@ class Orchestrator:
         draft.task = asyncio.create_task(self._run_draft(draft, asr), name=f"draft:{draft.prefix}")
         # a draft that fails unadopted is just dropped: read its exception so asyncio does
         # not log it as never retrieved (an adopting turn gets it from the await)
-        draft.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        draft.task.add_done_callback(_reap)
         self._drafts[sid] = draft
         self.counters.drafts["started"] += 1
 
@@ -647,8 +668,7 @@ class Orchestrator:
         try:
             heard = await asyncio.shield(asr)
         except (StageError, asyncio.CancelledError):
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
+            if _cancelling():
                 raise
             return None  # the guess failed or was dropped: the commit transcribes again
         session = self.control.sessions.get(draft.session_id)

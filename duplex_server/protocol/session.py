@@ -20,6 +20,7 @@ event, queued audio below the epoch is purged (:class:`PurgeAudio`), and the wri
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
@@ -152,7 +153,9 @@ class SessionCore:
         self.idle_since_ms: float | None = None
         self._partials: dict[str, str] = {}  # speech item -> live transcript sent so far
         self.responses = Responses()
-        self.input = InputTurns(lambda: self.items.new_id("item"))
+        # not a lambda over self: a reference cycle would keep a closed session until the
+        # cyclic GC ran
+        self.input = InputTurns(functools.partial(self.items.new_id, "item"))
 
     # ------------------------------------------------------------------ positions
     @property
