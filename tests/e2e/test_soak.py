@@ -18,16 +18,18 @@ from pathlib import Path
 from tests.server.harness import ROOT, UNIT
 
 MINUTES = 3.0
-#: RSS still climbs for ~100-120 s here (arenas growing to the soak's working set: 8 sessions
-#: at --pace 6 went 142 -> 162 MB between 60 and 120 s, then +1-3 MB a minute, with or
-#: without speculative responses, 2026-12-03); the slope is read after that
-WARMUP_MIN = 2.0
-#: The bound on the RSS slope after warm-up. The leak this soak found (a session whose
-#: engine session had ended stayed live in the front end, with its journal) grew RSS at
-#: 550-900 MB/h in this very set-up; after the fix the slope over the last 60 s is within
-#: allocator noise (one 2-3 MB arena step in 45 s reads as 160-240 MB/h). So: flat within
-#: about one arena step, well below the leak's rate.
-RSS_SLOPE_MAX_MB_PER_H = 300.0
+#: RSS reaches the soak's working set within ~30 s (8 sessions at --pace 6: 107 -> 122 MB,
+#: then 121-128 MB for 10 minutes, 2026-12-04); the slope is read over the last 2 minutes
+WARMUP_MIN = 1.0
+#: The bound on the RSS slope after warm-up, in MB/h. The leaks this soak found grew RSS at
+#: 550-900 MB/h (a session whose engine session had ended stayed live in the front end, with
+#: its journal) and ~2.5 GB/h (the test stage kept every request). What it must tell apart
+#: from a leak: the RSS of a healthy server under this load moves within ~4 MB, and the slope
+#: of 2-minute windows of a 10-minute run ranged -48..+92 MB/h (+13 MB/h over the 8 minutes
+#: after warm-up). Before ended sessions were freed at once (they waited in reference
+#: cycles for the cyclic GC), RSS rose ~27 MB and fell every ~30 s, and 1-minute windows
+#: read -1068..+1606 MB/h: the old bound of 300 MB/h over 1 minute passed or failed by luck.
+RSS_SLOPE_MAX_MB_PER_H = 200.0
 
 
 def test_ci_soak_keeps_memory_flat_and_returns_every_session(tmp_path: Path) -> None:
