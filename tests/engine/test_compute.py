@@ -31,19 +31,25 @@ class _Opts(msgspec.Struct, frozen=True):
     pass
 
 
-class _Threaded(ThreadedBackend):
-    """Records what compute says while it runs."""
+class _Recording:
+    """A text-to-text stage that records what compute says while it runs (a mixin over the
+    two stage runtimes)."""
 
     Options: ClassVar[type[msgspec.Struct]] = _Opts
     consumes = Edge.TEXT
     emits = Edge.TEXT
 
-    def __init__(self) -> None:
-        super().__init__(_Opts(), "threaded-x")
+    def __init__(self, name: str) -> None:
+        super().__init__(_Opts(), name)  # type: ignore[call-arg]
         self.seen: list[dict[str, int]] = []
 
     def load(self) -> None:
         pass
+
+
+class _Threaded(_Recording, ThreadedBackend):
+    def __init__(self) -> None:
+        super().__init__("threaded-x")
 
     def run(self, request: StageRequest, cancelled: threading.Event) -> Iterator[StageOutput]:
         self.seen.append(compute.busy())
@@ -51,17 +57,9 @@ class _Threaded(ThreadedBackend):
         yield StageDone(request_id=request.request_id, finish_reason="stop")
 
 
-class _Batching(BatchingBackend):
-    Options: ClassVar[type[msgspec.Struct]] = _Opts
-    consumes = Edge.TEXT
-    emits = Edge.TEXT
-
+class _Batching(_Recording, BatchingBackend):
     def __init__(self) -> None:
-        super().__init__(_Opts(), "batching-x")
-        self.seen: list[dict[str, int]] = []
-
-    def load(self) -> None:
-        pass
+        super().__init__("batching-x")
 
     def step(self, batch: Any) -> None:
         self.seen.append(compute.busy())

@@ -37,6 +37,16 @@ from tests.engine.conftest import UNIT, collect, run, stages, start_engine
 pytestmark = pytest.mark.usefixtures("transport")  # both engine transports
 
 REALTIME = {"realtime": True, "chunk_ms": 20.0, "token_interval_s": 0.001}
+#: 0.5 s of a loud tone at 16 kHz, and 0.25 s of the same 20 dB softer (a soft last syllable)
+LOUD = (np.sin(np.arange(8000) / 5) * 20000).astype("<i2").tobytes()
+SOFT = (np.sin(np.arange(4000) / 5) * 2000).astype("<i2").tobytes()
+
+
+async def open_session(engine: AsyncEngine) -> tuple[str, Fence, int]:
+    """A new session: (its id, its fence, its lease generation)."""
+    res = await engine.open()
+    assert res.session_id and res.accepted_fence
+    return res.session_id, res.accepted_fence, res.lease_generation
 
 
 async def text_turn(engine: AsyncEngine, text: str = "hello") -> tuple[str, Fence, int]:
@@ -316,9 +326,7 @@ def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
         backends = stages(asr_delay_s=0.3)
         engine = await start_engine(backends)
         try:
-            res = await engine.open()
-            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-            assert sid and f
+            sid, f, gen = await open_session(engine)
             await engine.append(f, gen, audio=b"\1\0" * 8000)
             await engine.signal(f, gen, "input.pause")
             await asyncio.sleep(0.35)  # the silence window: the transcript is ready by now
@@ -361,15 +369,11 @@ def test_speculation_is_not_used_when_sound_follows_the_pause() -> None:
         backends = stages(asr_delay_s=0.05)
         engine = await start_engine(backends)
         try:
-            res = await engine.open()
-            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-            assert sid and f
-            loud = (np.sin(np.arange(8000) / 5) * 20000).astype("<i2").tobytes()
-            soft = (np.sin(np.arange(4000) / 5) * 2000).astype("<i2").tobytes()  # -20 dB
-            await engine.append(f, gen, audio=loud)
+            sid, f, gen = await open_session(engine)
+            await engine.append(f, gen, audio=LOUD)
             await engine.signal(f, gen, "input.pause")
             await asyncio.sleep(0.2)
-            await engine.append(f, gen, audio=soft)  # still sounding at the commit
+            await engine.append(f, gen, audio=SOFT)  # still sounding at the commit
             await engine.commit(f, gen)
             await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             asr = backends["asr"][0]
@@ -395,12 +399,8 @@ def test_sound_after_the_pause_is_guessed_again_once_it_ends() -> None:
         backends = stages(asr_delay_s=0.05)
         engine = await start_engine(backends)
         try:
-            res = await engine.open()
-            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-            assert sid and f
-            loud = (np.sin(np.arange(8000) / 5) * 20000).astype("<i2").tobytes()
-            soft = (np.sin(np.arange(4000) / 5) * 2000).astype("<i2").tobytes()  # -20 dB
-            await engine.append(f, gen, audio=loud)
+            sid, f, gen = await open_session(engine)
+            await engine.append(f, gen, audio=LOUD)
             await engine.signal(f, gen, "input.pause")
             await asyncio.sleep(0.2)
             orch = engine._orch
@@ -412,7 +412,7 @@ def test_sound_after_the_pause_is_guessed_again_once_it_ends() -> None:
 
             first_draft = orch._drafts.get(sid)
             assert first_draft is not None  # the pause's guess is answered ahead
-            await engine.append(f, gen, audio=soft)  # sounding: no new guess yet
+            await engine.append(f, gen, audio=SOFT)  # sounding: no new guess yet
             await settled()
             assert spec.started == 1
             quiet = b"\0\0" * 1280  # 80 ms: not yet enough quiet
@@ -432,7 +432,7 @@ def test_sound_after_the_pause_is_guessed_again_once_it_ends() -> None:
             asr = backends["asr"][0]
             assert isinstance(asr, TestStage)
             audios = [len(r.audio) for r in asr.requests if isinstance(r, AsrRequest)]
-            assert audios == [len(loud), len(loud) + len(soft) + 2 * len(quiet)]
+            assert audios == [len(LOUD), len(LOUD) + len(SOFT) + 2 * len(quiet)]
             assert spec.used == 1  # the commit took the second guess
         finally:
             await engine.shutdown()
@@ -450,9 +450,7 @@ def test_a_turn_carries_the_previous_turn_as_context_with_the_gap_between() -> N
         backends = stages(transcript="some words")
         engine = await start_engine(backends)
         try:
-            res = await engine.open()
-            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-            assert sid and f
+            sid, f, gen = await open_session(engine)
             half_s = b"\1\0" * 8000  # 0.5 s at 16 kHz, sent at once
             for pause_s in (0.0, 0.0, 2.0):
                 await asyncio.sleep(pause_s)
@@ -479,9 +477,7 @@ def test_barge_in_keeps_committed_words_that_were_not_heard_yet() -> None:
         backends = stages(asr_delay_s=0.3, transcript="first half of a question")
         engine = await start_engine(backends)
         try:
-            res = await engine.open()
-            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-            assert sid and f
+            sid, f, gen = await open_session(engine)
             await engine.append(f, gen, audio=b"\1\0" * 1600)
             f1 = (await engine.commit(f, gen)).accepted_fence  # still in ASR when ...
             assert f1
@@ -522,9 +518,7 @@ def test_batch_work_waits_while_a_session_waits_for_its_first_audio() -> None:
     async def main() -> None:
         engine = await start_engine(stages(asr_delay_s=0.3))
         try:
-            res = await engine.open()
-            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-            assert sid and f
+            sid, f, gen = await open_session(engine)
             await engine.append(f, gen, audio=b"\1\0" * 1600)
             await engine.commit(f, gen)  # the turn is now in its ASR (0.3 s)
             await asyncio.sleep(0.05)
@@ -557,9 +551,7 @@ def test_a_new_pause_never_discards_the_transcription_a_turn_waits_for() -> None
     async def main() -> None:
         engine = await start_engine(stages(asr_delay_s=0.3))
         try:
-            res = await engine.open()
-            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-            assert sid and f
+            sid, f, gen = await open_session(engine)
             await engine.append(f, gen, audio=b"\1\0" * 1600)
             await engine.signal(f, gen, "input.pause")
             f1 = (await engine.commit(f, gen)).accepted_fence  # claims the pause's ASR
