@@ -210,15 +210,18 @@ class MediaAttachment:
         try:
             await self._write_loop()
         except asyncio.CancelledError:
+            if not self._stalled:
+                raise  # (before any local for the task: the error keeps this frame)
             task = asyncio.current_task()
-            if not self._stalled or task is None:
-                raise
-            task.uncancel()
+            if task is not None:
+                task.uncancel()  # cancelled by the send watchdog: the client reads too slowly
             if self.session is not None:
                 self.session.too_slow()
             code, reason = self._close or (CloseCode.POLICY, "client_too_slow")
             await self.hang_up(code, reason)
         finally:
+            # (this task kept in self while its error keeps this frame would be a cycle)
+            self._writer_task = None
             self.ended.set()
 
     async def _write_loop(self) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import itertools
 import logging
 import secrets
@@ -70,6 +69,7 @@ from engine.messages import (
 from engine.pipeline import LlmResult, Pipeline, SpokenChunk
 from engine.speculation import SpeculativeAsr
 from engine.stages.base import StageBackend, StagePool
+from engine.tasks import cancelling, reap
 from engine.tool_calls import CallStream
 
 if TYPE_CHECKING:
@@ -83,26 +83,6 @@ AbortPlan = list[tuple[StagePool, list[tuple[int, list[str]]]]]
 def _plan_diff(a: ResponsePlan, b: ResponsePlan) -> str:
     """The fields in which two response plans differ (a log line's reason)."""
     return ", ".join(f for f in a.__dataclass_fields__ if getattr(a, f) != getattr(b, f))
-
-
-def _cancelling() -> bool:
-    """Is the running task being cancelled (not just something it awaited)? A helper, not
-    a local in the caller: a task in a local of a frame its error's traceback holds is a
-    task -> error -> frame -> task cycle, freed only by the cyclic GC."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-def _reap(task: asyncio.Task[Any]) -> None:
-    """A done callback for a task nobody awaits: read its outcome, so asyncio does not log
-    an exception as never retrieved, and take a cancelled task's CancelledError from it (a
-    cancelled task keeps it until read, and its traceback keeps the frames that ran, with
-    whatever they referenced: session state held until the cyclic GC ran)."""
-    if task.cancelled():
-        with contextlib.suppress(asyncio.CancelledError):
-            task.result()
-    else:
-        task.exception()
 
 
 @dataclass
@@ -358,7 +338,7 @@ class Orchestrator:
         """Keep a task that nobody awaits; shutdown cancels and awaits it."""
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(_reap)
+        task.add_done_callback(reap)
 
     # ------------------------------------------------------------------ output
     def emit(self, sid: str, event: SessionEvent, *, final: bool = False) -> None:
@@ -407,7 +387,7 @@ class Orchestrator:
             try:
                 await self._run_turn(session, job, runner)
             except asyncio.CancelledError:
-                if _cancelling():
+                if cancelling():
                     raise  # this runner was cancelled (barge-in, close, shutdown)
                 # something the turn awaited was cancelled, not the runner: fail the turn
                 # and go on, never leave the session's job unfinished
@@ -656,7 +636,7 @@ class Orchestrator:
         draft.task = asyncio.create_task(self._run_draft(draft, asr), name=f"draft:{draft.prefix}")
         # a draft that fails unadopted is just dropped: read its exception so asyncio does
         # not log it as never retrieved (an adopting turn gets it from the await)
-        draft.task.add_done_callback(_reap)
+        draft.task.add_done_callback(reap)
         self._drafts[sid] = draft
         self.counters.drafts["started"] += 1
 
@@ -668,7 +648,7 @@ class Orchestrator:
         try:
             heard = await asyncio.shield(asr)
         except (StageError, asyncio.CancelledError):
-            if _cancelling():
+            if cancelling():
                 raise
             return None  # the guess failed or was dropped: the commit transcribes again
         session = self.control.sessions.get(draft.session_id)

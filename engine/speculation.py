@@ -37,6 +37,7 @@ from engine.audio import quiet_after, quiet_level
 from engine.errors import StageError
 from engine.messages import Fence, Priority
 from engine.pipeline import Pipeline
+from engine.tasks import cancelling
 
 log = logging.getLogger(__name__)
 _PER_SESSION = 4
@@ -212,8 +213,7 @@ class SpeculativeAsr:
         try:
             text = await asyncio.shield(entry.task)
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
+            if cancelling():
                 entry.claimed = False  # this job was cancelled; its re-queued twin takes over
                 raise
             # the transcription itself was cancelled (a close raced it): transcribe again

@@ -28,6 +28,7 @@ from tests.server.harness import (
     tone,
     write_config,
 )
+from tests.server.twilio_sim import TwilioSim, tone8k
 
 JOURNAL_MAX = 40_000
 BACKLOG_MAX = 32_768
@@ -210,12 +211,13 @@ _OUR_CODE = re.compile(r"[/\\](duplex_server|engine|duplex_contract)[/\\]")
 
 
 def test_ended_sessions_are_freed_at_once_not_by_the_cyclic_gc(tmp_path: Path) -> None:
-    """Sessions that end every way (session.close, a plain close, a drop left to expire, a
-    drop resumed) after turns heard out, cancelled and barged in on leave nothing of theirs
-    in a reference cycle. Cycles here once held each ended session's journal and outbox
-    (socket -> task -> CancelledError -> frame -> socket; session -> input lane -> bound
-    method -> session; engine runners and drafts the same way) until a full collection:
-    the CI soak's RSS rose ~27 MB and fell every ~30 s, which hid real growth."""
+    """Sessions that end every way (session.close, a plain close, a drop left to expire,
+    a drop resumed, a Twilio call's stop) after turns heard out, cancelled and barged in on
+    leave nothing of theirs in a reference cycle. Cycles here once held each ended
+    session's journal and outbox (socket -> task -> CancelledError -> frame -> socket;
+    session -> input lane -> bound method -> session; engine runners and drafts the same
+    way) until a full collection: the CI soak's RSS rose ~27 MB and fell every ~30 s,
+    which hid real growth."""
     path = write_config(
         tmp_path,
         engine={**REALTIME_TTS, "duplex": {"disconnect_grace_s": 0.5, "reaper_interval_s": 0.1}},
@@ -250,6 +252,13 @@ def test_ended_sessions_are_freed_at_once_not_by_the_cyclic_gc(tmp_path: Path) -
             await d.until("session.created")
             await voice_turn(d)
             d.ws.transport.abort()
+        async with TwilioSim.call(addr, {}) as sim:  # a phone call (the media transport)
+            sim.speak(tone8k(500))
+            await sim.wait(lambda: len(sim.marks_echoed) >= 1, within=10)
+        async with TwilioSim.call(addr, {}) as sim:  # a call dropped mid-answer
+            sim.speak(tone8k(500))
+            await sim.wait(lambda: len(sim.marks_in) >= 1, within=10)
+            sim.ws.transport.abort()
         await settle(addr, {})
         await all_released(addr)
 
