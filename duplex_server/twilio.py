@@ -115,7 +115,12 @@ class TwilioAttachment(MediaAttachment):
             writer.cancel()
 
     async def _writer(self) -> None:
-        await self.run_writer()
+        try:
+            await self.run_writer()
+        except WebSocketDisconnect:
+            # Twilio went away while we sent: the call is over (the reader sees the
+            # disconnect too); nothing to write to, and nothing to report as an error
+            self.end_session("hangup")
 
     async def _reader(self) -> None:
         max_frame = self.hub.config.server.max_frame_bytes

@@ -28,7 +28,7 @@ from tests.server.harness import (
     tone,
     write_config,
 )
-from tests.server.twilio_sim import TwilioSim, tone8k
+from tests.server.twilio_sim import SendAfterDrop, TwilioSim, tone8k
 
 JOURNAL_MAX = 40_000
 BACKLOG_MAX = 32_768
@@ -210,13 +210,15 @@ def _ours(obj: object) -> str | None:
 _OUR_CODE = re.compile(r"[/\\](duplex_server|engine|duplex_contract)[/\\]")
 
 
-def test_ended_sessions_are_freed_at_once_not_by_the_cyclic_gc(tmp_path: Path) -> None:
-    """Sessions that end every way (session.close, a plain close, a drop left to expire,
-    a drop resumed, a Twilio call's stop) after turns heard out, cancelled and barged in on
-    leave nothing of theirs in a reference cycle. Cycles here once held each ended
-    session's journal and outbox (socket -> task -> CancelledError -> frame -> socket;
-    session -> input lane -> bound method -> session; engine runners and drafts the same
-    way) until a full collection: the CI soak's RSS rose ~27 MB and fell every ~30 s,
+def test_ended_sessions_are_freed_at_once_not_by_the_cyclic_gc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sessions that end every way (session.close, a plain close, a drop left to expire, a drop
+    resumed, a Twilio call's stop, a call dropped while the server sends to it) after turns
+    heard out, cancelled and barged in on leave nothing of theirs in a reference cycle. Cycles
+    here once held each ended session's journal and outbox (socket -> task -> CancelledError ->
+    frame -> socket; session -> input lane -> bound method -> session; engine runners and drafts
+    the same way) until a full collection: the CI soak's RSS rose ~27 MB and fell every ~30 s,
     which hid real growth."""
     path = write_config(
         tmp_path,
@@ -259,9 +261,15 @@ def test_ended_sessions_are_freed_at_once_not_by_the_cyclic_gc(tmp_path: Path) -
             sim.speak(tone8k(500))
             await sim.wait(lambda: len(sim.marks_in) >= 1, within=10)
             sim.ws.transport.abort()
+        held.armed = True
+        async with TwilioSim.call(addr, {}) as sim:  # ... while the server sends to it
+            sim.speak(tone8k(500))
+            await sim.wait(lambda: sim.media_in >= 2, within=10)
+            sim.ws.transport.abort()
         await settle(addr, {})
         await all_released(addr)
 
+    held = SendAfterDrop(monkeypatch)
     with running_server(path) as addr:
         gc.collect()
         gc.disable()
@@ -274,4 +282,5 @@ def test_ended_sessions_are_freed_at_once_not_by_the_cyclic_gc(tmp_path: Path) -
             gc.set_debug(0)
             gc.garbage.clear()
             gc.enable()
+    assert held.held == 1
     assert not cyclic, f"freed only by the cyclic GC: {dict(cyclic)}"

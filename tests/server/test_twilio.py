@@ -11,8 +11,10 @@ from typing import Any
 
 import websockets
 
+from duplex_server.twilio import TwilioAttachment
 from tests.server.harness import UNIT, http_text, running_server, write_config
-from tests.server.twilio_sim import TwilioSim, tone8k
+from tests.server.test_session_memory import all_released, settle
+from tests.server.twilio_sim import SendAfterDrop, TwilioSim, tone8k
 
 #: replies of 15 words at 120 ms a word: 1.8 s of audio, sent faster than real time. Noise,
 #: not the default tone: a pure tone is a degenerate far-end reference for the echo
@@ -107,3 +109,40 @@ def test_twilio_api_key_in_custom_parameters(tmp_path: Path) -> None:
 
     with running_server(path) as addr:
         asyncio.run(run(addr))
+
+
+def test_twilio_call_gone_while_the_server_sends_ends_as_a_hangup(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Twilio can vanish while the reply's media is being sent: the send fails. The call
+    ends like a hang-up (session closed, its slot back), and the endpoint returns cleanly
+    instead of failing the ASGI app with the send's disconnect error."""
+    path = write_config(tmp_path, engine=SHORT_TTS)
+    apps: list[Any] = []
+    outcomes: list[BaseException | None] = []
+    real_serve = TwilioAttachment.serve
+    held = SendAfterDrop(monkeypatch, armed=True)
+
+    async def serve(self: TwilioAttachment) -> None:
+        try:
+            await real_serve(self)
+        except BaseException as exc:
+            outcomes.append(exc)
+            raise
+        outcomes.append(None)
+
+    monkeypatch.setattr(TwilioAttachment, "serve", serve)
+
+    async def run(addr: str) -> None:
+        async with TwilioSim.call(addr, {}) as sim:
+            sim.speak(tone8k(500))
+            await sim.wait(lambda: sim.media_in >= 2, within=10)
+            sim.ws.transport.abort()
+        await settle(addr, {})
+        await all_released(addr)
+
+    with running_server(path, apps=apps) as addr:
+        asyncio.run(run(addr))
+        assert held.held == 1  # a send ran (and failed) after the drop
+        assert outcomes == [None]
+        assert not apps[0].state.hub.sessions.live

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import websockets
+from starlette.websockets import WebSocketState
 
 from duplex_server.protocol.codec import g711_to_pcm16, pcm16_to_g711
 from tests.server.harness import UNIT
@@ -188,3 +189,32 @@ class TwilioSim:
             if time.monotonic() > deadline:
                 raise TimeoutError("condition not met in time")
             await asyncio.sleep(0.02)
+
+
+class SendAfterDrop:
+    """Server-side patch: once armed, the server's third media send (counted from arming)
+    waits until the server has seen that caller drop, then runs for real and fails as a
+    send to a vanished Twilio does. A caller that drops after two media chunks then meets
+    the race of a call dropped mid-send every time."""
+
+    def __init__(self, monkeypatch: Any, *, armed: bool = False) -> None:
+        from duplex_server.twilio import TwilioAttachment
+
+        self.armed = armed
+        self.held = 0  # sends held, then failed
+        self._media = 0
+        real = TwilioAttachment._send
+
+        async def send(att: TwilioAttachment, obj: dict[str, Any]) -> None:
+            if self.armed and obj["event"] == "media":
+                self._media += 1
+                if self._media == 3:
+                    self.armed, self._media = False, 0
+                    self.held += 1
+                    for _ in range(1000):  # (10 s at most)
+                        if att.ws.client_state == WebSocketState.DISCONNECTED:
+                            break
+                        await asyncio.sleep(0.01)
+            await real(att, obj)
+
+        monkeypatch.setattr(TwilioAttachment, "_send", send)
