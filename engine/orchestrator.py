@@ -527,6 +527,10 @@ class Orchestrator:
             except asyncio.CancelledError:
                 draft.task.cancel()
                 raise
+            finally:
+                # a failed draft task keeps its error, whose traceback holds the draft's
+                # frame and so the draft: draft -> task -> error -> frame -> draft
+                draft.task = None
             if drafted is None:  # cannot happen once it has a plan; be loud if it does
                 raise StageError("the speculative response ended without a result")
             result = drafted
@@ -683,6 +687,7 @@ class Orchestrator:
             if not draft.task.done():
                 draft.task.cancel()
             self._track(draft.task)
+            draft.task = None  # (the draft's frame keeps the draft: no cycle through its error)
         self._abort(draft.session_id, f"{draft.prefix}/")
 
     def _finish_call(

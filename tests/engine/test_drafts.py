@@ -8,15 +8,18 @@ anything that changes what the answer would be) drops it, and none of its bytes 
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import msgspec
 import pytest
 
 from duplex_contract.settings import SessionUpdate
 from engine.client import AsyncEngine
+from engine.errors import StageError
 from engine.messages import AudioChunk, Fence, ResponseDone, SessionEvent
 from engine.orchestrator import Orchestrator
-from engine.stages.testing import TestStage
+from engine.stages.testing import TestStage, TestStageOptions
 from tests.engine.conftest import UNIT, collect, make_config, open_engine, run, stages
 
 pytestmark = pytest.mark.usefixtures("transport")  # both engine transports
@@ -280,6 +283,57 @@ def test_a_pause_while_another_sessions_turn_runs_is_not_guessed() -> None:
             assert orch.speculation.started == 1
             assert a.session_id in orch._drafts
         finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+@pytest.mark.parametrize("then", ["dropped", "adopted"])
+def test_a_draft_whose_stage_fails_is_freed_without_the_cyclic_gc(then: str) -> None:
+    """A draft's LLM request fails. Dropped (speech resumes) or adopted by the commit (the
+    turn fails with it), the draft is freed as soon as it is let go: its task's error keeps
+    the draft's frame, and the draft must not keep the task (or it waits in a cycle, with
+    what it held, for the cyclic GC)."""
+
+    async def main() -> None:
+        backends = stages(asr_delay_s=0.05)
+        opts = TestStageOptions(transcript="what is the weather like today", fail_on="weather")
+        backends["llm"] = [TestStage(opts, "llm")]
+        engine = await open_engine(make_config(), backends)
+        gc.disable()
+        try:
+            res = await engine.open()
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            await engine.append(f, gen, audio=SPEECH)
+            await engine.signal(f, gen, "input.pause")
+            orch = _orch(engine)
+            for _ in range(200):  # until the draft's request has failed
+                draft = orch._drafts.get(sid)
+                if draft is not None and draft.task is not None and draft.task.done():
+                    break
+                await asyncio.sleep(0.02)
+            assert draft is not None and draft.task is not None
+            assert isinstance(draft.task.exception(), StageError)
+            freed = weakref.ref(draft)
+            del draft
+            if then == "dropped":
+                await engine.signal(f, gen, "input.resume")
+                assert orch.counters.drafts["dropped"] == 1
+            else:
+                await engine.append(f, gen, audio=SILENCE)
+                await engine.commit(f, gen)
+                evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
+                done = evs[-1]
+                assert isinstance(done, ResponseDone) and done.status == "failed"
+                assert orch.counters.drafts["used"] == 1
+            for _ in range(50):
+                if freed() is None:
+                    break
+                await asyncio.sleep(0.02)
+            assert freed() is None, "the failed draft is left to the cyclic GC"
+        finally:
+            gc.enable()
             await engine.shutdown()
 
     run(main())
