@@ -16,6 +16,7 @@ import pytest
 
 from duplex_contract.settings import SessionUpdate
 from engine.client import AsyncEngine
+from engine.drafts import Draft
 from engine.errors import StageError
 from engine.messages import AudioChunk, Fence, ResponseDone, SessionEvent
 from engine.orchestrator import Orchestrator
@@ -41,24 +42,34 @@ async def _start(speculative: bool = True) -> tuple[AsyncEngine, dict[str, list[
     return engine, backends  # type: ignore[return-value]
 
 
-async def _held(orch: Orchestrator, sid: str) -> int:
-    """Wait until the session's draft has produced all its audio; return the bytes held."""
+async def _finished(orch: Orchestrator, sid: str) -> Draft:
+    """Wait until the session's draft has finished (produced all its audio, or failed)."""
     for _ in range(200):
         draft = orch._drafts.get(sid)
         if draft is not None and draft.task is not None and draft.task.done():
-            return draft.held_bytes
+            return draft
         await asyncio.sleep(0.02)
     raise AssertionError("the draft did not finish")
 
 
-async def _paused(engine: AsyncEngine) -> tuple[str, Fence, int, Orchestrator]:
-    """A session that spoke, then paused: its draft has produced (and holds) its audio."""
+async def _held(orch: Orchestrator, sid: str) -> int:
+    """Wait until the session's draft has produced all its audio; return the bytes held."""
+    return (await _finished(orch, sid)).held_bytes
+
+
+async def _speak_and_pause(engine: AsyncEngine) -> tuple[str, Fence, int, Orchestrator]:
+    """A session that spoke, then paused (its draft starts)."""
     res = await engine.open()
     sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
     assert sid and f
     await engine.append(f, gen, audio=SPEECH)
     await engine.signal(f, gen, "input.pause")
-    orch = _orch(engine)
+    return sid, f, gen, _orch(engine)
+
+
+async def _paused(engine: AsyncEngine) -> tuple[str, Fence, int, Orchestrator]:
+    """A session that spoke, then paused: its draft has produced (and holds) its audio."""
+    sid, f, gen, orch = await _speak_and_pause(engine)
     assert await _held(orch, sid) > 0
     return sid, f, gen, orch
 
@@ -73,13 +84,9 @@ async def _no_events(engine: AsyncEngine, sid: str) -> list[SessionEvent]:
 
 async def _spoken_turn(speculative: bool) -> tuple[list[SessionEvent], AsyncEngine, dict]:  # type: ignore[type-arg]
     engine, backends = await _start(speculative)
-    res = await engine.open()
-    sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-    assert sid and f
-    await engine.append(f, gen, audio=SPEECH)
-    await engine.signal(f, gen, "input.pause")
+    sid, f, gen, orch = await _speak_and_pause(engine)
     if speculative:
-        assert await _held(_orch(engine), sid) > 0
+        assert await _held(orch, sid) > 0
         assert await _no_events(engine, sid) == []  # held, not sent
     await engine.append(f, gen, audio=SILENCE)
     await engine.commit(f, gen)
@@ -302,19 +309,9 @@ def test_a_draft_whose_stage_fails_is_freed_without_the_cyclic_gc(then: str) -> 
         engine = await open_engine(make_config(), backends)
         gc.disable()
         try:
-            res = await engine.open()
-            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
-            assert sid and f
-            await engine.append(f, gen, audio=SPEECH)
-            await engine.signal(f, gen, "input.pause")
-            orch = _orch(engine)
-            for _ in range(200):  # until the draft's request has failed
-                draft = orch._drafts.get(sid)
-                if draft is not None and draft.task is not None and draft.task.done():
-                    break
-                await asyncio.sleep(0.02)
-            assert draft is not None and draft.task is not None
-            assert isinstance(draft.task.exception(), StageError)
+            sid, f, gen, orch = await _speak_and_pause(engine)
+            draft = await _finished(orch, sid)
+            assert draft.task is not None and isinstance(draft.task.exception(), StageError)
             freed = weakref.ref(draft)
             del draft
             if then == "dropped":
