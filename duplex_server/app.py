@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from duplex_server import batch, webrtc
+from duplex_server.auth import HttpAuth
 from duplex_server.config import AppConfig
 from duplex_server.hub import Hub
 from duplex_server.metrics import BatchTiming, Metrics
@@ -148,8 +149,14 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
     static = Path(config.server.static_dir)
     if (static / "index.html").is_file():
         routes.append(Mount("/", StaticFiles(directory=static, html=True), name="web"))
+    s = config.server
+    auth = Middleware(
+        HttpAuth, keys=hub.keys, allowed_origins=s.allowed_origins, metrics_access=s.metrics_access
+    )
     app = Starlette(
-        routes=routes, lifespan=lifespan, middleware=[Middleware(BatchTiming, metrics=metrics)]
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[auth, Middleware(BatchTiming, metrics=metrics)],
     )
     app.state.hub = hub
     app.state.engine = handle

@@ -1,10 +1,31 @@
-"""WebSocket admission: API keys (Bearer header or browser subprotocol) and Origin allow-list."""
+"""Admission for every route: API keys (Bearer header or browser subprotocol), Origin allow-list.
+
+One check, :func:`admit`, decides for HTTP and WebSocket alike:
+
+* WebSocket endpoints (``/v1/realtime``, ``/v1/duplex``, ``/v1/twilio``) call it in their
+  handshake and refuse with an ``error`` event and close code 1008.
+* :class:`HttpAuth`, an ASGI middleware in front of the app, calls it for every HTTP request
+  under ``/v1/`` (the batch routes, ``/v1/models``, WebRTC's ``/v1/realtime/calls``) and for
+  ``/metrics`` unless ``server.metrics_access`` is ``open``. A refusal is OpenAI's shape::
+
+      401 {"error": {"message", "type": "invalid_request_error", "param": null,
+                     "code": "invalid_api_key"}}        (missing or wrong key)
+      403 {"error": {..., "code": "origin_not_allowed"}} (Origin not in the allow-list)
+
+``/health`` and the browser page at ``/`` stay open. With no keys configured every route is
+open (the Origin allow-list still applies).
+"""
 
 from __future__ import annotations
 
 import hmac
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."
 ECHO_PROTOCOLS = ("realtime",)
@@ -56,3 +77,60 @@ def admit(
     if any(_matches(c, keys) for c in candidates):
         return Admission(True, echo)
     return Admission(False, echo, "unauthorized", "missing or invalid API key")
+
+
+MetricsAccess = Literal["keyed", "open"]
+
+
+def guards_http_path(path: str, metrics_access: MetricsAccess) -> bool:
+    """Does an HTTP request for ``path`` need a key (when keys are configured)?"""
+    if path.startswith("/v1/") or path == "/v1":
+        return True
+    return path == "/metrics" and metrics_access == "keyed"
+
+
+def http_refusal(adm: Admission) -> tuple[int, bytes]:
+    """The status and OpenAI-shaped JSON body of a refused HTTP request."""
+    if adm.code == "unauthorized":
+        status, code = 401, "invalid_api_key"
+        message = (
+            "Missing or invalid API key: send it as 'Authorization: Bearer <key>' "
+            "(the server's keys are set by server.api_keys or DUPLEX_API_KEYS)"
+        )
+    else:
+        status, code, message = 403, adm.code, adm.message
+    body = {
+        "error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    }
+    return status, json.dumps(body).encode()
+
+
+class HttpAuth:
+    """ASGI middleware: :func:`admit` for every guarded HTTP request (WebSockets pass through
+    to their endpoints, which run the same check in their handshake)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        keys: frozenset[str],
+        allowed_origins: list[str] | None,
+        metrics_access: MetricsAccess,
+    ) -> None:
+        self.app, self.keys, self.allowed_origins = app, keys, allowed_origins
+        self.metrics_access = metrics_access
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not guards_http_path(scope["path"], self.metrics_access):
+            await self.app(scope, receive, send)
+            return
+        adm = admit(Headers(scope=scope), [], keys=self.keys, allowed_origins=self.allowed_origins)
+        if adm.ok:
+            await self.app(scope, receive, send)
+            return
+        status, body = http_refusal(adm)
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        if status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="duplex-server"'))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -34,6 +34,10 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_keys_env: str = "DUPLEX_API_KEYS"
     #: browser Origin allow-list; None allows any origin (non-browser clients send none)
     allowed_origins: list[str] | None = None
+    #: who may read GET /metrics when API keys are set: ``keyed`` (a key, as for /v1/*; a
+    #: Prometheus scrape job sends it with ``authorization: {credentials: <key>}``) or
+    #: ``open`` (anyone who reaches the port). Without keys it is always open.
+    metrics_access: Literal["keyed", "open"] = "keyed"
     max_frame_bytes: PositiveInt = 15 * MiB
     input_backlog_bytes: PositiveInt = 16 * MiB
     output_buffer_bytes: PositiveInt = 8 * MiB

@@ -47,7 +47,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from duplex_contract.errors import EngineError
-from duplex_server.auth import admit
 from duplex_server.hub import Hub
 from duplex_server.media import MediaAttachment, check_session_patch
 from duplex_server.protocol import events as ev
@@ -411,11 +410,7 @@ def routes(hub: Hub) -> list[BaseRoute]:
             log.error("webrtc %s: call failed", call_id, exc_info=task.exception())
 
     async def create_call(request: Request) -> Response:
-        s = hub.config.server
-        adm = admit(request.headers, [], keys=hub.keys, allowed_origins=s.allowed_origins)
-        if not adm.ok:
-            status = 401 if adm.code == "unauthorized" else 403
-            return _error(status, adm.code, adm.message)
+        # API key and Origin: checked by duplex_server.auth.HttpAuth before this runs
         try:
             offer, patch = await _read_offer(request)
         except ProtocolError as exc:
@@ -446,10 +441,6 @@ def routes(hub: Hub) -> list[BaseRoute]:
         return Response(answer, status_code=201, media_type="application/sdp", headers=headers)
 
     async def hangup(request: Request) -> Response:
-        s = hub.config.server
-        adm = admit(request.headers, [], keys=hub.keys, allowed_origins=s.allowed_origins)
-        if not adm.ok:
-            return _error(401 if adm.code == "unauthorized" else 403, adm.code, adm.message)
         call = calls.get(request.path_params["call_id"])
         if call is None:
             return _error(404, "call_not_found", "no such call", "call_id")

@@ -105,7 +105,7 @@ def test_webrtc_call_requests_refused_with_clear_errors(tmp_path: Path) -> None:
         key = {"Authorization": "Bearer sk-rtc"}
         async with httpx.AsyncClient() as http:
             r = await http.post(url, content="v=0", headers={"Content-Type": "application/sdp"})
-            assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
             r = await http.post(url, content="hello", headers={**key, "Content-Type": "text/plain"})
             assert r.status_code == 400 and r.json()["error"]["param"] == "content-type"
             r = await http.post(
@@ -128,7 +128,9 @@ def test_webrtc_call_requests_refused_with_clear_errors(tmp_path: Path) -> None:
             assert error["error"]["type"] == "invalid_request_error"
         finally:
             await client.close()
-        body = http_text(addr, "/metrics")
+        async with httpx.AsyncClient() as http:  # /metrics needs the key too (keyed default)
+            assert (await http.get(f"http://{addr}/metrics")).status_code == 401
+            body = (await http.get(f"http://{addr}/metrics", headers=key)).text
         assert 'duplex_connection_outcomes_total{outcome="webrtc_opened"} 1.0' in body
 
     with running_server(path) as addr:
