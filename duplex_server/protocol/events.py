@@ -55,9 +55,20 @@ class NoiseReductionParam(_Strict, frozen=True):
     type: Literal["near_field", "far_field"]
 
 
+class TranscriptionParam(_Strict, frozen=True):
+    """``audio.input.transcription``: ``language`` (ISO-639-1) is the language the user's
+    speech is transcribed in; ``model`` and ``prompt`` are accepted (the engine's ASR stage
+    is the server's own)."""
+
+    model: str | UnsetType = UNSET
+    language: str | UnsetType | None = UNSET
+    prompt: str | UnsetType = UNSET
+
+
 class AudioInputParam(_Strict, frozen=True):
     format: AudioFormatParam | UnsetType = UNSET
-    transcription: Any = UNSET  # accepted; the engine's ASR always transcribes
+    # the engine's ASR always transcribes (null is accepted and changes nothing)
+    transcription: TranscriptionParam | UnsetType | None = UNSET
     noise_reduction: NoiseReductionParam | UnsetType | None = UNSET
     turn_detection: TurnDetectionParam | UnsetType | None = UNSET
     # duplex extension: cancel the server's own output from the input (media transports)
@@ -121,7 +132,7 @@ class SessionParam(_Strict, frozen=True):
     input_audio_format: BetaFormat | UnsetType = UNSET
     output_audio_format: BetaFormat | UnsetType = UNSET
     turn_detection: TurnDetectionParam | UnsetType | None = UNSET
-    input_audio_transcription: Any = UNSET  # accepted
+    input_audio_transcription: TranscriptionParam | UnsetType | None = UNSET
     input_audio_noise_reduction: NoiseReductionParam | UnsetType | None = UNSET
     max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET
     # duplex extension: event names this session's server events use
@@ -283,10 +294,16 @@ class NoiseReductionOut(msgspec.Struct, frozen=True):
     type: Literal["near_field", "far_field"]
 
 
+class TranscriptionOut(msgspec.Struct, frozen=True):
+    """The user's speech is transcribed in ``language`` (ISO-639-1)."""
+
+    language: str
+
+
 class AudioInputOut(msgspec.Struct, frozen=True):
     format: AudioFormatOut
     turn_detection: TurnDetection | None
-    transcription: None = None
+    transcription: TranscriptionOut | None = None
     noise_reduction: NoiseReductionOut | None = None
     echo_cancellation: bool = False
 
