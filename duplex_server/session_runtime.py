@@ -344,6 +344,8 @@ class LiveSession:
     def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0) -> None:
         if isinstance(event, ev.ResponseDone):
             event = self._timed(event)
+            if event.response.usage is not None:
+                self.metrics.count_usage(event.response.usage)
         if isinstance(event, ev.Error):
             self.metrics.errors.labels(event.error.code).inc()
         self.stamper.beta = self.core.beta
@@ -381,6 +383,9 @@ class LiveSession:
     def _input(self, data: bytes) -> None:
         if not self.lane.put(data):
             self.apply(self.core.input_refused())
+            return
+        self.core.audio_received(len(data))
+        self.metrics.count_audio_in(self.core.config.input_format.duration_ms(len(data)))
 
     def _processed(self, pcm: bytes, vad: list[VadEvent]) -> None:
         self.apply(self.core.on_input_audio(pcm, vad, now_ms()))

@@ -569,6 +569,7 @@ class Orchestrator:
                 text=result.text,
                 audio_ms=result.audio_ms,
                 output_tokens=result.tokens,
+                input_tokens=result.prompt_tokens,
                 timing_ms={k: round(v, 1) for k, v in marks.items()},
             ),
         )

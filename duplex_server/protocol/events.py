@@ -405,10 +405,38 @@ class StatusDetails(msgspec.Struct, frozen=True, omit_defaults=True):
     error: ErrorDetail | None = None
 
 
+class InputTokenDetails(msgspec.Struct, frozen=True):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class OutputTokenDetails(msgspec.Struct, frozen=True):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+
+
 class Usage(msgspec.Struct, frozen=True):
+    """What a response used (OpenAI's shape; docs/protocol.md §5.11 says how it is counted).
+
+    ``input_audio_seconds`` and ``output_audio_seconds`` are duplex extensions: the user
+    audio the response answered and the audio it spoke."""
+
     total_tokens: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    input_token_details: InputTokenDetails = InputTokenDetails()
+    output_token_details: OutputTokenDetails = OutputTokenDetails()
+    input_audio_seconds: float = 0.0
+    output_audio_seconds: float = 0.0
+
+
+class SessionUsage(Usage, frozen=True):
+    """A session's usage so far (``session.closed``, extension): its responses' usage
+    summed, except ``input_audio_seconds``, which counts all the audio the session received
+    (answered or not)."""
+
+    responses: int = 0
 
 
 class ResponseTiming(msgspec.Struct, frozen=True):
@@ -699,6 +727,7 @@ class ResyncRequired(ServerEvent, frozen=True, tag="session.resync_required"):
 
 class SessionClosed(ServerEvent, frozen=True, tag="session.closed"):
     reason: str
+    usage: SessionUsage | None = None  # extension: what the session used (§5.11)
 
 
 AnyClientEvent = (
