@@ -10,9 +10,12 @@ truncated to the last mark echoed).
 
 Session settings ride the ``start`` message's custom parameters (TwiML ``<Parameter>``):
 ``session`` (a JSON session object as in ``session.update``) and ``api_key`` (Twilio
-cannot send an ``Authorization`` header). The audio formats are the transport's own and
-echo control is on unless ``session`` turns it off. A malformed message is logged and
-counted; the call goes on. ``stop`` (or the socket closing) ends the session.
+cannot send an ``Authorization`` header). With ``server.twilio`` holding the account's auth
+token, the upgrade must carry a valid ``X-Twilio-Signature``
+(:mod:`duplex_server.twilio_signature`); the ``api_key`` parameter is then a fallback for
+an upgrade without one, unless ``api_key_fallback`` is off. The audio formats are the
+transport's own and echo control is on unless ``session`` turns it off. A malformed
+message is logged and counted; the call goes on. ``stop`` (or the socket closing) ends the session.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from duplex_server.media import MediaAttachment, check_session_patch, merge_patc
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import g711_to_pcm16
 from duplex_server.protocol.errors import CloseCode, ProtocolError, to_wire_error
+from duplex_server.twilio_signature import candidate_urls, verify
 
 log = logging.getLogger(__name__)
 
@@ -254,17 +258,46 @@ class TwilioAttachment(MediaAttachment):
             self.feed.echo.played_through(pos)
 
 
-async def twilio_endpoint(ws: WebSocket) -> None:
-    hub: Hub = ws.app.state.hub
+def _admit(ws: WebSocket, hub: Hub) -> tuple[bool, str, str]:
+    """(admitted by the handshake alone, refusal code or "", why) for a Twilio upgrade.
+
+    Signing off (no auth token): the API key, as on every socket, or later in
+    ``customParameters``. Signing on: a valid ``X-Twilio-Signature`` admits; a bad one is
+    refused; a missing one is refused unless the API-key fallback is on and keys exist."""
     s = hub.config.server
     adm = admit(ws.headers, [], keys=hub.keys, allowed_origins=s.allowed_origins)
+    if not adm.ok and adm.code != "unauthorized":
+        return False, adm.code, adm.message
+    token = s.twilio.token()
+    if token is None:
+        return adm.ok, "", ""  # without a key, one may still come in customParameters
+    urls = candidate_urls(
+        s.twilio.public_url,
+        scheme=ws.url.scheme,
+        host=ws.headers.get("host", ""),
+        path=ws.url.path,
+        query=ws.url.query,
+    )
+    verdict = verify(token, ws.headers.get("x-twilio-signature"), urls)
+    if verdict == "signed":
+        return True, "", ""
+    if verdict == "invalid":
+        return False, "twilio_signature_invalid", "X-Twilio-Signature does not sign this URL"
+    if not s.twilio.api_key_fallback or not hub.keys:
+        return False, "twilio_signature_missing", "no X-Twilio-Signature"
+    return adm.ok, "", ""  # the API-key fallback
+
+
+async def twilio_endpoint(ws: WebSocket) -> None:
+    hub: Hub = ws.app.state.hub
+    admitted, refused, why = _admit(ws, hub)
     await ws.accept()
     att = TwilioAttachment(hub, ws)
-    att.admitted = adm.ok
-    if not adm.ok and adm.code != "unauthorized":  # a key may still come in customParameters
-        log.warning("twilio: refused: %s", adm.message)
-        hub.metrics.connection_outcomes.labels(adm.code).inc()
-        await ws.close(CloseCode.POLICY, adm.code)
+    att.admitted = admitted
+    if refused:
+        log.warning("twilio: refused: %s", why)
+        hub.metrics.connection_outcomes.labels(refused).inc()
+        await ws.close(CloseCode.POLICY, refused)
         return
     att.register()
     try:

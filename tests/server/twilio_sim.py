@@ -64,17 +64,40 @@ class TwilioSim:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def call(cls, addr: str, params: dict[str, str] | None = None, **kw: Any) -> Any:
-        async with websockets.connect(f"ws://{addr}/v1/twilio", max_size=None) as ws:
+    async def call(
+        cls,
+        addr: str,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        **kw: Any,
+    ) -> Any:
+        """A call; ``headers`` go on the upgrade (``X-Twilio-Signature``)."""
+        url = f"ws://{addr}/v1/twilio"
+        async with websockets.connect(url, max_size=None, additional_headers=headers) as ws:
             sim = cls(ws, **kw)
-            await sim.send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
-            await sim.send(
+            await sim._open(params)
+            sim._tasks = [
+                asyncio.create_task(sim._receive()),
+                asyncio.create_task(sim._clock()),
+            ]
+            try:
+                yield sim
+            finally:
+                for task in sim._tasks:
+                    task.cancel()
+                await asyncio.gather(*sim._tasks, return_exceptions=True)
+
+    async def _open(self, params: dict[str, str] | None) -> None:
+        """``connected`` and ``start`` (a server that refused the upgrade has closed)."""
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await self.send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+            await self.send(
                 {
                     "event": "start",
                     "sequenceNumber": "1",
-                    "streamSid": sim.sid,
+                    "streamSid": self.sid,
                     "start": {
-                        "streamSid": sim.sid,
+                        "streamSid": self.sid,
                         "accountSid": "AC0",
                         "callSid": "CA0",
                         "tracks": ["inbound"],
@@ -87,16 +110,6 @@ class TwilioSim:
                     },
                 }
             )
-            sim._tasks = [
-                asyncio.create_task(sim._receive()),
-                asyncio.create_task(sim._clock()),
-            ]
-            try:
-                yield sim
-            finally:
-                for task in sim._tasks:
-                    task.cancel()
-                await asyncio.gather(*sim._tasks, return_exceptions=True)
 
     async def send(self, obj: dict[str, Any]) -> None:
         await self.ws.send(json.dumps(obj))
