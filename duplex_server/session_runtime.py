@@ -225,6 +225,10 @@ class LiveSession:
         if data and not self.core.closed:
             self._input(data)
 
+    def receive_dtmf(self, digit: str, received_at: int) -> None:
+        """A keypad digit from a phone transport; ``received_at``: Unix time (s)."""
+        self.apply(self.core.on_dtmf(digit, received_at, now_ms()))
+
     def fail(self, exc: ProtocolError) -> None:
         """The transport refused input for a reason of its own (e.g. a frame too large)."""
         self.apply(self.core.error(exc))

@@ -3,7 +3,8 @@
 Twilio opens a WebSocket (TwiML ``<Connect><Stream url="wss://HOST/v1/twilio">``) and
 sends JSON messages: ``connected``, ``start`` (``streamSid``, ``mediaFormat``,
 ``customParameters``), ``media`` (base64 G.711 mu-law, 8 kHz, 20 ms), ``mark`` (a mark we
-sent has been played), ``dtmf`` and ``stop``. We send ``media`` (the reply, mu-law),
+sent has been played), ``dtmf`` (a keypad digit: the session's
+``input_audio_buffer.dtmf_event_received``) and ``stop``. We send ``media`` (the reply, mu-law),
 ``mark`` after each chunk (named ``<item_id>:<end_ms>``, so its echo says what the caller
 heard) and ``clear`` on a barge-in (Twilio drops what it buffered; the assistant item is
 truncated to the last mark echoed).
@@ -25,6 +26,7 @@ import base64
 import binascii
 import json
 import logging
+import time
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -35,6 +37,7 @@ from duplex_server.hub import Hub
 from duplex_server.media import MediaAttachment, check_session_patch, merge_patch
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import g711_to_pcm16
+from duplex_server.protocol.dtmf import DIGITS
 from duplex_server.protocol.errors import CloseCode, ProtocolError, to_wire_error
 from duplex_server.twilio_signature import candidate_urls, verify
 
@@ -174,7 +177,7 @@ class TwilioAttachment(MediaAttachment):
         elif kind == "mark":
             self._mark(msg)
         elif kind == "dtmf":
-            log.info("twilio %s: dtmf %s", self.stream_sid, msg.get("dtmf"))
+            self._dtmf(msg)
         else:
             raise Malformed(f"unknown event {kind!r}")
         return True
@@ -238,6 +241,15 @@ class TwilioAttachment(MediaAttachment):
             raise Malformed("media payload is not base64") from None
         if ulaw and self.feed is not None:
             self.feed.push(g711_to_pcm16(ulaw, "g711_ulaw"), TWILIO_RATE)
+
+    def _dtmf(self, msg: dict[str, Any]) -> None:
+        """``{"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": "1"}}``."""
+        body = msg.get("dtmf")
+        digit = body.get("digit") if isinstance(body, dict) else None
+        if not isinstance(digit, str) or digit not in DIGITS:
+            raise Malformed(f"dtmf without a keypad digit: {body!r}")
+        assert self.session is not None
+        self.session.receive_dtmf(digit, int(time.time()))
 
     def _mark(self, msg: dict[str, Any]) -> None:
         mark = msg.get("mark")

@@ -65,6 +65,8 @@ class EffectiveSession:
     echo_cancellation: bool = False
     #: ``audio.input.transcription.language``: what the user's speech is transcribed in
     language: str = DEFAULT_LANGUAGE
+    #: extension: keypad digits become user text items (protocol/dtmf.py)
+    dtmf_as_text: bool = False
     #: the rate the engine speaks at (server config ``engine.output_sample_rate``; the
     #: output encoder converts it to ``output_format``); not on the wire
     output_rate: int = OUTPUT_RATE
@@ -107,6 +109,7 @@ class EffectiveSession:
                         else NoiseReductionOut(type=self.noise_reduction)
                     ),
                     echo_cancellation=self.echo_cancellation,
+                    dtmf_as_text=self.dtmf_as_text,
                 ),
                 output=AudioOutputOut(
                     format=self.output_format.to_wire(), voice=self.voice, speed=self.speed
@@ -287,6 +290,8 @@ def apply_patch(current: EffectiveSession, patch: SessionParam) -> EffectiveSess
         changes["speed"] = speed
     if audio_in is not None and not isinstance(audio_in.echo_cancellation, UnsetType):
         changes["echo_cancellation"] = bool(audio_in.echo_cancellation)
+    if audio_in is not None and not isinstance(audio_in.dtmf_as_text, UnsetType):
+        changes["dtmf_as_text"] = audio_in.dtmf_as_text
     language = _language(
         audio_in.transcription if audio_in is not None else msgspec.UNSET,
         patch.input_audio_transcription,

@@ -73,6 +73,8 @@ class AudioInputParam(_Strict, frozen=True):
     turn_detection: TurnDetectionParam | UnsetType | None = UNSET
     # duplex extension: cancel the server's own output from the input (media transports)
     echo_cancellation: bool | UnsetType | None = UNSET
+    # duplex extension: keypad digits (phone transports) become user text items
+    dtmf_as_text: bool | UnsetType = UNSET
 
 
 class AudioOutputParam(_Strict, frozen=True):
@@ -306,6 +308,7 @@ class AudioInputOut(msgspec.Struct, frozen=True):
     transcription: TranscriptionOut | None = None
     noise_reduction: NoiseReductionOut | None = None
     echo_cancellation: bool = False
+    dtmf_as_text: bool = False
 
 
 class AudioOutputOut(msgspec.Struct, frozen=True):
@@ -665,6 +668,18 @@ class FunctionCallArgumentsDone(
     output_index: int = 0
 
 
+class DtmfEventReceived(ServerEvent, frozen=True, tag="input_audio_buffer.dtmf_event_received"):
+    """A keypad digit from the phone (OpenAI's SIP event; here from Twilio ``dtmf``).
+
+    ``event`` is the key (0-9, *, #, A-D), ``received_at`` the Unix time (s) the server got
+    it; ``item_id`` (extension): the user text item it became (``dtmf_as_text``), else null.
+    """
+
+    event: str
+    received_at: int
+    item_id: str | None = None
+
+
 class InputTimeoutTriggered(ServerEvent, frozen=True, tag="input_audio_buffer.timeout_triggered"):
     """No speech for ``idle_timeout_ms`` after the last response (turn_detection)."""
 
@@ -780,6 +795,7 @@ AnyServerEvent = (
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
     | InputTimeoutTriggered
+    | DtmfEventReceived
     | OutputAudioCleared
     | OutputAudioStarted
     | OutputAudioStopped

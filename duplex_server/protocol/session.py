@@ -49,6 +49,7 @@ from duplex_contract.tools import (
     ToolOutput,
     active_tools,
 )
+from duplex_server.protocol import dtmf
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import AudioFormat, decode_audio_b64
 from duplex_server.protocol.commands import (
@@ -274,6 +275,32 @@ class SessionCore:
     def audio_received(self, nbytes: int) -> None:
         """The transport handed the session ``nbytes`` of input audio (its input format)."""
         self.usage.received(self.config.input_format.duration_ms(nbytes))
+
+    def on_dtmf(self, digit: str, received_at: int, now_ms: float) -> list[Action]:
+        """A keypad digit from a phone transport (:mod:`~duplex_server.protocol.dtmf`)."""
+        if self.closed:
+            return []
+        self.now_ms = now_ms
+        speaking = self.input.speech_item is not None
+        p = dtmf.plan(self.config, speaking=speaking, response_active=self.responses.active)
+        item_id = self.items.new_id("item") if p.as_item else None
+        out: list[Action] = [
+            Send(ev.DtmfEventReceived(event=digit, received_at=received_at, item_id=item_id))
+        ]
+        if item_id is None:
+            return out
+        if p.interrupt:
+            out += self._cancel("barge_in", "turn_detected", None)
+        text = dtmf.dtmf_text(digit)
+        self.input.uncommitted_text = True
+        out += [Call(Append(self.epoch, text=text, item_id=item_id))]
+        out += self.items.user_text(item_id, text)
+        if p.respond:  # no speech in progress: the engine's input holds this text only
+            self.input.committed()
+            self.usage.committed()
+            self.responses.requested()
+            out.append(Call(Commit(self.epoch, respond=True)))
+        return out
 
     # ------------------------------------------------------------------ client events
     def on_client_event(self, event: ev.AnyClientEvent, now_ms: float) -> list[Action]:

@@ -117,6 +117,17 @@ class TwilioSim:
     async def stop(self) -> None:
         await self.send({"event": "stop", "streamSid": self.sid, "stop": {"callSid": "CA0"}})
 
+    async def dtmf(self, digit: str, seq: int) -> None:
+        """A keypad press, as Twilio sends it on a bidirectional stream."""
+        await self.send(
+            {
+                "event": "dtmf",
+                "streamSid": self.sid,
+                "sequenceNumber": str(seq),
+                "dtmf": {"track": "inbound_track", "digit": digit},
+            }
+        )
+
     def speak(self, pcm8k: bytes) -> None:
         self.say += pcm8k
 
