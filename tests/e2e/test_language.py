@@ -49,7 +49,18 @@ async def turn(addr: str, speech: bytes, session: dict[str, Any]) -> tuple[str, 
         await c.until("session.updated", within=30)
         await send_audio(c, silence(300) + speech + silence(1500))
         done = await c.until("conversation.item.input_audio_transcription.completed", within=120)
-        await c.until("response.done", within=120)
+        finished = await c.until("response.done", within=120)
+        # usage with the real models (docs/protocol.md §5.11): the prompt and the answer's
+        # tokens as llama.cpp counts them (at most max_output_tokens), and the turn's audio:
+        # at least its speech and the silence window that ended it, at most all that was sent
+        usage = finished["response"]["usage"]
+        assert usage["input_token_details"]["text_tokens"] > 10
+        assert 0 < usage["output_token_details"]["text_tokens"] <= 8
+        started = next(e for e in c.events if e["type"] == "input_audio_buffer.speech_started")
+        stopped = next(e for e in c.events if e["type"] == "input_audio_buffer.speech_stopped")
+        turn_s = (stopped["audio_end_ms"] - started["audio_start_ms"] + 1000) / 1000
+        sent_s = 0.3 + len(speech) / 48000 + 1.5
+        assert turn_s - 0.05 <= usage["input_audio_seconds"] <= sent_s
         return done["transcript"], c
 
 
