@@ -350,6 +350,19 @@ class LiveSession:
             event = self._timed(event)
             if event.response.usage is not None:
                 self.metrics.count_usage(event.response.usage)
+        elif isinstance(event, ev.SessionClosed) and event.usage is not None:
+            # the one record of a media call's usage (its events never reach a client)
+            u = event.usage
+            log.info(
+                "%s: closed (%s): %d responses, %d tokens in, %d out, audio %.1f s in, %.1f s out",
+                self.session_id,
+                event.reason,
+                u.responses,
+                u.input_tokens,
+                u.output_tokens,
+                u.input_audio_seconds,
+                u.output_audio_seconds,
+            )
         if isinstance(event, ev.Error):
             self.metrics.errors.labels(event.error.code).inc()
         self.stamper.beta = self.core.beta

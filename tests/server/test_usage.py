@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import math
 import re
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.server.harness import (
     UNIT,
@@ -67,8 +70,11 @@ def metric(body: str, name: str, kind: str) -> float:
     return float(m.group(1))
 
 
-def test_usage_adds_up_to_what_was_sent_and_spoken(tmp_path: Path) -> None:
+def test_usage_adds_up_to_what_was_sent_and_spoken(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = write_config(tmp_path)
+    caplog.set_level(logging.INFO, logger="duplex_server.session_runtime")
 
     async def run(addr: str) -> dict[str, Any]:
         async with Client.connect(addr) as c:
@@ -141,3 +147,6 @@ def test_usage_adds_up_to_what_was_sent_and_spoken(tmp_path: Path) -> None:
     assert abs(metric(body, "duplex_usage_audio_seconds_total", "input") - 1.8) < 1e-6
     out = metric(body, "duplex_usage_audio_seconds_total", "output")
     assert abs(out - total["output_audio_seconds"]) <= 0.001
+    # the log keeps the session's totals too (a media call's events reach no client)
+    (line,) = [r.getMessage() for r in caplog.records if ": closed (client): " in r.getMessage()]
+    assert "2 responses" in line and "audio 1.8 s in" in line
