@@ -110,6 +110,8 @@ class ResponseDone(Msg, frozen=True, tag="response_done"):
     text: str = ""
     audio_ms: float = 0.0
     output_tokens: int = 0
+    #: the LLM's prompt tokens (instructions, history and this turn's words)
+    input_tokens: int = 0
     error: ErrorInfo | None = None
     #: engine-side segments of this response in ms (``asr_wait``: the turn's transcript
     #: awaited after the job started; ``llm_first_token``: prompt -> first LLM token;

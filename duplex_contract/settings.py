@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 from duplex_contract.audio import OUTPUT_RATE
+from duplex_contract.languages import DEFAULT_LANGUAGE
 
 Modality = Literal["text", "audio"]
 ToolChoice = Literal["auto", "none", "required", "function"]
@@ -24,6 +25,8 @@ class SessionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A session's engine settings (``OpenCall.config``; a session.update replaces them).
 
     ``max_output_tokens=None`` means the engine default; ``temperature=None`` means greedy.
+    ``language`` is the ISO-639-1 code the user's speech is transcribed in
+    (:mod:`duplex_contract.languages`).
     """
 
     instructions: str = ""
@@ -35,6 +38,7 @@ class SessionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice = "auto"
     tool_name: str | None = None  # tool_choice "function": the function to call
+    language: str = DEFAULT_LANGUAGE
 
 
 class SessionUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -52,6 +56,7 @@ class SessionUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tools: tuple[Tool, ...] | None = None
     tool_choice: ToolChoice | None = None
     tool_name: str | None = None
+    language: str | None = None
     settings: SessionSettings | None = None
 
     @classmethod

@@ -28,6 +28,31 @@ class BatchConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_body_bytes: PositiveInt = 25 * MiB
 
 
+class TwilioConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Twilio Media Streams at ``/v1/twilio`` (``server.twilio``): request signing
+    (docs/protocol.md §12.2)."""
+
+    #: the Twilio account's auth token; with one (here, or in ``auth_token_env``) every
+    #: upgrade must carry a valid ``X-Twilio-Signature``
+    auth_token: str | None = None
+    #: the environment variable read for the auth token when ``auth_token`` is not set
+    auth_token_env: str = "TWILIO_AUTH_TOKEN"
+    #: the stream URL exactly as the TwiML names it (``wss://host/v1/twilio``); None: the
+    #: URL is rebuilt from the request (Host header, path, query)
+    public_url: Annotated[str, msgspec.Meta(pattern="^wss?://[^/?#]+")] | None = None
+    #: with signing on, an upgrade without a signature may still be admitted by an API key
+    #: (the ``Authorization`` header or the TwiML parameter ``api_key``; needs
+    #: ``server.api_keys``); false: the signature is required
+    api_key_fallback: bool = True
+
+    def token(self) -> str | None:
+        """The auth token (None: signing is off)."""
+        if self.auth_token:
+            return self.auth_token
+        env = os.environ.get(self.auth_token_env, "").strip() if self.auth_token_env else ""
+        return env or None
+
+
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_keys: list[str] = []
     #: comma-separated keys read from this environment variable at start-up (added to api_keys)
@@ -66,6 +91,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     webrtc_host_addresses: list[str] | None = None
     #: a WebRTC call whose peer has not connected by then ends
     webrtc_connect_timeout_s: PositiveFloat = 30.0
+    twilio: TwilioConfig = TwilioConfig()
 
     def keys(self) -> frozenset[str]:
         env = os.environ.get(self.api_keys_env, "") if self.api_keys_env else ""

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from duplex_server.protocol.events import Usage
 from engine.client import AsyncEngine
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
@@ -143,6 +144,19 @@ class Metrics:
             registry=r,
         )
         self.errors = Counter("duplex_errors", "Wire errors sent", ["code"], registry=r)
+        self.usage_tokens = Counter(
+            "duplex_usage_tokens",
+            "Tokens of finished responses by kind (response.done usage, docs/protocol.md "
+            "§5.11): input_text, input_audio, input_cached, output_text, output_audio",
+            ["kind"],
+            registry=r,
+        )
+        self.usage_audio = Counter(
+            "duplex_usage_audio_seconds",
+            "Audio by kind: input (received by sessions), output (spoken by responses)",
+            ["kind"],
+            registry=r,
+        )
         self.batch_latency = Histogram(
             "duplex_batch_request_seconds",
             "Batch HTTP request latency, to the last byte of the response",
@@ -151,6 +165,23 @@ class Metrics:
             registry=r,
         )
         r.register(_EngineCollector(engine))
+
+    def count_usage(self, usage: Usage) -> None:
+        """A response finished: its tokens and spoken audio."""
+        i, o = usage.input_token_details, usage.output_token_details
+        for kind, n in (
+            ("input_text", i.text_tokens),
+            ("input_audio", i.audio_tokens),
+            ("input_cached", i.cached_tokens),
+            ("output_text", o.text_tokens),
+            ("output_audio", o.audio_tokens),
+        ):
+            self.usage_tokens.labels(kind).inc(n)
+        self.usage_audio.labels("output").inc(usage.output_audio_seconds)
+
+    def count_audio_in(self, ms: float) -> None:
+        """A session received ``ms`` of input audio."""
+        self.usage_audio.labels("input").inc(ms / 1000.0)
 
     def render(self) -> bytes:
         engine = self._engine()

@@ -225,6 +225,10 @@ class LiveSession:
         if data and not self.core.closed:
             self._input(data)
 
+    def receive_dtmf(self, digit: str, received_at: int) -> None:
+        """A keypad digit from a phone transport; ``received_at``: Unix time (s)."""
+        self.apply(self.core.on_dtmf(digit, received_at, now_ms()))
+
     def fail(self, exc: ProtocolError) -> None:
         """The transport refused input for a reason of its own (e.g. a frame too large)."""
         self.apply(self.core.error(exc))
@@ -344,6 +348,21 @@ class LiveSession:
     def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0) -> None:
         if isinstance(event, ev.ResponseDone):
             event = self._timed(event)
+            if event.response.usage is not None:
+                self.metrics.count_usage(event.response.usage)
+        elif isinstance(event, ev.SessionClosed) and event.usage is not None:
+            # the one record of a media call's usage (its events never reach a client)
+            u = event.usage
+            log.info(
+                "%s: closed (%s): %d responses, %d tokens in, %d out, audio %.1f s in, %.1f s out",
+                self.session_id,
+                event.reason,
+                u.responses,
+                u.input_tokens,
+                u.output_tokens,
+                u.input_audio_seconds,
+                u.output_audio_seconds,
+            )
         if isinstance(event, ev.Error):
             self.metrics.errors.labels(event.error.code).inc()
         self.stamper.beta = self.core.beta
@@ -381,6 +400,9 @@ class LiveSession:
     def _input(self, data: bytes) -> None:
         if not self.lane.put(data):
             self.apply(self.core.input_refused())
+            return
+        self.core.audio_received(len(data))
+        self.metrics.count_audio_in(self.core.config.input_format.duration_ms(len(data)))
 
     def _processed(self, pcm: bytes, vad: list[VadEvent]) -> None:
         self.apply(self.core.on_input_audio(pcm, vad, now_ms()))

@@ -3,16 +3,20 @@
 Twilio opens a WebSocket (TwiML ``<Connect><Stream url="wss://HOST/v1/twilio">``) and
 sends JSON messages: ``connected``, ``start`` (``streamSid``, ``mediaFormat``,
 ``customParameters``), ``media`` (base64 G.711 mu-law, 8 kHz, 20 ms), ``mark`` (a mark we
-sent has been played), ``dtmf`` and ``stop``. We send ``media`` (the reply, mu-law),
+sent has been played), ``dtmf`` (a keypad digit: the session's
+``input_audio_buffer.dtmf_event_received``) and ``stop``. We send ``media`` (the reply, mu-law),
 ``mark`` after each chunk (named ``<item_id>:<end_ms>``, so its echo says what the caller
 heard) and ``clear`` on a barge-in (Twilio drops what it buffered; the assistant item is
 truncated to the last mark echoed).
 
 Session settings ride the ``start`` message's custom parameters (TwiML ``<Parameter>``):
 ``session`` (a JSON session object as in ``session.update``) and ``api_key`` (Twilio
-cannot send an ``Authorization`` header). The audio formats are the transport's own and
-echo control is on unless ``session`` turns it off. A malformed message is logged and
-counted; the call goes on. ``stop`` (or the socket closing) ends the session.
+cannot send an ``Authorization`` header). With ``server.twilio`` holding the account's auth
+token, the upgrade must carry a valid ``X-Twilio-Signature``
+(:mod:`duplex_server.twilio_signature`); the ``api_key`` parameter is then a fallback for
+an upgrade without one, unless ``api_key_fallback`` is off. The audio formats are the
+transport's own and echo control is on unless ``session`` turns it off. A malformed
+message is logged and counted; the call goes on. ``stop`` (or the socket closing) ends the session.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import base64
 import binascii
 import json
 import logging
+import time
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -32,7 +37,9 @@ from duplex_server.hub import Hub
 from duplex_server.media import MediaAttachment, check_session_patch, merge_patch
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import g711_to_pcm16
+from duplex_server.protocol.dtmf import DIGITS
 from duplex_server.protocol.errors import CloseCode, ProtocolError, to_wire_error
+from duplex_server.twilio_signature import candidate_urls, verify
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +177,7 @@ class TwilioAttachment(MediaAttachment):
         elif kind == "mark":
             self._mark(msg)
         elif kind == "dtmf":
-            log.info("twilio %s: dtmf %s", self.stream_sid, msg.get("dtmf"))
+            self._dtmf(msg)
         else:
             raise Malformed(f"unknown event {kind!r}")
         return True
@@ -235,6 +242,15 @@ class TwilioAttachment(MediaAttachment):
         if ulaw and self.feed is not None:
             self.feed.push(g711_to_pcm16(ulaw, "g711_ulaw"), TWILIO_RATE)
 
+    def _dtmf(self, msg: dict[str, Any]) -> None:
+        """``{"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": "1"}}``."""
+        body = msg.get("dtmf")
+        digit = body.get("digit") if isinstance(body, dict) else None
+        if not isinstance(digit, str) or digit not in DIGITS:
+            raise Malformed(f"dtmf without a keypad digit: {body!r}")
+        assert self.session is not None
+        self.session.receive_dtmf(digit, int(time.time()))
+
     def _mark(self, msg: dict[str, Any]) -> None:
         mark = msg.get("mark")
         name = mark.get("name") if isinstance(mark, dict) else None
@@ -254,17 +270,46 @@ class TwilioAttachment(MediaAttachment):
             self.feed.echo.played_through(pos)
 
 
-async def twilio_endpoint(ws: WebSocket) -> None:
-    hub: Hub = ws.app.state.hub
+def _admit(ws: WebSocket, hub: Hub) -> tuple[bool, str, str]:
+    """(admitted by the handshake alone, refusal code or "", why) for a Twilio upgrade.
+
+    Signing off (no auth token): the API key, as on every socket, or later in
+    ``customParameters``. Signing on: a valid ``X-Twilio-Signature`` admits; a bad one is
+    refused; a missing one is refused unless the API-key fallback is on and keys exist."""
     s = hub.config.server
     adm = admit(ws.headers, [], keys=hub.keys, allowed_origins=s.allowed_origins)
+    if not adm.ok and adm.code != "unauthorized":
+        return False, adm.code, adm.message
+    token = s.twilio.token()
+    if token is None:
+        return adm.ok, "", ""  # without a key, one may still come in customParameters
+    urls = candidate_urls(
+        s.twilio.public_url,
+        scheme=ws.url.scheme,
+        host=ws.headers.get("host", ""),
+        path=ws.url.path,
+        query=ws.url.query,
+    )
+    verdict = verify(token, ws.headers.get("x-twilio-signature"), urls)
+    if verdict == "signed":
+        return True, "", ""
+    if verdict == "invalid":
+        return False, "twilio_signature_invalid", "X-Twilio-Signature does not sign this URL"
+    if not s.twilio.api_key_fallback or not hub.keys:
+        return False, "twilio_signature_missing", "no X-Twilio-Signature"
+    return adm.ok, "", ""  # the API-key fallback
+
+
+async def twilio_endpoint(ws: WebSocket) -> None:
+    hub: Hub = ws.app.state.hub
+    admitted, refused, why = _admit(ws, hub)
     await ws.accept()
     att = TwilioAttachment(hub, ws)
-    att.admitted = adm.ok
-    if not adm.ok and adm.code != "unauthorized":  # a key may still come in customParameters
-        log.warning("twilio: refused: %s", adm.message)
-        hub.metrics.connection_outcomes.labels(adm.code).inc()
-        await ws.close(CloseCode.POLICY, adm.code)
+    att.admitted = admitted
+    if refused:
+        log.warning("twilio: refused: %s", why)
+        hub.metrics.connection_outcomes.labels(refused).inc()
+        await ws.close(CloseCode.POLICY, refused)
         return
     att.register()
     try:

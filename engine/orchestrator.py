@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import janus
 
 from duplex_contract.events import FunctionCallDelta, FunctionCallDone
+from duplex_contract.languages import DEFAULT_LANGUAGE, ENGLISH_ONLY
 from duplex_contract.tools import (
     ToolCall,
     ToolCallError,
@@ -162,7 +163,11 @@ class Orchestrator:
         assert self.graph is not None
         self.pipeline = Pipeline(self.config, self.graph, self.pools, self.admission)
         self.speculation = SpeculativeAsr(
-            self.pipeline, self.config.input_sample_rate, self._track, self.route_of
+            self.pipeline,
+            self.config.input_sample_rate,
+            self._track,
+            self.route_of,
+            self.language_of,
         )
         try:
             self.started.set_result(self.request_q.sync_q)
@@ -321,7 +326,8 @@ class Orchestrator:
                 self._partial_gen[sid] = self._partial_gen.get(sid, 0) + 1
                 self.partials.reset(sid)
             for sid, pcm in effects.heard:
-                self.partials.feed(sid, self._partial_gen.get(sid, 0), pcm)
+                if self.language_of(sid) in ENGLISH_ONLY:  # pocketsphinx's model is en-us
+                    self.partials.feed(sid, self._partial_gen.get(sid, 0), pcm)
         for sid in effects.start:
             self._ensure_runner(sid)
         for out in effects.events:
@@ -366,6 +372,11 @@ class Orchestrator:
         if session is not None and "audio" not in session.config.output_modalities:
             return "text"
         return "voice"
+
+    def language_of(self, sid: str) -> str:
+        """The language a session's speech is transcribed in (``en`` unless it set one)."""
+        session = self.control.sessions.get(sid)
+        return DEFAULT_LANGUAGE if session is None else session.config.language
 
     # ------------------------------------------------------------------ session runners
     def _ensure_runner(self, sid: str) -> None:
@@ -558,6 +569,7 @@ class Orchestrator:
                 text=result.text,
                 audio_ms=result.audio_ms,
                 output_tokens=result.tokens,
+                input_tokens=result.prompt_tokens,
                 timing_ms={k: round(v, 1) for k, v in marks.items()},
             ),
         )

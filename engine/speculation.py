@@ -87,9 +87,11 @@ class SpeculativeAsr:
         sample_rate: int,
         track: Callable[[asyncio.Task[Any]], None],
         route_of: Callable[[str], str],
+        language_of: Callable[[str], str],
     ) -> None:
         self._pipeline = pipeline
         self._route_of = route_of  # session id -> the route whose input stages transcribe
+        self._language_of = language_of  # session id -> its transcription language
         self._rate = sample_rate
         self._track = track  # the orchestrator awaits dropped tasks at shutdown
         self._by_session: dict[str, list[_Transcription]] = {}
@@ -116,6 +118,7 @@ class SpeculativeAsr:
                 route=self._route_of(sid),
                 sample_rate=self._rate,
                 session_id=sid,
+                language=self._language_of(sid),
                 context=None if last is None else (last[0], last[1]),
                 context_gap_s=gap,
                 # a guess only uses the stage when no committed turn waits for it

@@ -7,6 +7,7 @@ from duplex_client.client import (
     DuplexClient,
     SessionEnded,
     SessionRefused,
+    decode_event,
     read_wav,
     to_pcm16,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "SessionEnded",
     "SessionRefused",
     "SyncDuplexClient",
+    "decode_event",
     "read_wav",
     "to_pcm16",
 ]

@@ -8,7 +8,11 @@
 ...             break
 
 Events are the server event structs of :mod:`duplex_server.protocol.events` (decoded once,
-here). A dropped connection is resumed transparently: the client reconnects, sends
+here, by :func:`decode_event`), the duplex extensions included: e.g.
+``ev.DtmfEventReceived`` (a keypad digit of a phone call, ``event`` the key), or the
+``usage`` of ``ev.SessionClosed``.
+
+A dropped connection is resumed transparently: the client reconnects, sends
 ``session.resume{session_id, resume_token, last_received_server_event_seq}`` (on a
 ``?intent=resume`` socket, so the server opens no new session), stores the
 rotated token, and drops replayed events it already delivered (by ``server_event_seq``), so
@@ -48,6 +52,13 @@ _DECODER = msgspec.json.Decoder(ev.AnyServerEvent)
 _ENCODER = msgspec.json.Encoder()
 _TERMINAL = (ev.SessionClosed, ev.SessionExpired, ev.SessionReplaced, ev.ResyncRequired)
 AudioInput = bytes | npt.NDArray[np.int16] | npt.NDArray[np.float32] | npt.NDArray[np.float64]
+
+
+def decode_event(data: str | bytes) -> ev.AnyServerEvent:
+    """One server frame as its typed event; raises ``msgspec.ValidationError`` for an event
+    this SDK does not know (a newer server's)."""
+    event: ev.AnyServerEvent = _DECODER.decode(data)
+    return event
 
 
 class ConnectionLost(ConnectionError):
@@ -168,8 +179,7 @@ class DuplexClient:
         while True:
             data = await ws.recv()
             try:
-                event: ev.AnyServerEvent = _DECODER.decode(data)
-                return event
+                return decode_event(data)
             except msgspec.ValidationError as exc:  # a newer server's event: skip it
                 log.debug("skipping undecodable server event: %s", exc)
 

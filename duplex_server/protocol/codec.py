@@ -101,6 +101,11 @@ class AudioFormat:
             return "pcm16" if self.rate == 24000 else "pcm16_16k"
         return self.codec
 
+    def duration_ms(self, nbytes: int) -> float:
+        """The length of ``nbytes`` of audio in this format (PCM16: 2 bytes a sample)."""
+        per_sample = 2 if self.codec == "pcm16" else 1
+        return nbytes // per_sample * 1000.0 / self.rate
+
     def to_wire(self) -> AudioFormatOut:
         kind: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = {
             "pcm16": "audio/pcm",

@@ -9,6 +9,7 @@ import msgspec
 from msgspec import UnsetType
 
 from duplex_contract.audio import OUTPUT_RATE
+from duplex_contract.languages import DEFAULT_LANGUAGE, language_problem
 from duplex_contract.settings import SessionSettings, Tool, ToolChoice
 from duplex_contract.tools import check_schema
 from duplex_server.protocol.codec import PCM16_24K, AudioFormat, parse_format
@@ -27,6 +28,8 @@ from duplex_server.protocol.events import (
     ToolChoiceParam,
     ToolObj,
     ToolParam,
+    TranscriptionOut,
+    TranscriptionParam,
     TurnDetection,
     TurnDetectionParam,
 )
@@ -60,6 +63,10 @@ class EffectiveSession:
     noise_reduction: Literal["near_field", "far_field"] | None = None
     #: extension: the transport cancels the server's own output (echo) from the input
     echo_cancellation: bool = False
+    #: ``audio.input.transcription.language``: what the user's speech is transcribed in
+    language: str = DEFAULT_LANGUAGE
+    #: extension: keypad digits become user text items (protocol/dtmf.py)
+    dtmf_as_text: bool = False
     #: the rate the engine speaks at (server config ``engine.output_sample_rate``; the
     #: output encoder converts it to ``output_format``); not on the wire
     output_rate: int = OUTPUT_RATE
@@ -76,6 +83,7 @@ class EffectiveSession:
             tools=self.tools,
             tool_choice=self.tool_choice,
             tool_name=self.tool_name,
+            language=self.language,
         )
 
     @property
@@ -94,12 +102,14 @@ class EffectiveSession:
                 input=AudioInputOut(
                     format=self.input_format.to_wire(),
                     turn_detection=self.turn_detection,
+                    transcription=TranscriptionOut(language=self.language),
                     noise_reduction=(
                         None
                         if self.noise_reduction is None
                         else NoiseReductionOut(type=self.noise_reduction)
                     ),
                     echo_cancellation=self.echo_cancellation,
+                    dtmf_as_text=self.dtmf_as_text,
                 ),
                 output=AudioOutputOut(
                     format=self.output_format.to_wire(), voice=self.voice, speed=self.speed
@@ -218,6 +228,27 @@ def _turn_detection(
     return out
 
 
+def _language(
+    ga: TranscriptionParam | UnsetType | None, beta: TranscriptionParam | UnsetType | None
+) -> str | UnsetType:
+    """The transcription language a patch sets (``null`` or an omitted language: English
+    again); the GA field wins over the beta one."""
+    param, field = ga, "audio.input.transcription"
+    if isinstance(ga, UnsetType):
+        param, field = beta, "input_audio_transcription"
+    if isinstance(param, UnsetType) or param is None or isinstance(param.language, UnsetType):
+        return msgspec.UNSET
+    if param.language is None:
+        return DEFAULT_LANGUAGE
+    code = param.language.strip().lower()
+    problem = language_problem(code)
+    if problem is not None:
+        raise ProtocolError(
+            "invalid_value", f"{field}.language {problem}", param=f"{field}.language"
+        )
+    return code
+
+
 def apply_patch(current: EffectiveSession, patch: SessionParam) -> EffectiveSession:
     """Return the session after ``patch``; raises ProtocolError (nothing changed) if invalid."""
     changes: dict[str, object] = {}
@@ -259,6 +290,14 @@ def apply_patch(current: EffectiveSession, patch: SessionParam) -> EffectiveSess
         changes["speed"] = speed
     if audio_in is not None and not isinstance(audio_in.echo_cancellation, UnsetType):
         changes["echo_cancellation"] = bool(audio_in.echo_cancellation)
+    if audio_in is not None and not isinstance(audio_in.dtmf_as_text, UnsetType):
+        changes["dtmf_as_text"] = audio_in.dtmf_as_text
+    language = _language(
+        audio_in.transcription if audio_in is not None else msgspec.UNSET,
+        patch.input_audio_transcription,
+    )
+    if not isinstance(language, UnsetType):
+        changes["language"] = language
     td: TurnDetectionParam | UnsetType | None = patch.turn_detection
     if audio_in is not None and not isinstance(audio_in.turn_detection, UnsetType):
         td = audio_in.turn_detection

@@ -55,13 +55,26 @@ class NoiseReductionParam(_Strict, frozen=True):
     type: Literal["near_field", "far_field"]
 
 
+class TranscriptionParam(_Strict, frozen=True):
+    """``audio.input.transcription``: ``language`` (ISO-639-1) is the language the user's
+    speech is transcribed in; ``model`` and ``prompt`` are accepted (the engine's ASR stage
+    is the server's own)."""
+
+    model: str | UnsetType = UNSET
+    language: str | UnsetType | None = UNSET
+    prompt: str | UnsetType = UNSET
+
+
 class AudioInputParam(_Strict, frozen=True):
     format: AudioFormatParam | UnsetType = UNSET
-    transcription: Any = UNSET  # accepted; the engine's ASR always transcribes
+    # the engine's ASR always transcribes (null is accepted and changes nothing)
+    transcription: TranscriptionParam | UnsetType | None = UNSET
     noise_reduction: NoiseReductionParam | UnsetType | None = UNSET
     turn_detection: TurnDetectionParam | UnsetType | None = UNSET
     # duplex extension: cancel the server's own output from the input (media transports)
     echo_cancellation: bool | UnsetType | None = UNSET
+    # duplex extension: keypad digits (phone transports) become user text items
+    dtmf_as_text: bool | UnsetType = UNSET
 
 
 class AudioOutputParam(_Strict, frozen=True):
@@ -121,7 +134,7 @@ class SessionParam(_Strict, frozen=True):
     input_audio_format: BetaFormat | UnsetType = UNSET
     output_audio_format: BetaFormat | UnsetType = UNSET
     turn_detection: TurnDetectionParam | UnsetType | None = UNSET
-    input_audio_transcription: Any = UNSET  # accepted
+    input_audio_transcription: TranscriptionParam | UnsetType | None = UNSET
     input_audio_noise_reduction: NoiseReductionParam | UnsetType | None = UNSET
     max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET
     # duplex extension: event names this session's server events use
@@ -283,12 +296,19 @@ class NoiseReductionOut(msgspec.Struct, frozen=True):
     type: Literal["near_field", "far_field"]
 
 
+class TranscriptionOut(msgspec.Struct, frozen=True):
+    """The user's speech is transcribed in ``language`` (ISO-639-1)."""
+
+    language: str
+
+
 class AudioInputOut(msgspec.Struct, frozen=True):
     format: AudioFormatOut
     turn_detection: TurnDetection | None
-    transcription: None = None
+    transcription: TranscriptionOut | None = None
     noise_reduction: NoiseReductionOut | None = None
     echo_cancellation: bool = False
+    dtmf_as_text: bool = False
 
 
 class AudioOutputOut(msgspec.Struct, frozen=True):
@@ -388,10 +408,38 @@ class StatusDetails(msgspec.Struct, frozen=True, omit_defaults=True):
     error: ErrorDetail | None = None
 
 
+class InputTokenDetails(msgspec.Struct, frozen=True):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class OutputTokenDetails(msgspec.Struct, frozen=True):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+
+
 class Usage(msgspec.Struct, frozen=True):
+    """What a response used (OpenAI's shape; docs/protocol.md §5.11 says how it is counted).
+
+    ``input_audio_seconds`` and ``output_audio_seconds`` are duplex extensions: the user
+    audio the response answered and the audio it spoke."""
+
     total_tokens: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    input_token_details: InputTokenDetails = InputTokenDetails()
+    output_token_details: OutputTokenDetails = OutputTokenDetails()
+    input_audio_seconds: float = 0.0
+    output_audio_seconds: float = 0.0
+
+
+class SessionUsage(Usage, frozen=True):
+    """A session's usage so far (``session.closed``, extension): its responses' usage
+    summed, except ``input_audio_seconds``, which counts all the audio the session received
+    (answered or not)."""
+
+    responses: int = 0
 
 
 class ResponseTiming(msgspec.Struct, frozen=True):
@@ -620,6 +668,18 @@ class FunctionCallArgumentsDone(
     output_index: int = 0
 
 
+class DtmfEventReceived(ServerEvent, frozen=True, tag="input_audio_buffer.dtmf_event_received"):
+    """A keypad digit from the phone (OpenAI's SIP event; here from Twilio ``dtmf``).
+
+    ``event`` is the key (0-9, *, #, A-D), ``received_at`` the Unix time (s) the server got
+    it; ``item_id`` (extension): the user text item it became (``dtmf_as_text``), else null.
+    """
+
+    event: str
+    received_at: int
+    item_id: str | None = None
+
+
 class InputTimeoutTriggered(ServerEvent, frozen=True, tag="input_audio_buffer.timeout_triggered"):
     """No speech for ``idle_timeout_ms`` after the last response (turn_detection)."""
 
@@ -682,6 +742,7 @@ class ResyncRequired(ServerEvent, frozen=True, tag="session.resync_required"):
 
 class SessionClosed(ServerEvent, frozen=True, tag="session.closed"):
     reason: str
+    usage: SessionUsage | None = None  # extension: what the session used (§5.11)
 
 
 AnyClientEvent = (
@@ -734,6 +795,7 @@ AnyServerEvent = (
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
     | InputTimeoutTriggered
+    | DtmfEventReceived
     | OutputAudioCleared
     | OutputAudioStarted
     | OutputAudioStopped

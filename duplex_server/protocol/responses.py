@@ -40,6 +40,7 @@ class Response:
     call: ev.FunctionCallItem | None = None  # the function call, once it began
     call_args: list[str] = field(default_factory=list)
     previous: str | None = None  # the item before this response's item
+    input_audio_ms: float = 0.0  # the committed user audio it answers (usage)
     #: session moments (the core's clock, ms) and engine segments for ``response.timing``
     moments: dict[str, float] = field(default_factory=dict)
     engine_ms: dict[str, float] = field(default_factory=dict)
@@ -188,7 +189,7 @@ def finished_events(
     status: str,
     reason: str | None,
     error: ev.ErrorDetail | None,
-    tokens: int,
+    usage: ev.Usage,
     modalities: list[ev.Modality],
 ) -> tuple[ev.AnyItem | None, list[Action]]:
     """The finished output item (None: there was none) and the events that close the
@@ -212,7 +213,7 @@ def finished_events(
             output=[] if call is None else [call],
             output_modalities=modalities,
             status_details=details,
-            usage=ev.Usage(total_tokens=tokens, output_tokens=tokens),
+            usage=usage,
             metadata=resp.metadata,
             conversation_id=None if resp.oob else "conv_default",
             epoch=resp.fence.epoch,
@@ -241,7 +242,7 @@ def finished_events(
         output=[item],
         output_modalities=modalities,
         status_details=details,
-        usage=ev.Usage(total_tokens=tokens, output_tokens=tokens),
+        usage=usage,
         metadata=resp.metadata,
         conversation_id=None if resp.oob else "conv_default",
         epoch=resp.fence.epoch,

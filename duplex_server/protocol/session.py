@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from msgspec import UnsetType
 
+from duplex_contract.audio import input_ms
 from duplex_contract.errors import ControlError
 from duplex_contract.events import (
     AudioChunk,
@@ -48,6 +49,7 @@ from duplex_contract.tools import (
     ToolOutput,
     active_tools,
 )
+from duplex_server.protocol import dtmf
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import AudioFormat, decode_audio_b64
 from duplex_server.protocol.commands import (
@@ -106,6 +108,7 @@ from duplex_server.protocol.responses import (
     timing_origin,
 )
 from duplex_server.protocol.resume import token_matches
+from duplex_server.protocol.usage import UsageMeter, response_usage
 from duplex_server.protocol.vad import VadEvent
 
 log = logging.getLogger(__name__)
@@ -153,6 +156,7 @@ class SessionCore:
         self.idle_since_ms: float | None = None
         self._partials: dict[str, str] = {}  # speech item -> live transcript sent so far
         self.responses = Responses()
+        self.usage = UsageMeter()  # tokens and audio seconds (response.done, session.closed)
         # not a lambda over self: a reference cycle would keep a closed session until the
         # cyclic GC ran
         self.input = InputTurns(functools.partial(self.items.new_id, "item"))
@@ -268,6 +272,36 @@ class SessionCore:
         """Processing this session's input failed (a bug, logged by the caller)."""
         return [*self.error(RuntimeError()), CloseSocket(CloseCode.INTERNAL, "server_error")]
 
+    def audio_received(self, nbytes: int) -> None:
+        """The transport handed the session ``nbytes`` of input audio (its input format)."""
+        self.usage.received(self.config.input_format.duration_ms(nbytes))
+
+    def on_dtmf(self, digit: str, received_at: int, now_ms: float) -> list[Action]:
+        """A keypad digit from a phone transport (:mod:`~duplex_server.protocol.dtmf`)."""
+        if self.closed:
+            return []
+        self.now_ms = now_ms
+        speaking = self.input.speech_item is not None
+        p = dtmf.plan(self.config, speaking=speaking, response_active=self.responses.active)
+        item_id = self.items.new_id("item") if p.as_item else None
+        out: list[Action] = [
+            Send(ev.DtmfEventReceived(event=digit, received_at=received_at, item_id=item_id))
+        ]
+        if item_id is None:
+            return out
+        if p.interrupt:
+            out += self._cancel("barge_in", "turn_detected", None)
+        text = dtmf.dtmf_text(digit)
+        self.input.uncommitted_text = True
+        out += [Call(Append(self.epoch, text=text, item_id=item_id))]
+        out += self.items.user_text(item_id, text)
+        if p.respond:  # no speech in progress: the engine's input holds this text only
+            self.input.committed()
+            self.usage.committed()
+            self.responses.requested()
+            out.append(Call(Commit(self.epoch, respond=True)))
+        return out
+
     # ------------------------------------------------------------------ client events
     def on_client_event(self, event: ev.AnyClientEvent, now_ms: float) -> list[Action]:
         if self.closed:
@@ -310,6 +344,7 @@ class SessionCore:
                 )
             options, metadata = self._response_options(e.response)
             self.responses.requested(Requested(options, metadata))
+            self.usage.committed()  # the engine commits its input buffer with the response
             commit = Commit(self.epoch, respond=True, event_id=e.event_id, response=options)
             return [Call(commit)]
         if isinstance(e, ev.ResponseCancel):
@@ -362,7 +397,7 @@ class SessionCore:
         self.closed = True
         return [
             Call(CloseSession(reason)),
-            Send(ev.SessionClosed(reason=reason)),
+            Send(ev.SessionClosed(reason=reason, usage=self.usage.total())),
             CloseSocket(CloseCode.NORMAL, reason),
         ]
 
@@ -397,6 +432,7 @@ class SessionCore:
         self, item_id: str, *, respond: bool, event_id: str | None
     ) -> list[Action]:
         self.input.committed()
+        self.usage.committed()
         if respond:
             self.responses.requested()
         call = Call(Commit(self.epoch, respond=respond, event_id=event_id, item_id=item_id))
@@ -409,6 +445,7 @@ class SessionCore:
             # The engine's input.cancel also drops the work of the current epoch.
             out += self._cancel("input.cancel", "input_cancelled", event_id)
             self.input.committed()
+            self.usage.cleared()
         out.append(Send(ev.InputCleared()))
         return out
 
@@ -631,6 +668,7 @@ class SessionCore:
         instructions = f"{self.config.instructions}\n\n{note}".strip()
         options = ResponseOptions(instructions=instructions, tool_choice="none")
         self.responses.requested(Requested(options))
+        self.usage.committed()
         return [
             Send(ev.InputTimeoutTriggered(audio_start_ms=start, audio_end_ms=end, item_id=item_id)),
             Call(Commit(self.epoch, respond=True, response=options)),
@@ -640,6 +678,7 @@ class SessionCore:
         out: list[Action] = []
         for step in steps:
             if isinstance(step, AudioReady):
+                self.usage.appended(input_ms(len(step.pcm)))
                 out.append(Call(Append(self.epoch, audio=step.pcm)))
             elif isinstance(step, SpeechBegan):
                 self.idle_since_ms = None  # the user speaks: no idle timeout this silence
@@ -713,7 +752,13 @@ class SessionCore:
             error = ev.ErrorDetail(
                 type="server_error", code=event.error.code, message=event.error.message
             )
-        return self._finish(resp, event.status, event.reason, error, tokens=event.output_tokens)
+        return self._finish(
+            resp,
+            event.status,
+            event.reason,
+            error,
+            tokens=(event.input_tokens, event.output_tokens),
+        )
 
     def _live_partial(self, text: str) -> list[Action]:
         """A live hypothesis of the speech in progress (engine partials): the words it adds
@@ -736,7 +781,8 @@ class SessionCore:
         out: list[Action] = []
         if event.state == "expired":
             out.append(Send(ev.SessionExpired(reason=event.reason)))
-        out.append(Send(ev.SessionClosed(reason=event.reason or event.state)))
+        closed = ev.SessionClosed(reason=event.reason or event.state, usage=self.usage.total())
+        out.append(Send(closed))
         out.append(CloseSocket(CloseCode.NORMAL, event.reason or event.state))
         return out
 
@@ -762,6 +808,7 @@ class SessionCore:
             deferred=bool(tools),
             oob=oob,
             metadata=request.metadata,
+            input_audio_ms=0.0 if oob else self.usage.answered(),
         )
         resp.moments.update(self.turn_moments)
         resp.moments.setdefault("committed", self.turn_moments.get("speech_stopped", now_ms))
@@ -792,8 +839,9 @@ class SessionCore:
         reason: str | None,
         error: ev.ErrorDetail | None,
         *,
-        tokens: int = 0,
+        tokens: tuple[int, int] = (0, 0),
     ) -> list[Action]:
+        """``tokens``: the LLM's (prompt, generated) tokens (none when cancelled here)."""
         origin = timing_origin(resp)
         self.response_origin.clear()
         if origin is not None:
@@ -803,7 +851,14 @@ class SessionCore:
             f = resp.fence
             self.items.assistant_audio(resp.item_id, f.turn_id, f.response_seq, resp.audio_ms)
         modalities = ["audio"] if resp.audio else ["text"]
-        item, out = finished_events(resp, status, reason, error, tokens, modalities)  # type: ignore[arg-type]
+        usage = response_usage(
+            input_text=tokens[0],
+            output_text=tokens[1],
+            input_audio_ms=resp.input_audio_ms,
+            output_audio_ms=resp.audio_ms,
+        )
+        self.usage.add(usage)
+        item, out = finished_events(resp, status, reason, error, usage, modalities)  # type: ignore[arg-type]
         if item is not None and not resp.oob:
             self.items.remember(item)
         # idle timeout: the silence is counted from the end of the reply's audio

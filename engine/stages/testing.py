@@ -282,7 +282,10 @@ class TestStage:
             n += 1
             yield TextOut(request_id=req.request_id, text=word if i == 0 else " " + word)
         reason: Literal["stop", "length"] = "length" if len(words) > req.max_tokens else "stop"
-        yield StageDone(request_id=req.request_id, finish_reason=reason, tokens=n)
+        prompt = sum(len(m.content.split()) for m in req.messages)  # a word is a token here
+        yield StageDone(
+            request_id=req.request_id, finish_reason=reason, tokens=n, prompt_tokens=prompt
+        )
 
     def _samples(self, n: int, offset: int, rate: int) -> bytes:
         kind = self.options.audio

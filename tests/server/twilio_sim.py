@@ -64,17 +64,40 @@ class TwilioSim:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def call(cls, addr: str, params: dict[str, str] | None = None, **kw: Any) -> Any:
-        async with websockets.connect(f"ws://{addr}/v1/twilio", max_size=None) as ws:
+    async def call(
+        cls,
+        addr: str,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        **kw: Any,
+    ) -> Any:
+        """A call; ``headers`` go on the upgrade (``X-Twilio-Signature``)."""
+        url = f"ws://{addr}/v1/twilio"
+        async with websockets.connect(url, max_size=None, additional_headers=headers) as ws:
             sim = cls(ws, **kw)
-            await sim.send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
-            await sim.send(
+            await sim._open(params)
+            sim._tasks = [
+                asyncio.create_task(sim._receive()),
+                asyncio.create_task(sim._clock()),
+            ]
+            try:
+                yield sim
+            finally:
+                for task in sim._tasks:
+                    task.cancel()
+                await asyncio.gather(*sim._tasks, return_exceptions=True)
+
+    async def _open(self, params: dict[str, str] | None) -> None:
+        """``connected`` and ``start`` (a server that refused the upgrade has closed)."""
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await self.send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+            await self.send(
                 {
                     "event": "start",
                     "sequenceNumber": "1",
-                    "streamSid": sim.sid,
+                    "streamSid": self.sid,
                     "start": {
-                        "streamSid": sim.sid,
+                        "streamSid": self.sid,
                         "accountSid": "AC0",
                         "callSid": "CA0",
                         "tracks": ["inbound"],
@@ -87,22 +110,23 @@ class TwilioSim:
                     },
                 }
             )
-            sim._tasks = [
-                asyncio.create_task(sim._receive()),
-                asyncio.create_task(sim._clock()),
-            ]
-            try:
-                yield sim
-            finally:
-                for task in sim._tasks:
-                    task.cancel()
-                await asyncio.gather(*sim._tasks, return_exceptions=True)
 
     async def send(self, obj: dict[str, Any]) -> None:
         await self.ws.send(json.dumps(obj))
 
     async def stop(self) -> None:
         await self.send({"event": "stop", "streamSid": self.sid, "stop": {"callSid": "CA0"}})
+
+    async def dtmf(self, digit: str, seq: int) -> None:
+        """A keypad press, as Twilio sends it on a bidirectional stream."""
+        await self.send(
+            {
+                "event": "dtmf",
+                "streamSid": self.sid,
+                "sequenceNumber": str(seq),
+                "dtmf": {"track": "inbound_track", "digit": digit},
+            }
+        )
 
     def speak(self, pcm8k: bytes) -> None:
         self.say += pcm8k
