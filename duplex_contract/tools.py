@@ -22,9 +22,49 @@ import msgspec
 
 from duplex_contract.settings import Modality, Tool, ToolChoice
 
-#: the prefix of a tool result as the prompt shows it (the Hermes/Qwen convention)
-TOOL_RESPONSE_OPEN = "<tool_response>"
-TOOL_RESPONSE_CLOSE = "</tool_response>"
+#: in every function result as a prompt shows it (:func:`tool_result_note`)
+TOOL_RESULT_MARK = "; it returned "
+#: after a result the model has not answered yet (the last message of the prompt)
+TOOL_ANSWER_HINT = "Tell the user the answer in one sentence."
+
+
+def _with_args(name: str, arguments: str | None) -> str:
+    if arguments is None:
+        return name
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return f"{name} with {arguments}"
+    return f"{name} with {json.dumps(value)}" if value else name
+
+
+def tool_call_note(name: str, arguments: str | None) -> str:
+    """A call whose result has not come, as the prompt shows it (a system message)."""
+    return f"You called {_with_args(name, arguments)}."
+
+
+def _readable(output: str) -> str:
+    """A flat JSON object as ``key value, key value`` (a small model reads words better than
+    JSON: SmolLM2-135M used the result in 7 of 8 sample answers so, 4 of 8 as JSON); any
+    other output as it is."""
+    try:
+        value = json.loads(output)
+    except json.JSONDecodeError:
+        return output
+    if not isinstance(value, dict) or not value:
+        return output
+    if any(isinstance(v, dict | list) for v in value.values()):
+        return output
+    return ", ".join(f"{k} {v if isinstance(v, str) else json.dumps(v)}" for k, v in value.items())
+
+
+def tool_result_note(name: str, arguments: str | None, output: str) -> str:
+    """A function's result as the prompt shows it: a system message after the user turn it
+    answers, naming the call, instead of the call JSON and a ``tool_response`` turn (which
+    a small model without tool training repeats as its answer)."""
+    output = _readable(output.strip())
+    end = "" if output.endswith((".", "!", "?")) else "."
+    return f"You called {_with_args(name, arguments)}{TOOL_RESULT_MARK}{output}{end}"
 
 
 def tool_schema(tool: Tool) -> dict[str, Any]:

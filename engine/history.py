@@ -17,34 +17,46 @@ Truncation (:meth:`ConversationHistory.truncate`)
     past its cut, even if more chunks are appended afterwards.
 
 Tools and deletion
-    A response that called a function holds the call (:meth:`set_tool_call`), shown in the
-    prompt as the JSON object the model wrote; a function's result (:meth:`add_tool_output`)
-    is a user message ``<tool_response>...</tool_response>`` (the Hermes/Qwen convention;
-    over ``budget_chars // 2`` characters it is cut and marked). User and tool turns carry
-    the client's item id; :meth:`delete_item` and :meth:`delete_assistant` drop a turn so
-    the next prompt no longer contains it.
+    A response that called a function holds the call (:meth:`set_tool_call`); a function's
+    result (:meth:`add_tool_output`, over ``budget_chars // 2`` characters cut and marked)
+    is shown in the prompt as a *system* message where it came, naming the call: "You called
+    get_weather with {"city": "Paris"}; it returned {"celsius": 21}."
+    (:func:`~duplex_contract.tools.tool_result_note`); the call itself then shows nothing
+    more, and a call still without a result is "You called NAME with ARGS.". When such a
+    note is the last message of the prompt (the result is not answered yet), it ends with
+    :data:`~duplex_contract.tools.TOOL_ANSWER_HINT`. The call JSON as an assistant message
+    followed by a ``<tool_response>`` user message made SmolLM2-135M repeat the call JSON as
+    its answer (4 of 4); this form makes it answer with the result. User and tool turns
+    carry the client's item id; :meth:`delete_item` and :meth:`delete_assistant` drop a
+    turn so the next prompt no longer contains it.
 
 Prompt (:meth:`ConversationHistory.messages`)
     The system message, then the turns in order, with contents stripped; empty turns (an
     assistant turn cancelled before any audio was heard) are dropped and consecutive messages
-    of one role are merged with ``"\\n"``, so roles alternate. The non-system messages are
-    trimmed from the oldest so their total length stays within ``budget_chars``: the newest
-    user message is always kept (if it alone exceeds the budget only its last ``budget_chars``
-    characters are kept, cut at a word boundary), then the assistant message after it if it
-    fits, then older messages newest first while they fit; a leading assistant message is
-    dropped so the conversation after the system message starts with a user message.
+    of one role are merged with ``"\\n"``. The messages after the first are trimmed from the
+    oldest so their total length stays within ``budget_chars``: the newest user message is
+    always kept (if it alone exceeds the budget only its last ``budget_chars`` characters are
+    kept, cut at a word boundary), then the messages after it (tool notes, the answer) while
+    they fit, then older messages newest first while they fit; leading assistant and tool
+    messages are dropped so the conversation after the system message starts with a user
+    message.
     Turns that can no longer reach the prompt are forgotten, so a long session's memory stays
     bounded; truncating a forgotten turn raises ``KeyError`` like an unknown one.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from duplex_contract.tools import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, ToolCall, ToolOutput
+from duplex_contract.tools import (
+    TOOL_ANSWER_HINT,
+    ToolCall,
+    ToolOutput,
+    tool_call_note,
+    tool_result_note,
+)
 from engine.messages import ChatMessage, ResponseStatus
 
 __all__ = ["ConversationHistory"]
@@ -72,11 +84,12 @@ class _UserTurn:
 
 @dataclass
 class _ToolTurn:
-    """A function's result (a user message in the prompt)."""
+    """A function's result (a system note in the prompt)."""
 
     turn_id: int
     output: ToolOutput
     max_chars: int
+    arguments: str | None = None  # of the call it answers, if the history holds it
 
     @property
     def item_id(self) -> str | None:
@@ -90,7 +103,7 @@ class _ToolTurn:
         out = self.output.output
         if len(out) > self.max_chars:
             out = f"{out[: self.max_chars]} ...[{len(out) - self.max_chars} characters cut]"
-        return f"{TOOL_RESPONSE_OPEN}\n{out}\n{TOOL_RESPONSE_CLOSE}"
+        return tool_result_note(self.output.name, self.arguments, out)
 
 
 @dataclass
@@ -105,8 +118,7 @@ class _AssistantTurn:
 
     def content(self) -> str:
         if self.call is not None:
-            args = json.loads(self.call.arguments)
-            return json.dumps({"name": self.call.name, "arguments": args})
+            return tool_call_note(self.call.name, self.call.arguments)
         if self.heard_ms is None:
             return "".join(p.text for p in self.pieces)
         heard = self.heard_ms + _EPS_MS
@@ -146,7 +158,7 @@ def _keep_tail(text: str, budget: int) -> str:
     return tail.strip()
 
 
-Role = Literal["user", "assistant"]
+Role = Literal["user", "assistant", "system"]  # system: a tool note
 
 
 class ConversationHistory:
@@ -188,7 +200,18 @@ class ConversationHistory:
 
     def add_tool_output(self, output: ToolOutput, turn_id: int) -> None:
         """Record a function's result (a ``function_call_output`` item)."""
-        self._turns.append(_ToolTurn(turn_id, output, max(1, self._budget // 2)))
+        call = next(
+            (
+                t.call
+                for t in self._turns
+                if isinstance(t, _AssistantTurn)
+                and t.call is not None
+                and t.call.call_id == output.call_id
+            ),
+            None,
+        )
+        args = call.arguments if call is not None else None
+        self._turns.append(_ToolTurn(turn_id, output, max(1, self._budget // 2), args))
         self._forget_unreachable()
 
     def set_tool_call(self, turn_id: int, response_seq: int, call: ToolCall) -> None:
@@ -302,19 +325,31 @@ class ConversationHistory:
             used += len(content)
         older.reverse()
         if last_user >= 0:
-            while older and older[0][0] == "assistant":
+            while older and older[0][0] != "user":
                 older.pop(0)
+        turns = [*older, *kept]
+        if turns and turns[-1][0] == "system":  # a result not answered yet
+            turns[-1] = ("system", f"{turns[-1][1]}\n{TOOL_ANSWER_HINT}")
         system = ChatMessage(role="system", content=instructions)
-        return (system, *(ChatMessage(role=r, content=c) for r, c in (*older, *kept)))
+        return (system, *(ChatMessage(role=r, content=c) for r, c in turns))
 
     # ------------------------------------------------------------------------ internals
     def _merged(self) -> list[tuple[Role, str]]:
+        answered = {t.output.call_id for t in self._turns if isinstance(t, _ToolTurn)}
         merged: list[tuple[Role, str]] = []
         for turn in self._turns:
+            role: Role = "user"
+            if isinstance(turn, _ToolTurn):
+                role = "system"
+            elif isinstance(turn, _AssistantTurn):
+                role = "assistant"
+                if turn.call is not None:
+                    if turn.call.call_id in answered:
+                        continue  # its result's note names the call
+                    role = "system"
             content = turn.content().strip()
             if not content:
                 continue
-            role: Role = "assistant" if isinstance(turn, _AssistantTurn) else "user"
             if merged and merged[-1][0] == role:
                 merged[-1] = (role, merged[-1][1] + _JOIN + content)
             else:

@@ -41,13 +41,12 @@ from duplex_contract.events import (
 )
 from duplex_contract.fence import Fence, resume_query
 from duplex_contract.tools import (
-    TOOL_RESPONSE_CLOSE,
-    TOOL_RESPONSE_OPEN,
     InputMessage,
     ItemRef,
     ResponseOptions,
     ToolOutput,
     active_tools,
+    tool_result_note,
 )
 from duplex_server.protocol import dtmf
 from duplex_server.protocol import events as ev
@@ -900,8 +899,8 @@ def _input_message(item: ev.ItemParam, i: int, calls: Mapping[str, str]) -> Inpu
         if not isinstance(item.call_id, str) or item.call_id not in calls:
             raise ProtocolError("invalid_value", "unknown call_id", param=f"{where}.call_id")
         output = item.output if isinstance(item.output, str) else ""
-        text = f"{TOOL_RESPONSE_OPEN}\n{output}\n{TOOL_RESPONSE_CLOSE}"
-        return InputMessage(role="user", content=text)
+        text = tool_result_note(calls[item.call_id], None, output)
+        return InputMessage(role="system", content=text)
     if item.type != "message":
         raise ProtocolError(
             "unsupported", "input items are messages or function_call_output", param=f"{where}.type"

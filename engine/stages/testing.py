@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 
 from duplex_contract.audio import duration_ms
-from duplex_contract.tools import TOOL_RESPONSE_OPEN
+from duplex_contract.tools import TOOL_RESULT_MARK
 from engine.chunkers import Chunker, WindowChunker, WindowOptions
 from engine.edges import Edge
 from engine.errors import ConfigError, StageError
@@ -86,8 +86,8 @@ class TestStageOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     transcript: str | None = None  # ASR: fixed transcript; default describes the audio length
     reply: str = "Hello there. This is the deterministic test stage speaking, one word at a time."
     echo: bool = False  # LLM: reply with the last user message instead of ``reply``
-    # LLM: reply with every non-system message of the prompt, joined by " | " (tests that
-    # inspect what the engine's history put into the prompt)
+    # LLM: reply with every message of the prompt after the system prompt (tool notes
+    # included), joined by " | " (tests that inspect what the history put into the prompt)
     echo_prompt: bool = False
     # LLM, scripted function calls: with tools offered, the n-th request (n = tool results
     # already in the prompt) calls ``tool_calls[n]``; past the script it answers with text,
@@ -245,7 +245,7 @@ class TestStage:
         """The call JSON this request makes (tool_calls / tool_arguments), if any."""
         if not req.tools:
             return None
-        done = sum(m.content.count(TOOL_RESPONSE_OPEN) for m in req.messages)
+        done = sum(m.content.count(TOOL_RESULT_MARK) for m in req.messages if m.role == "system")
         offered = {t.name for t in req.tools}
         name = None
         if done < len(self.options.tool_calls) and self.options.tool_calls[done] in offered:
@@ -272,7 +272,8 @@ class TestStage:
             return
         reply = last_user if self.options.echo else self.options.reply
         if self.options.echo_prompt:
-            reply = " | ".join(m.content for m in req.messages if m.role != "system")
+            first_system = bool(req.messages) and req.messages[0].role == "system"
+            reply = " | ".join(m.content for m in req.messages[int(first_system) :])
         words = reply.split(" ")
         n = 0
         for i, word in enumerate(words[: req.max_tokens]):

@@ -69,7 +69,7 @@ def test_real_models_audio_turn(cpu_server: str) -> None:
 def test_real_model_forced_tool_call_round_trip(cpu_server: str) -> None:
     """The official openai SDK drives a forced call on SmolLM2 (llama.cpp grammar): the
     arguments are JSON that validates against the schema; the result goes back and the
-    model answers with text."""
+    model answers with text that uses it."""
     import jsonschema
     from openai import AsyncOpenAI
 
@@ -135,7 +135,11 @@ def test_real_model_forced_tool_call_round_trip(cpu_server: str) -> None:
                         break
             assert response.status in ("completed", "incomplete")
             item = (response.output or [])[0]
-            assert item.type == "message" and (item.content or [])[0].text  # type: ignore[union-attr]
+            assert item.type == "message"
+            text = (item.content or [])[0].text or ""  # type: ignore[union-attr]
+            # an answer that uses the result, not the call JSON again (the prompt after a
+            # function_call_output: engine/history.py, "Tools and deletion")
+            assert "21" in text and "{" not in text and "get_weather" not in text, text
         await client.close()
 
     asyncio.run(run())

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from duplex_contract.settings import Tool
 from duplex_contract.tools import (
+    TOOL_ANSWER_HINT,
+    TOOL_RESULT_MARK,
     ToolCall,
     ToolCallError,
     ToolOutput,
@@ -18,6 +20,7 @@ from duplex_contract.tools import (
     call_schema,
     check_call,
     check_schema,
+    tool_result_note,
 )
 from engine.history import ConversationHistory
 from engine.tool_calls import CallStream
@@ -94,15 +97,74 @@ def test_history_tool_turns_and_deletes() -> None:
     h.start_assistant(1, 1)
     h.set_tool_call(1, 1, ToolCall(call_id="call_1", name="set_alarm", arguments='{"hour":7}'))
     h.finish_assistant(1, 1, "completed")
+    msgs = h.messages("sys")  # the call, its result not come yet
+    assert [(m.role, m.content) for m in msgs[1:]] == [
+        ("user", "wake me at 7"),
+        ("system", 'You called set_alarm with {"hour": 7}.\n' + TOOL_ANSWER_HINT),
+    ]
     h.add_tool_output(ToolOutput("call_1", "set_alarm", "ok " + "x" * 500, "item_t1"), 2)
     msgs = h.messages("sys")
-    assert [m.role for m in msgs] == ["system", "user", "assistant", "user"]
-    assert json.loads(msgs[2].content) == {"name": "set_alarm", "arguments": {"hour": 7}}
-    assert (
-        msgs[3].content.startswith("<tool_response>\nok x") and "characters cut]" in msgs[3].content
-    )
+    assert [m.role for m in msgs] == ["system", "user", "system"]
+    assert msgs[2].content.startswith('You called set_alarm with {"hour": 7}; it returned ok x')
+    assert "characters cut]" in msgs[2].content and msgs[2].content.endswith(TOOL_ANSWER_HINT)
     assert h.delete_item("item_t1") and not h.delete_item("item_t1")
     assert h.delete_assistant(1, 1) and not h.delete_assistant(1, 1)
     assert [m.content for m in h.messages("sys")] == ["sys", "wake me at 7"]
     assert h.delete_item("item_u1")
     assert len(h.messages("sys")) == 1
+
+
+def test_history_tool_result_is_a_note_not_a_call_to_repeat() -> None:
+    """After a result the prompt holds no call JSON for the model to copy: the call and its
+    result are one system note, ending with the hint to answer while it is unanswered; once
+    answered, the note stays in place (no hint) and the conversation goes on after it."""
+    h = ConversationHistory(budget_chars=1000)
+    h.add_user("Weather in Paris?", 1, "u1")
+    h.start_assistant(1, 1)
+    call = ToolCall(call_id="c1", name="get_weather", arguments='{"city":"Paris"}')
+    h.set_tool_call(1, 1, call)
+    h.finish_assistant(1, 1, "completed")
+    h.add_tool_output(ToolOutput("c1", "get_weather", '{"celsius": 21}', "t1"), 2)
+    msgs = h.messages("sys")
+    note = 'You called get_weather with {"city": "Paris"}; it returned celsius 21.'
+    assert [(m.role, m.content) for m in msgs] == [
+        ("system", "sys"),
+        ("user", "Weather in Paris?"),
+        ("system", f"{note}\n{TOOL_ANSWER_HINT}"),
+    ]
+    assert not any('"name"' in m.content for m in msgs)
+    h.start_assistant(2, 1)
+    h.append_assistant_text(2, 1, "It is 21 degrees in Paris.")
+    h.finish_assistant(2, 1, "completed")
+    h.add_user("Thanks!", 3, "u3")
+    assert [(m.role, m.content) for m in h.messages("sys")[1:]] == [
+        ("user", "Weather in Paris?"),
+        ("system", note),
+        ("assistant", "It is 21 degrees in Paris."),
+        ("user", "Thanks!"),
+    ]
+    # trimmed to the newest turns, the kept part still starts with a user message
+    small = ConversationHistory(budget_chars=len("It is 21 degrees in Paris.Thanks!") + len(note))
+    small.add_user("Weather in Paris?", 1, "u1")
+    small.start_assistant(1, 1)
+    small.set_tool_call(1, 1, call)
+    small.finish_assistant(1, 1, "completed")
+    small.add_tool_output(ToolOutput("c1", "get_weather", '{"celsius": 21}', "t1"), 2)
+    small.start_assistant(2, 1)
+    small.append_assistant_text(2, 1, "It is 21 degrees in Paris.")
+    small.finish_assistant(2, 1, "completed")
+    small.add_user("Thanks!", 3, "u3")
+    assert [m.role for m in small.messages("sys")] == ["system", "user"]
+
+
+def test_tool_result_note_shapes() -> None:
+    assert tool_result_note("get_time", "{}", "14:05") == "You called get_time; it returned 14:05."
+    assert tool_result_note("f", None, " done. ") == "You called f; it returned done."
+    assert tool_result_note("f", "not json", "x") == "You called f with not json; it returned x."
+    assert TOOL_RESULT_MARK in tool_result_note("f", '{"a": 1}', "x")
+    # a flat JSON object reads as words; anything else stays as it came
+    flat = tool_result_note("f", None, '{"sky": "sunny", "celsius": 21, "rain": false}')
+    assert flat == "You called f; it returned sky sunny, celsius 21, rain false."
+    nested = '{"days": [1, 2]}'
+    assert tool_result_note("f", None, nested) == f"You called f; it returned {nested}."
+    assert tool_result_note("f", None, "[1]") == "You called f; it returned [1]."
