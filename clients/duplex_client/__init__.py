@@ -1,7 +1,9 @@
 """Python SDK and CLI for duplex-server: :class:`DuplexClient` (asyncio, transparent resume)
-and :class:`SyncDuplexClient` (blocking wrapper). Events are ``duplex_server.protocol.events``.
+and :class:`SyncDuplexClient` (blocking), both built with ``connect``; the event types are
+:mod:`duplex_client.events` (``from duplex_client import events as ev``).
 """
 
+from duplex_client import events
 from duplex_client.client import (
     ConnectionLost,
     DuplexClient,
@@ -20,6 +22,7 @@ __all__ = [
     "SessionRefused",
     "SyncDuplexClient",
     "decode_event",
+    "events",
     "read_wav",
     "to_pcm16",
 ]

@@ -1,26 +1,27 @@
 """``duplex-client``: talk to a WAV, batch speech, or a text chat in the terminal.
 
-duplex-client talk --wav in.wav --out reply.wav     # one spoken turn; transcripts + TTFA
+duplex-client talk --wav in.wav --out reply.wav     # per turn: transcript, answer, TTFA
 duplex-client say "Hello there" --out hello.wav     # POST /v1/audio/speech
 duplex-client chat "What is a duplex session?"      # text session (no text: interactive)
+duplex-client offer --out offer.sdp                 # an SDP offer for POST /v1/realtime/calls
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import os
 import sys
 import time
-import wave
 from pathlib import Path
 
 import httpx
 import soundfile
 
-from duplex_client.client import DuplexClient, read_wav
-from duplex_server.protocol import events as ev
+from duplex_client import events as ev
+from duplex_client.client import DuplexClient
+from duplex_client.offer import make_offer
+from duplex_client.talk import talk
 
 DEFAULT_URL = os.environ.get("DUPLEX_URL", "ws://127.0.0.1:8000/v1/realtime")
 
@@ -28,71 +29,6 @@ DEFAULT_URL = os.environ.get("DUPLEX_URL", "ws://127.0.0.1:8000/v1/realtime")
 def _http_base(ws_url: str) -> str:
     base = ws_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
     return base.split("/v1/", 1)[0]
-
-
-def _write_wav(path: Path, pcm: bytes, rate: int) -> None:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm)
-
-
-async def talk(url: str, api_key: str | None, wav: Path, out: Path | None, fast: bool) -> int:
-    """Stream a WAV as a microphone (server VAD ends the turn); print transcripts and TTFA."""
-    pcm, rate = read_wav(wav)
-    async with await DuplexClient.connect(url, api_key=api_key) as client:
-        await client.update_session(
-            {
-                "output_modalities": ["audio"],
-                "audio": {
-                    "input": {
-                        "format": {"type": "audio/pcm", "rate": 16000},
-                        "turn_detection": {"type": "server_vad"},
-                    }
-                },
-            }
-        )
-        while not isinstance(await client.next_event(10.0), ev.SessionUpdated):
-            pass
-
-        # the WAV, then a second of silence so the VAD hears the end of the turn; events are
-        # read meanwhile, so the TTFA below is timed as the events arrive
-        async def send() -> None:
-            await client.send_audio(pcm, rate, realtime=not fast)
-            await client.send_audio(b"\0\0" * 16000, 16000, realtime=not fast)
-
-        sender = asyncio.create_task(send(), name="microphone")
-        reply: list[bytes] = []
-        stopped_at: float | None = None
-        first_audio: float | None = None
-        async for event in client.events():
-            now = time.monotonic()
-            if isinstance(event, ev.SpeechStopped):
-                stopped_at = now
-            elif isinstance(event, ev.InputTranscriptCompleted):
-                print(f"you:       {event.transcript}")
-            elif isinstance(event, ev.AudioDelta):
-                if first_audio is None:
-                    first_audio = now
-                reply.append(base64.b64decode(event.delta))
-            elif isinstance(event, ev.TranscriptDone):
-                print(f"assistant: {event.transcript}")
-            elif isinstance(event, ev.Error):
-                print(f"error: {event.error.code}: {event.error.message}", file=sys.stderr)
-            elif isinstance(event, ev.ResponseDone):
-                if event.response.status == "cancelled":  # the WAV talked over a reply
-                    reply.clear()
-                    first_audio = None
-                    continue
-                break
-        await sender
-        if stopped_at is not None and first_audio is not None:
-            print(f"TTFA: {(first_audio - stopped_at) * 1000:.0f} ms (speech_stopped -> audio)")
-        if out is not None:
-            _write_wav(out, b"".join(reply), 24000)
-            print(f"wrote {out} ({sum(map(len, reply)) / 48000:.2f} s)")
-    return 0
 
 
 async def chat(url: str, api_key: str | None, text: str | None) -> int:
@@ -163,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--api-key", default=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     p_talk = sub.add_parser(
-        "talk", parents=[common], help="speak a WAV file, save the spoken reply"
+        "talk",
+        parents=[common],
+        help="speak a WAV as a microphone; per turn: transcript, answer, TTFA",
     )
     p_talk.add_argument("--wav", type=Path, required=True, help="mono 16-bit WAV")
     p_talk.add_argument("--out", type=Path, help="write the reply here (24 kHz WAV)")
@@ -175,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_say.add_argument("--voice", default="alloy")
     p_chat = sub.add_parser("chat", parents=[common], help="text session in the terminal")
     p_chat.add_argument("text", nargs="?", help="one message (default: interactive)")
+    p_offer = sub.add_parser(
+        "offer", help="write an SDP offer (audio + the oai-events channel) for the calls API"
+    )
+    p_offer.add_argument("--out", type=Path, help="write it here (default: standard output)")
     return parser
 
 
@@ -183,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "talk":
             return asyncio.run(talk(args.url, args.api_key, args.wav, args.out, args.fast))
+        if args.command == "offer":
+            sdp = asyncio.run(make_offer())
+            if args.out is None:
+                sys.stdout.write(sdp)
+            else:
+                args.out.write_text(sdp)
+            return 0
         if args.command == "say":
             base = _http_base(args.url)
             return say(base, args.api_key, args.text, args.out, args.format, args.voice)

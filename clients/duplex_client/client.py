@@ -7,8 +7,8 @@
 ...         if isinstance(event, ev.ResponseDone):
 ...             break
 
-Events are the server event structs of :mod:`duplex_server.protocol.events` (decoded once,
-here, by :func:`decode_event`), the duplex extensions included: e.g.
+Events are the server event structs of :mod:`duplex_client.events` (the protocol's own
+classes; decoded once, here, by :func:`decode_event`), the duplex extensions included: e.g.
 ``ev.DtmfEventReceived`` (a keypad digit of a phone call, ``event`` the key), or the
 ``usage`` of ``ev.SessionClosed``.
 
@@ -44,7 +44,7 @@ import soxr
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from duplex_server.protocol import events as ev
+from duplex_client import events as ev
 
 log = logging.getLogger(__name__)
 

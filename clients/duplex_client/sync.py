@@ -1,6 +1,9 @@
 """A thin blocking wrapper: the asyncio client on a private event loop in a thread.
 
->>> with SyncDuplexClient("ws://127.0.0.1:8000/v1/realtime") as client:
+Built like the async client, with ``connect`` (which returns once ``session.created``
+arrived; ``SyncDuplexClient(url, ...)`` does the same):
+
+>>> with SyncDuplexClient.connect("ws://127.0.0.1:8000/v1/realtime") as client:
 ...     client.update_session({"output_modalities": ["text"]})
 ...     client.send_text("hello")
 ...     for event in client.events(timeout_s=30):
@@ -16,13 +19,37 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from duplex_client import events as ev
 from duplex_client.client import AudioInput, DuplexClient, SessionEnded
-from duplex_server.protocol import events as ev
 
 T = TypeVar("T")
 
 
 class SyncDuplexClient:
+    """A connected session, blocking. Build it with :meth:`connect`; close it with
+    :meth:`close` (or use it as a context manager)."""
+
+    @classmethod
+    def connect(
+        cls,
+        url: str,
+        *,
+        api_key: str | None = None,
+        heartbeat_s: float = 10.0,
+        resume_attempts: int = 5,
+        resume_backoff_s: float = 0.2,
+        open_timeout_s: float = 10.0,
+    ) -> SyncDuplexClient:
+        """Open a session, as ``await DuplexClient.connect(url, ...)`` does (same arguments)."""
+        return cls(
+            url,
+            api_key=api_key,
+            heartbeat_s=heartbeat_s,
+            resume_attempts=resume_attempts,
+            resume_backoff_s=resume_backoff_s,
+            open_timeout_s=open_timeout_s,
+        )
+
     def __init__(self, url: str, **connect_kw: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(

@@ -14,8 +14,9 @@ from typing import TypeVar
 import numpy as np
 import pytest
 from duplex_client import DuplexClient, SessionEnded, SyncDuplexClient, to_pcm16
+from duplex_client import events as ev
 
-from duplex_server.protocol import events as ev
+from duplex_server.protocol import events as protocol_events
 from tests.client.proxy import CuttingProxy
 from tests.server.harness import UNIT, silence, tone
 
@@ -156,16 +157,37 @@ def test_forced_disconnect_mid_reply_is_resumed_transparently(server: str) -> No
 
 
 def test_sync_wrapper(server: str) -> None:
-    with SyncDuplexClient(_url(server)) as client:
-        client.update_session({"output_modalities": ["text"], "turn_detection": None})
-        client.send_text("hi")
-        text = ""
-        for event in client.events(timeout_s=10 * UNIT):
-            if isinstance(event, ev.TextDelta):
-                text += event.delta
-            if isinstance(event, ev.ResponseDone):
-                break
-        assert text == REPLY
+    """Built like the async client (``connect``); the old constructor still works."""
+    for client in (SyncDuplexClient.connect(_url(server)), SyncDuplexClient(_url(server))):
+        with client:
+            assert client.session_id.startswith("sess_")
+            client.update_session({"output_modalities": ["text"], "turn_detection": None})
+            client.send_text("hi")
+            text = ""
+            for event in client.events(timeout_s=10 * UNIT):
+                if isinstance(event, ev.TextDelta):
+                    text += event.delta
+                if isinstance(event, ev.ResponseDone):
+                    break
+            assert text == REPLY
+
+
+def test_sdk_exports_the_event_types() -> None:
+    """User code imports only the SDK: ``duplex_client.events`` names every public type of
+    the protocol's events module (the same classes, so isinstance checks hold)."""
+    import duplex_client
+
+    public = {
+        name
+        for name, value in vars(protocol_events).items()
+        if not name.startswith("_")
+        and getattr(value, "__module__", None) == protocol_events.__name__
+    }
+    assert public <= set(ev.__all__), sorted(public - set(ev.__all__))
+    assert all(getattr(ev, n) is getattr(protocol_events, n) for n in ev.__all__)
+    assert duplex_client.events is ev and "events" in duplex_client.__all__
+    decoded = duplex_client.decode_event('{"type": "session.heartbeat_ack"}')
+    assert isinstance(decoded, ev.HeartbeatAck)
 
 
 def test_to_pcm16_conversions() -> None:
@@ -192,9 +214,9 @@ def test_cli_talk_say_chat(server: str, tmp_path: Path) -> None:
     out = tmp_path / "reply.wav"
     talk = _cli("--url", _url(server), "talk", "--wav", str(src), "--out", str(out), "--fast")
     assert talk.returncode == 0, talk.stderr
-    assert "you:       what is the weather like today" in talk.stdout
-    assert f"assistant: {REPLY}" in talk.stdout
-    assert "TTFA: " in talk.stdout
+    assert "turn 1  you:       what is the weather like today" in talk.stdout
+    assert f"turn 1  assistant: {REPLY}  [completed, TTFA " in talk.stdout
+    assert "1 turn detected by server VAD, 1 transcript, 1 answer (1 completed)" in talk.stdout
     with wave.open(str(out)) as w:
         assert w.getframerate() == 24000 and w.getnframes() == len(REPLY.split(" ")) * 6000
     spoken = tmp_path / "say.wav"

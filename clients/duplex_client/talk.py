@@ -1,0 +1,290 @@
+"""``duplex-client talk``: stream a WAV as a microphone and report what happened, turn by turn.
+
+A recording usually holds several utterances, and server VAD ends a turn at each pause long
+enough, so one WAV makes as many turns as the server detects; a reply still playing when the
+recording speaks again is interrupted (barge-in), as it would be for a person. The report
+says so: per turn its transcript, its answer (completed or interrupted) and the answer's
+TTFA, then a summary (turns detected, transcripts, answers by status, TTFA).
+
+TTFA is timed here, at the client: from the *last voiced frame sent* before the turn ended
+(a 20 ms frame is voiced when its RMS is over ``VOICED_REL`` of the recording's loudest
+frame) to the first ``response.output_audio.delta`` of the answer. That is the user's wait;
+``speech_stopped`` would start the clock a silence window (500 ms by default) later.
+
+:class:`TalkReport` is the pure part (events and times in, lines out); :func:`talk` runs it
+against a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import statistics
+import sys
+import time
+import wave
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from duplex_client import events as ev
+from duplex_client.client import DuplexClient, SessionEnded, read_wav, to_pcm16
+
+RATE = 16000  # the session's input rate: frames are sent as they are, never resampled
+FRAME_MS = 20
+VOICED_REL = 0.05
+OUT_RATE = 24000
+TRAILING_SILENCE_S = 1.0  # after the WAV, so the VAD hears the last turn end
+IDLE_S = 30.0  # after the WAV: stop when no event came for this long
+QUIET_S = 3.0  # ... or this long, with no speech and no answer in progress
+
+
+def frames_of(pcm: bytes, rate: int = RATE, frame_ms: int = FRAME_MS) -> list[bytes]:
+    step = int(rate * frame_ms / 1000) * 2
+    return [pcm[i : i + step] for i in range(0, len(pcm), step)]
+
+
+def voiced_flags(frames: list[bytes]) -> list[bool]:
+    """Which frames are voiced: RMS over ``VOICED_REL`` of the loudest frame's."""
+    rms = [
+        float(np.sqrt(np.mean(np.frombuffer(f, dtype="<i2").astype(np.float64) ** 2)))
+        if len(f) >= 2
+        else 0.0
+        for f in frames
+    ]
+    top = max(rms, default=0.0)
+    return [top > 0 and r > VOICED_REL * top for r in rms]
+
+
+@dataclass
+class Turn:
+    number: int
+    item_id: str
+    voiced_end: float | None  # when the last voiced frame before the turn's end was sent
+    transcript: str | None = None
+
+
+@dataclass
+class Answer:
+    response_id: str
+    turn: Turn | None
+    first_audio: float | None = None
+    status: str = "in_progress"
+    text: str = ""
+    audio: list[bytes] = field(default_factory=list)
+
+    @property
+    def ttfa_ms(self) -> float | None:
+        if self.turn is None or self.turn.voiced_end is None or self.first_audio is None:
+            return None
+        return (self.first_audio - self.turn.voiced_end) * 1000
+
+    @property
+    def audio_s(self) -> float:
+        return sum(map(len, self.audio)) / (2 * OUT_RATE)
+
+
+class TalkReport:
+    """What happened in a talk session; :meth:`on_event` returns the lines to print."""
+
+    def __init__(self) -> None:
+        self.turns: list[Turn] = []
+        self.answers: list[Answer] = []
+        self.errors: list[str] = []
+        self.last_voiced: float | None = None
+        self.speaking = False
+        self._by_item: dict[str, Turn] = {}
+        self._by_response: dict[str, Answer] = {}
+
+    def sent_frame(self, voiced: bool, now: float) -> None:
+        if voiced:
+            self.last_voiced = now
+
+    @property
+    def idle(self) -> bool:
+        """No speech in progress and no answer still open."""
+        return not self.speaking and not any(a.status == "in_progress" for a in self.answers)
+
+    @property
+    def settled(self) -> bool:
+        """Idle, and the last turn has its answer (an earlier turn may have none)."""
+        last = self.turns[-1] if self.turns else None
+        answered = bool(self.answers) and self.answers[-1].turn is last
+        return self.idle and last is not None and answered
+
+    def on_event(self, event: ev.AnyServerEvent, now: float) -> list[str]:
+        if isinstance(event, ev.SpeechStarted):
+            self.speaking = True
+        elif isinstance(event, ev.SpeechStopped):
+            self.speaking = False
+            self._turn(event.item_id).voiced_end = self.last_voiced
+        elif isinstance(event, ev.InputCommitted):
+            self._turn(event.item_id)
+        elif isinstance(event, ev.InputTranscriptCompleted):
+            turn = self._turn(event.item_id)
+            turn.transcript = event.transcript
+            return [f"turn {turn.number}  you:       {event.transcript or '(no words heard)'}"]
+        elif isinstance(event, ev.ResponseCreated):
+            created = Answer(event.response.id, self.turns[-1] if self.turns else None)
+            self.answers.append(created)
+            self._by_response[created.response_id] = created
+        elif isinstance(event, ev.AudioDelta):
+            answer = self._by_response.get(event.response_id)
+            if answer is not None:
+                if answer.first_audio is None:
+                    answer.first_audio = now
+                answer.audio.append(base64.b64decode(event.delta))
+        elif isinstance(event, ev.TranscriptDelta | ev.TextDelta):
+            answer = self._by_response.get(event.response_id)
+            if answer is not None:
+                answer.text += event.delta
+        elif isinstance(event, ev.ResponseDone):
+            answer = self._by_response.get(event.response.id)
+            if answer is not None:
+                answer.status = event.response.status
+                return [self._answer_line(answer)]
+        elif isinstance(event, ev.Error):
+            line = f"error: {event.error.code}: {event.error.message}"
+            self.errors.append(line)
+            return [line]
+        return []
+
+    def _turn(self, item_id: str) -> Turn:
+        turn = self._by_item.get(item_id)
+        if turn is None:
+            turn = Turn(len(self.turns) + 1, item_id, self.last_voiced)
+            self.turns.append(turn)
+            self._by_item[item_id] = turn
+        return turn
+
+    @staticmethod
+    def _answer_line(answer: Answer) -> str:
+        where = f"turn {answer.turn.number}" if answer.turn is not None else "turn -"
+        text = answer.text.strip() or "(nothing said)"
+        if answer.status == "cancelled":
+            how = "interrupted"
+            how += (
+                f" after {answer.audio_s:.1f} s of audio" if answer.audio else " before any audio"
+            )
+        else:
+            how = answer.status
+        ttfa = answer.ttfa_ms
+        if ttfa is not None:
+            how += f", TTFA {ttfa:.0f} ms"
+        return f"{where}  assistant: {text}  [{how}]"
+
+    def summary(self, fast: bool = False) -> list[str]:
+        by_status: dict[str, int] = {}
+        for a in self.answers:
+            label = "interrupted" if a.status == "cancelled" else a.status
+            by_status[label] = by_status.get(label, 0) + 1
+        counts = ", ".join(f"{n} {label}" for label, n in by_status.items())
+        heard = sum(1 for t in self.turns if t.transcript is not None)
+        lines = [
+            f"{_n(len(self.turns), 'turn')} detected by server VAD, "
+            f"{_n(heard, 'transcript')}, {_n(len(self.answers), 'answer')}"
+            + (f" ({counts})" if counts else "")
+        ]
+        answered = {id(a.turn) for a in self.answers}
+        unanswered = [str(t.number) for t in self.turns if id(t) not in answered]
+        if unanswered:
+            which = ", ".join(unanswered)
+            lines.append(f"{_n(len(unanswered), 'turn')} got no answer (turn {which})")
+        ttfas = [t for a in self.answers if (t := a.ttfa_ms) is not None]
+        if ttfas:
+            each = ", ".join(f"{t:.0f}" for t in ttfas)
+            lines.append(
+                f"TTFA, last voiced frame sent -> first answer audio: median "
+                f"{statistics.median(ttfas):.0f} ms over {_n(len(ttfas), 'answer')} ({each} ms)"
+                + (" (--fast: sent faster than real time, not a live figure)" if fast else "")
+            )
+        else:
+            lines.append("TTFA: no answer audio received")
+        return lines
+
+    def reply_pcm(self) -> bytes:
+        """The answers' audio in order (interrupted ones as far as they came)."""
+        return b"".join(b"".join(a.audio) for a in self.answers)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def write_wav(path: Path, pcm: bytes, rate: int) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm)
+
+
+async def talk(
+    url: str, api_key: str | None, wav: Path, out: Path | None, fast: bool, idle_s: float = IDLE_S
+) -> int:
+    """Stream ``wav`` as a microphone (server VAD ends the turns); print the report."""
+    pcm, rate = read_wav(wav)
+    frames = frames_of(to_pcm16(pcm, rate, RATE))
+    voiced = voiced_flags(frames)
+    silence = frames_of(b"\0\0" * int(RATE * TRAILING_SILENCE_S))
+    report = TalkReport()
+    async with await DuplexClient.connect(url, api_key=api_key) as client:
+        await client.update_session(
+            {
+                "output_modalities": ["audio"],
+                "audio": {
+                    "input": {
+                        "format": {"type": "audio/pcm", "rate": RATE},
+                        "turn_detection": {"type": "server_vad"},
+                    },
+                    "output": {"format": {"type": "audio/pcm", "rate": OUT_RATE}},
+                },
+            }
+        )
+        while not isinstance(await client.next_event(10.0), ev.SessionUpdated):
+            pass
+
+        async def send() -> None:  # events are read meanwhile: TTFA is timed as they arrive
+            start = time.monotonic()
+            flags = voiced + [False] * len(silence)
+            for i, (frame, is_voiced) in enumerate(zip(frames + silence, flags, strict=True)):
+                await client.send_audio(frame, RATE)
+                report.sent_frame(is_voiced, time.monotonic())
+                if not fast:
+                    due = start + (i + 1) * FRAME_MS / 1000
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
+
+        sender = asyncio.create_task(send(), name="microphone")
+        last_event = time.monotonic()
+        try:
+            while not (sender.done() and report.settled):
+                try:
+                    event = await client.next_event(0.5)
+                except TimeoutError:
+                    quiet = time.monotonic() - last_event
+                    if not sender.done():
+                        continue
+                    if report.idle and quiet > QUIET_S:
+                        break  # the last turn got no answer
+                    if quiet > idle_s:
+                        print(f"(no event for {idle_s:.0f} s: stopping)", file=sys.stderr)
+                        break
+                    continue
+                except SessionEnded:
+                    break
+                if isinstance(event, ev.HeartbeatAck):
+                    continue  # keeps the session alive, says nothing about the turns
+                last_event = time.monotonic()
+                for line in report.on_event(event, last_event):
+                    print(line, flush=True)
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+    for line in report.summary(fast):
+        print(line)
+    if out is not None:
+        reply = report.reply_pcm()
+        write_wav(out, reply, OUT_RATE)
+        print(f"wrote {out} ({len(reply) / (2 * OUT_RATE):.2f} s: the answers' audio in order)")
+    return 1 if report.errors else 0

@@ -1,0 +1,160 @@
+"""``duplex-client talk`` reports what happened: the turns server VAD detected, each turn's
+transcript and answer (completed or interrupted), and each answer's TTFA from the last voiced
+frame sent. Pure report tests, then the CLI against the real server (test stages, a
+real-time TTS so that a second utterance interrupts the first answer)."""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+from duplex_client import events as ev
+from duplex_client.talk import TalkReport, frames_of, voiced_flags
+
+from tests.server.harness import UNIT, silence, tone
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _response(rid: str, status: str) -> ev.ResponseObj:
+    return ev.ResponseObj(id=rid, status=status, output=[], output_modalities=["audio"])  # type: ignore[arg-type]
+
+
+def _audio(rid: str, ms: float = 100.0) -> ev.AudioDelta:
+    pcm = b"\x01\x00" * int(24 * ms)
+    return ev.AudioDelta(
+        response_id=rid,
+        item_id=f"item_{rid}",
+        delta=base64.b64encode(pcm).decode(),
+        epoch=0,
+        audio_start_ms=0.0,
+        duration_ms=ms,
+    )
+
+
+def test_voiced_flags_follow_the_loudest_frame() -> None:
+    pcm = silence(100, 16000) + tone(60, 16000) + tone(40, 16000, amp=0.001) + silence(20, 16000)
+    flags = voiced_flags(frames_of(pcm))
+    assert flags == [False] * 5 + [True] * 3 + [False] * 3
+    assert voiced_flags(frames_of(silence(100, 16000))) == [False] * 5
+
+
+def test_report_two_turns_one_interrupted() -> None:
+    """Two turns: the first answer is cut by the second utterance after 0.2 s of audio, the
+    second completes; each TTFA runs from the last voiced frame sent before its turn ended."""
+    r = TalkReport()
+    lines: list[str] = []
+
+    def feed(event: ev.AnyServerEvent, now: float) -> None:
+        lines.extend(r.on_event(event, now))
+
+    r.sent_frame(True, 0.98)
+    r.sent_frame(True, 1.00)  # the last voiced frame of turn 1
+    r.sent_frame(False, 1.02)
+    feed(ev.SpeechStarted(audio_start_ms=0, item_id="u1"), 0.3)
+    feed(ev.SpeechStopped(audio_end_ms=1000, item_id="u1"), 1.5)
+    assert not r.settled  # the turn ended, its answer not created yet
+    feed(ev.InputCommitted(item_id="u1"), 1.5)
+    assert not r.settled  # committed, not answered yet
+    feed(ev.ResponseCreated(response=_response("r1", "in_progress")), 1.6)
+    feed(ev.InputTranscriptCompleted(item_id="u1", transcript="hello"), 1.7)
+    feed(_audio("r1"), 1.75)  # TTFA 750 ms
+    feed(ev.TranscriptDelta(response_id="r1", item_id="item_r1", delta="Hi there"), 1.76)
+    feed(_audio("r1"), 1.8)
+    r.sent_frame(True, 2.0)
+    r.sent_frame(True, 2.5)  # the last voiced frame of turn 2
+    feed(ev.SpeechStarted(audio_start_ms=1900, item_id="u2"), 2.0)
+    assert not r.settled
+    feed(ev.ResponseDone(response=_response("r1", "cancelled")), 2.05)
+    feed(ev.SpeechStopped(audio_end_ms=2500, item_id="u2"), 3.0)
+    feed(ev.InputCommitted(item_id="u2"), 3.0)
+    feed(ev.ResponseCreated(response=_response("r2", "in_progress")), 3.0)
+    feed(ev.InputTranscriptCompleted(item_id="u2", transcript=""), 3.1)
+    feed(_audio("r2"), 3.1)  # TTFA 600 ms
+    feed(ev.TranscriptDone(response_id="r2", item_id="item_r2", transcript="x"), 3.2)
+    feed(ev.TranscriptDelta(response_id="r2", item_id="item_r2", delta="Fine."), 3.2)
+    feed(ev.ResponseDone(response=_response("r2", "completed")), 3.3)
+    assert r.settled
+    assert lines == [
+        "turn 1  you:       hello",
+        "turn 1  assistant: Hi there  [interrupted after 0.2 s of audio, TTFA 750 ms]",
+        "turn 2  you:       (no words heard)",
+        "turn 2  assistant: Fine.  [completed, TTFA 600 ms]",
+    ]
+    assert r.summary() == [
+        "2 turns detected by server VAD, 2 transcripts, 2 answers (1 interrupted, 1 completed)",
+        "TTFA, last voiced frame sent -> first answer audio: median 675 ms over 2 answers "
+        "(750, 600 ms)",
+    ]
+    assert len(r.reply_pcm()) == 3 * 4800
+
+
+def test_report_answer_cut_before_audio_and_no_audio_at_all() -> None:
+    r = TalkReport()
+    r.sent_frame(True, 0.5)
+    for event in (
+        ev.SpeechStopped(audio_end_ms=500, item_id="u1"),
+        ev.InputCommitted(item_id="u1"),
+        ev.ResponseCreated(response=_response("r1", "in_progress")),
+    ):
+        assert r.on_event(event, 1.0) == []
+    done = ev.ResponseDone(response=_response("r1", "cancelled"))
+    assert r.on_event(done, 1.1) == [
+        "turn 1  assistant: (nothing said)  [interrupted before any audio]"
+    ]
+    assert r.settled
+    r.on_event(ev.SpeechStarted(audio_start_ms=900, item_id="u2"), 1.2)
+    r.on_event(ev.SpeechStopped(audio_end_ms=1200, item_id="u2"), 1.5)
+    assert r.idle and not r.settled  # turn 2 has no answer (yet)
+    r.on_event(ev.SpeechStarted(audio_start_ms=1400, item_id="u3"), 1.7)
+    r.on_event(ev.SpeechStopped(audio_end_ms=1800, item_id="u3"), 2.1)
+    r.on_event(ev.ResponseCreated(response=_response("r3", "in_progress")), 2.1)
+    r.on_event(ev.ResponseDone(response=_response("r3", "completed")), 2.5)
+    assert r.settled
+    assert r.summary() == [
+        "3 turns detected by server VAD, 0 transcripts, 2 answers (1 interrupted, 1 completed)",
+        "1 turn got no answer (turn 2)",
+        "TTFA: no answer audio received",
+    ]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "duplex_client.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60 * UNIT, cwd=ROOT)
+
+
+def test_cli_talk_two_utterances_reports_two_turns(server: str, tmp_path: Path) -> None:
+    """A WAV with two utterances 1.2 s apart, streamed in real time: two turns; the second
+    utterance interrupts the first answer (the test TTS speaks in real time), the second
+    answer completes. Its TTFA counts from the last voiced frame, so it includes the 500 ms
+    silence window that ``speech_stopped`` would leave out."""
+    src = tmp_path / "two.wav"
+    with wave.open(str(src), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(
+            silence(200, 16000) + tone(700, 16000) + silence(1200, 16000) + tone(700, 16000)
+        )
+    out = tmp_path / "reply.wav"
+    url = f"ws://{server}/v1/realtime"
+    talk = _cli("--url", url, "talk", "--wav", str(src), "--out", str(out))
+    assert talk.returncode == 0, talk.stderr
+    text = talk.stdout
+    assert (
+        "2 turns detected by server VAD, 2 transcripts, 2 answers (1 interrupted, 1 completed)"
+        in text
+    ), text
+    assert "turn 1  you:       what is the weather like today" in text
+    assert "turn 2  you:       what is the weather like today" in text
+    assert re.search(r"turn 1  assistant: .*\[interrupted ", text), text
+    done = re.search(r"turn 2  assistant: Hello there\..*\[completed, TTFA (\d+) ms\]", text)
+    assert done is not None, text
+    assert 450 <= int(done.group(1)) < 5000 * UNIT, text  # includes the silence window
+    assert "one spoken turn" not in text
+    with wave.open(str(out)) as w:
+        assert w.getframerate() == 24000 and w.getnframes() > 0
