@@ -21,7 +21,7 @@ BROWSER_STAMP := .cache/.browser-installed
 HAPROXY_STAMP := .cache/.haproxy-installed
 WORKERS ?= 2
 
-.PHONY: install serve serve-scaled test lint typecheck pytest bench clean
+.PHONY: install serve serve-scaled wscat test lint typecheck pytest bench clean
 
 include mk/vllm.mk
 
@@ -62,6 +62,12 @@ install: $(STAMP)
 
 serve: $(STAMP)
 	$(VENV)/bin/duplex-server serve --config $(CONFIG) --host $(HOST) --port $(PORT)
+
+# a session typed by hand: wscat (pinned in package.json, installed into node_modules/ on the
+# first run) on the server's socket; with DUPLEX_API_KEY set it sends the key
+wscat: $(NPM_STAMP)
+	@node_modules/.bin/wscat -c ws://$(HOST):$(PORT)/v1/realtime \
+	  $(if $(DUPLEX_API_KEY),-H "Authorization: Bearer $(DUPLEX_API_KEY)")
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check duplex_contract duplex_server engine clients bench tests tools
