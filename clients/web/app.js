@@ -17,7 +17,7 @@ const state = (window.duplexState = {
   connected: false, sessionId: null, userTranscripts: [], assistantTranscripts: [],
   ttfaMs: [], timings: [], responses: [], flushes: 0, resumes: 0, framesSent: 0,
   transport: "websocket", audioStarted: 0, audioCleared: 0, rtcPacketsReceived: 0,
-  rtcAudioEnergy: 0,
+  rtcAudioEnergy: 0, interrupted: 0,
 });
 
 // ------------------------------------------------------------------ player (jitter buffer)
@@ -97,7 +97,18 @@ class Session {
     this.speechStoppedAt = null;
     this.awaitingFirstAudio = false;
     this.assistantLine = null;
+    this.bubbles = new Map(); // response id -> its bubble
+    this.itemResponse = new Map(); // assistant item id -> response id
     this.muted = false;
+  }
+  // An answer cut short is marked "(interrupted)": cancelled by the server, or its audio
+  // flushed while it played (the reply may already be complete on the server).
+  markInterrupted(responseId) {
+    const li = this.bubbles.get(responseId);
+    if (!li || li.classList.contains("cancelled")) return;
+    li.classList.add("cancelled");
+    state.interrupted++;
+    $("interrupts").textContent = state.interrupted;
   }
   protocols() {
     const p = ["realtime"];
@@ -143,9 +154,11 @@ class Session {
     this.player.flush();
   }
   flushPlayer() {
+    const cut = this.player.sources.size > 0; // audio still playing or queued
     const played = this.player.flush();
     state.flushes++;
     if (played.itemId) this.send({ type: "playback.ack", item_id: played.itemId, played_ms: played.ms });
+    if (cut && played.itemId) this.markInterrupted(this.itemResponse.get(played.itemId));
   }
   onEvent(ev) {
     const seq = ev.server_event_seq || 0;
@@ -192,6 +205,7 @@ class Session {
         break;
       case "response.created":
         this.assistantLine = addLine("assistant", "");
+        this.bubbles.set(ev.response.id, this.assistantLine);
         break;
       case "response.output_audio.delta": {
         if (this.awaitingFirstAudio && this.speechStoppedAt !== null) {
@@ -200,6 +214,7 @@ class Session {
           $("ttfa").textContent = Math.round(ms) + " ms";
           this.awaitingFirstAudio = false;
         }
+        this.itemResponse.set(ev.item_id, ev.response_id);
         const bin = atob(ev.delta);
         const bytes = new Uint8Array(bin.length);
         for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
@@ -219,9 +234,10 @@ class Session {
           this.awaitingFirstAudio = false;
         }
         break;
-      case "output_audio_buffer.cleared":
+      case "output_audio_buffer.cleared": // WebRTC: the server flushed the reply's track
         state.audioCleared++;
         this.flushPlayer();
+        if (ev.response_id) this.markInterrupted(ev.response_id);
         break;
       case "response.done": {
         const r = ev.response;
@@ -231,11 +247,8 @@ class Session {
         if (this.assistantLine) {
           const text = this.assistantLine.firstChild.textContent;
           if (text) state.assistantTranscripts.push(text);
-          if (r.status === "cancelled") {
-            this.assistantLine.classList.add("cancelled");
-            $("interrupts").textContent = state.responses.filter((s) => s === "cancelled").length;
-          }
         }
+        if (r.status === "cancelled") this.markInterrupted(r.id);
         this.assistantLine = null;
         break;
       }

@@ -68,13 +68,35 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield addr
 
 
+def _talkover_wav(path: Path, rate: int = 16000) -> None:
+    """A question, then continuous speech from 0.7 s after it, all over the answer."""
+    gap = [np.zeros(int(rate * ms / 1000)) for ms in (500, 700, 8000)]
+    signal = np.concatenate([gap[0], _speech(800, rate), gap[1], _speech(5000, rate), gap[2]])
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((signal * 32767).astype("<i2").tobytes())
+
+
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
+    wav = tmp_path / "mic.wav"
+    _mic_wav(wav)
+    yield from _chromium(wav)
+
+
+@pytest.fixture
+def browser_talkover(tmp_path: Path) -> Iterator[Any]:
+    wav = tmp_path / "talkover.wav"
+    _talkover_wav(wav)
+    yield from _chromium(wav)
+
+
+def _chromium(wav: Path) -> Iterator[Any]:
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
-    wav = tmp_path / "mic.wav"
-    _mic_wav(wav)
     opts = Options()
     opts.binary_location = CHROMIUM
     for arg in (
@@ -177,3 +199,41 @@ def test_webrtc_mode_one_turn(server: str, browser: Any) -> None:
     assert state["rtcPacketsReceived"] > 100 and state["rtcAudioEnergy"] > 0, state
     assert any(t.startswith("Hello there.") for t in state["assistantTranscripts"])
     assert state["ttfaMs"] and 0 < state["ttfaMs"][0] < 5000
+
+
+@pytest.fixture(scope="module")
+def fast_tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A TTS faster than real time, like the CPU default: the answer is complete on the
+    server while it still plays at the client."""
+    tts = {"stages": {"tts": {"backend": "test", "options": {"ms_per_word": 300.0}}}}
+    path = write_config(tmp_path_factory.mktemp("web-fast"), engine=tts)
+    with running_server(Path(path)) as addr:
+        yield addr
+
+
+@pytest.mark.parametrize("mode", ["websocket", "webrtc"])
+def test_talking_over_the_answer_shows_an_interrupted_bubble(
+    fast_tts_server: str, browser_talkover: Any, mode: str
+) -> None:
+    """Continuous speech over an answer that is complete on the server but still playing:
+    its playback is cut (WebSocket: the page flushes its player; WebRTC: the server clears
+    the track) and its bubble is marked interrupted, in both modes."""
+    browser = browser_talkover
+    _open(browser, f"http://{fast_tts_server}/")
+    if mode == "webrtc":
+        browser.find_element("id", "webrtc").click()
+    browser.find_element("id", "connect").click()
+    deadline = time.monotonic() + 30 * UNIT
+    state = _state(browser)
+    while time.monotonic() < deadline:
+        state = _state(browser)
+        if state["interrupted"]:
+            break
+        time.sleep(0.2)
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / f"web-client-talkover-{mode}.png"))
+    assert state["transport"] == mode and state["interrupted"] >= 1, state
+    bubbles = browser.find_elements("css selector", "#log li.assistant.cancelled")
+    assert bubbles, browser.find_element("id", "log").get_attribute("innerHTML")
+    assert all(b.is_displayed() and b.text.startswith("Hello there.") for b in bubbles)
+    assert browser.find_element("id", "interrupts").text == str(state["interrupted"])
