@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "clients")]
 
 from duplex_client import DuplexClient  # noqa: E402
+from duplex_client import events as ev  # noqa: E402
 
 from duplex_server.app import create_app  # noqa: E402
 from duplex_server.config import load_app_config  # noqa: E402
-from duplex_server.protocol import events as ev  # noqa: E402
 
 SPEECH = "The quick brown fox jumps over the lazy dog, and then it runs away into the woods."
 

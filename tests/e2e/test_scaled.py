@@ -135,8 +135,8 @@ def test_sessions_spread_over_front_ends_and_resume_through_haproxy(tmp_path: Pa
 
 def test_the_sdk_resumes_through_haproxy_on_the_owning_front_end(tmp_path: Path) -> None:
     from duplex_client import DuplexClient
+    from duplex_client import events as ev
 
-    from duplex_server.protocol import events as ev
     from tests.client.test_sdk import _until
 
     with scaled(tmp_path) as lb:

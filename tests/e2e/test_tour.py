@@ -1,11 +1,12 @@
 """The README's "60-second tour", run as written against a real server on 127.0.0.1.
 
 The tour's code blocks are read from README.md (so a changed command is tested as changed):
-its shell commands (indented blocks; ``make wscat`` with the JSON lines after it typed in),
-and its Python blocks, each run in a scratch directory with ``127.0.0.1:8000`` pointed at
-the test server (in the text, and ``DUPLEX_URL`` for the CLI's default) (configs/test.yaml: deterministic test stages, no model needed) and
-``.venv/bin/`` at this interpreter's. The Twilio TwiML block needs a phone number and is
-only checked for its shape.
+its shell commands (indented blocks; ``make wscat`` with the JSON lines after it typed in)
+and its Python blocks, each run in a scratch directory against the test server
+(configs/test.yaml: deterministic test stages, no model needed): ``127.0.0.1:8000`` in the
+text and ``DUPLEX_URL`` (the CLI's default) point at it, ``.venv/bin/`` at this
+interpreter's. The Twilio TwiML block needs a phone number and is only checked for its
+shape.
 """
 
 from __future__ import annotations
