@@ -95,6 +95,7 @@ class EngineSessions(Protocol):
         text: str | None = None,
         item_id: str | None = None,
         tool_output: ToolOutput | None = None,
+        stream_ms: float | None = None,
     ) -> ControlResult: ...
 
     async def commit(
@@ -469,7 +470,9 @@ class LiveSession:
             parts.append(nxt.audio)
         if len(parts) == 1:
             return cmd
-        return Append(cmd.epoch, audio=b"".join(parts), event_id=cmd.event_id)
+        return Append(
+            cmd.epoch, audio=b"".join(parts), event_id=cmd.event_id, stream_ms=cmd.stream_ms
+        )
 
     async def _execute(self, cmd: EngineCommand) -> Fence | None:
         core, eng = self.core, self.engine
@@ -486,6 +489,7 @@ class LiveSession:
                 text=cmd.text,
                 item_id=cmd.item_id,
                 tool_output=cmd.tool_output,
+                stream_ms=cmd.stream_ms,
             )
         elif isinstance(cmd, Commit):
             res = await eng.commit(

@@ -339,6 +339,7 @@ class AsyncEngine:
         expected_epoch: int | None = None,
         item_id: str | None = None,
         tool_output: ToolOutput | None = None,
+        stream_ms: float | None = None,
     ) -> ControlResult:
         return await self.call(
             AppendCall(
@@ -351,6 +352,7 @@ class AsyncEngine:
                 expected_epoch=expected_epoch,
                 item_id=item_id,
                 tool_output=tool_output,
+                stream_ms=stream_ms,
             )
         )
 

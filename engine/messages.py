@@ -181,6 +181,10 @@ class AppendCall(Msg, frozen=True, tag="append"):
     expected_epoch: int | None = None
     item_id: str | None = None  # the client's item this text belongs to
     tool_output: ToolOutput | None = None  # a function_call_output item
+    #: where ``audio`` starts on the session's input clock (ms of input the front end has
+    #: processed, silence included): the engine times the pause between two turns in audio,
+    #: not wall-clock, time (engine/speculation.py). None: not known (wall clock instead).
+    stream_ms: float | None = None
 
 
 class CommitCall(Msg, frozen=True, tag="commit"):

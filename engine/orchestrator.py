@@ -168,6 +168,7 @@ class Orchestrator:
             self._track,
             self.route_of,
             self.language_of,
+            self.stream_of,
         )
         try:
             self.started.set_result(self.request_q.sync_q)
@@ -292,6 +293,11 @@ class Orchestrator:
             self._cancel(cancel)
         spec = self.speculation
         if spec is not None:
+            for sid, audio, stream_ms in effects.committed:
+                spec.committed(sid, audio, stream_ms)
+            for cancel in effects.cancels:
+                if cancel.reason == "input_cancelled":  # its queued turns were dropped
+                    spec.abandon(cancel.session_id)
             for sid in effects.unspeculate:
                 spec.resume(sid)
                 self._drop_draft(sid)
@@ -373,6 +379,11 @@ class Orchestrator:
             return "text"
         return "voice"
 
+    def stream_of(self, sid: str) -> float | None:
+        """Where a session's uncommitted audio starts on its input clock, if known."""
+        session = self.control.sessions.get(sid)
+        return None if session is None else session.audio_stream_ms
+
     def language_of(self, sid: str) -> str:
         """The language a session's speech is transcribed in (``en`` unless it set one)."""
         session = self.control.sessions.get(sid)
@@ -434,7 +445,7 @@ class Orchestrator:
         marks: dict[str, float] = {}
         if job.audio:
             assert self.speculation is not None
-            heard = await self.speculation.transcript(fence, job.audio)
+            heard = await self.speculation.transcript(fence, job.audio, job.stream_ms)
             marks["asr_wait"] = (time.perf_counter() - t_job) * 1000
             self.emit(sid, UserTranscript(fence=fence, text=heard, final=True))
             text = f"{text} {heard}".strip()

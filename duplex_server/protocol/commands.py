@@ -25,6 +25,7 @@ class Append:
     event_id: str | None = None
     item_id: str | None = None  # the text item (or tool output item) this is
     tool_output: ToolOutput | None = None
+    stream_ms: float | None = None  # audio: where it starts on the session's input clock
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,6 +112,7 @@ class FakeEngine:
         text: str | None = None,
         item_id: str | None = None,
         tool_output: ToolOutput | None = None,
+        stream_ms: float | None = None,
     ) -> ControlResult:
         self.calls.append(f"append:{text}")
         return self._res(fence)
