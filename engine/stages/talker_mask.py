@@ -11,12 +11,16 @@ and, when ``position == 0``, its end ids; every other column becomes ``-inf``. R
 a spec are left alone, and so are row indices at or past ``logits.shape[0]``.
 
 :class:`FrameMaskRows` holds the rows (added, removed, moved as vLLM's batch updates say)
-and applies the mask to the whole batch with a fixed sequence of 12 kernels whatever
-the number of rows: one host-to-device copy of the rows' output lengths, a few ``(rows,)``
-ops for the bounds, two comparisons against a cached column range, one ``scatter_`` for the
-end ids (padded per row to the longest list with a spare column past the vocabulary) and
-one ``masked_fill_``. The per-row tensors (base, size, frame, end ids, by batch row) are
-rebuilt only when the rows change or the batch's shape or device does.
+and applies the mask to the whole batch with the same 19 kernels whatever the number of
+rows: one host-to-device copy of the rows' output lengths; small ``(rows, 1)`` ops for the
+positions and block starts; the kept values gathered (``rows x codebook size`` for the
+block, ``rows x ends`` for the end ids) before one fill of the masked rows with ``-inf``
+(a memset when every row has a spec, as in a talker's batch), and two ``scatter_`` that put
+them back. Only the fill touches ``rows x V``. Entries that keep nothing (block columns
+past the vocabulary, a row's shorter block, end ids away from a frame start, padding) all
+point at one column per row and carry that column's own final value, so no two writes to
+a column disagree. The per-row tensors and work space are rebuilt only when the rows change
+or the batch's shape, dtype or device does.
 :func:`reference_apply` is the loop it replaces (one clone, fill and assignment per row),
 kept as the reference for the tests and the bench.
 """
@@ -67,43 +71,66 @@ def reference_apply(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class _Table:
-    """The rows as tensors indexed by batch row ``0 .. n-1`` (no spec: keeps every column)."""
+    """The rows as tensors indexed by batch row ``0 .. n-1``.
 
-    key: tuple[int, int, Any]  # (rows n, vocabulary V, device)
+    A row without a spec is given the block ``[0, 1)`` and no end ids: the scatters write
+    its column 0 back unchanged, and the fill skips it.
+    """
+
+    key: tuple[int, int, Any, Any]  # (rows n, vocabulary V, dtype, device)
     outputs: list[Sequence[int]]  # the live output-id lists, () for rows without a spec
+    masked: torch.Tensor | None  # (R,) int64: the rows with a spec to fill; None: all n
     base: torch.Tensor  # (n, 1) int64
-    size: torch.Tensor  # (n, 1) int64; V + 1 for rows without a spec
+    size: torch.Tensor  # (n, 1) int64
     frame: torch.Tensor  # (n, 1) int64; 1 for rows without a spec
-    ends: torch.Tensor  # (n, E) int64; padded with V (the spare column)
-    columns: torch.Tensor  # (1, V + 1) int64: 0 .. V
+    offsets: torch.Tensor  # (n, S) int64: 0 .. size-1, then V (S: the largest size)
+    ends: torch.Tensor  # (n, E) int64: the end ids inside the vocabulary, padded with the first
+    has_end: torch.Tensor  # (n, 1) bool: the row has an end id inside the vocabulary
+    # work space for the (n, S) steps, reused every step (a fresh CPU tensor of this size
+    # costs page faults that take longer than the op itself)
+    raw: torch.Tensor  # int64
+    valid: torch.Tensor  # bool
+    block: torch.Tensor  # int64
+    kept: torch.Tensor  # the logits' dtype
+    minus_inf: torch.Tensor  # () the logits' dtype
 
 
-def _build(rows: Rows, n: int, vocab: int, device: Any) -> _Table:
+def _build(rows: Rows, n: int, vocab: int, dtype: Any, device: Any) -> _Table:
     outputs: list[Sequence[int]] = [_NO_OUTPUT] * n
-    base = [0] * n
-    size = [vocab + 1] * n
-    frame = [1] * n
-    ends: list[tuple[int, ...]] = [()] * n
-    for index, ((b, s, f, e), output_ids) in rows.items():
+    masked: list[int] = []
+    base, size, frame = [0] * n, [1] * n, [1] * n
+    ends: list[list[int]] = [[]] * n
+    for index, ((b, s, f, e), output_ids) in sorted(rows.items()):
         if index < n:
             outputs[index] = output_ids
+            masked.append(index)
             base[index], size[index], frame[index] = b, s, f
-            # an end id outside the vocabulary names no column: it goes to the spare one
-            ends[index] = tuple(x if x < vocab else vocab for x in e)
+            # an end id outside the vocabulary names no column (the reference would fail)
+            ends[index] = [x for x in e if x < vocab]
     width = max([1, *map(len, ends)])
-    padded = [list(e) + [vocab] * (width - len(e)) for e in ends]
+    padded = [e + [e[0] if e else 0] * (width - len(e)) for e in ends]
 
-    def column(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=device).reshape(n, 1)
+    def tensor(values: list[Any], dtype: Any = torch.int64) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device).reshape(n, -1)
 
+    sizes = tensor(size)
+    block = torch.arange(max(size), dtype=torch.int64, device=device).reshape(1, -1)
+    shape = (n, block.shape[1])
     return _Table(
-        key=(n, vocab, device),
+        key=(n, vocab, dtype, device),
         outputs=outputs,
-        base=column(base),
-        size=column(size),
-        frame=column(frame),
-        ends=torch.tensor(padded, dtype=torch.int64, device=device).reshape(n, width),
-        columns=torch.arange(vocab + 1, dtype=torch.int64, device=device).reshape(1, -1),
+        masked=None if len(masked) == n else torch.tensor(masked, dtype=torch.int64, device=device),
+        base=tensor(base),
+        size=sizes,
+        frame=tensor(frame),
+        offsets=torch.where(block < sizes, block, vocab),
+        ends=tensor(padded),
+        has_end=tensor([bool(e) for e in ends], torch.bool),
+        raw=torch.empty(shape, dtype=torch.int64, device=device),
+        valid=torch.empty(shape, dtype=torch.bool, device=device),
+        block=torch.empty(shape, dtype=torch.int64, device=device),
+        kept=torch.empty(shape, dtype=dtype, device=device),
+        minus_inf=torch.full((), float("-inf"), dtype=dtype, device=device),
     )
 
 
@@ -145,16 +172,29 @@ class FrameMaskRows:
             return logits
         n, vocab = int(logits.shape[0]), int(logits.shape[1])
         table = self._table
-        if table is None or table.key != (n, vocab, logits.device):
-            table = self._table = _build(self.rows, n, vocab, logits.device)
+        if table is None or table.key != (n, vocab, logits.dtype, logits.device):
+            table = self._table = _build(self.rows, n, vocab, logits.dtype, logits.device)
         # output_ids are vLLM's live lists: their lengths are read again at every step
         lengths = torch.tensor(
             [[len(o)] for o in table.outputs], dtype=torch.int64, device=logits.device
         )
-        position = lengths % table.frame  # (n, 1), as lo and hi
+        position = lengths % table.frame  # (n, 1), as every (n, 1) below
         lo = table.base + position * table.size
-        hi = lo + table.size
-        ends = torch.where(position == 0, table.ends, vocab)
-        drop = (table.columns < lo) | (table.columns >= hi)  # (n, V + 1)
-        drop.scatter_(1, ends, False)
-        return logits.masked_fill_(drop[:, :vocab], float("-inf"))
+        inside = lo < vocab  # else the whole block is past the vocabulary: nothing kept
+        # Column c = lo (or V-1) stands in for every entry that keeps nothing, so that all
+        # writes to one column carry one value: lo's own where lo is kept, else -inf.
+        c = lo.clamp(max=vocab - 1)
+        raw = torch.add(lo, table.offsets, out=table.raw)  # the codebook's columns, padding
+        block = torch.where(torch.lt(raw, vocab, out=table.valid), raw, c, out=table.block)
+        kept = torch.gather(logits, 1, block, out=table.kept)
+        kept = torch.where(inside, kept, table.minus_inf, out=kept)
+        active = (position == 0) & table.has_end
+        ends = torch.where(active, table.ends, c)
+        end_kept = torch.where(active, logits.gather(1, ends), kept[:, :1])
+        if table.masked is None:  # every row has a spec (a talker's batch): one memset
+            logits.fill_(float("-inf"))
+        else:
+            logits.index_fill_(0, table.masked, float("-inf"))
+        logits.scatter_(1, block, kept)
+        # after the block: where c = V-1 is also an end id, the end's value is the last write
+        return logits.scatter_(1, ends, end_kept)
