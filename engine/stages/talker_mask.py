@@ -38,6 +38,7 @@ Spec = tuple[int, int, int, tuple[int, ...]]
 Rows = Mapping[int, tuple[Spec, Sequence[int]]]
 
 _NO_OUTPUT: tuple[int, ...] = ()
+LIMIT = 2**31  # token ids are int32 in vLLM; keeps every index the mask computes in int64
 
 
 def check_spec(spec: Spec) -> Spec:
@@ -49,6 +50,8 @@ def check_spec(spec: Spec) -> Spec:
         raise ValueError(f"codebook size and frame size must be >= 1, got {size} and {frame}")
     if any(e < 0 for e in ends):
         raise ValueError(f"end ids must be >= 0, got {list(ends)}")
+    if max(base, size, frame, *ends) >= LIMIT:
+        raise ValueError(f"token ids and sizes must be < 2**31, got {spec}")
     return spec
 
 
@@ -83,7 +86,7 @@ class _Table:
     base: torch.Tensor  # (n, 1) int64
     size: torch.Tensor  # (n, 1) int64
     frame: torch.Tensor  # (n, 1) int64; 1 for rows without a spec
-    offsets: torch.Tensor  # (n, S) int64: 0 .. size-1, then V (S: the largest size)
+    offsets: torch.Tensor  # (n, S) int64: 0 .. size-1, then V (S: the largest size, <= V)
     ends: torch.Tensor  # (n, E) int64: the end ids inside the vocabulary, padded with the first
     has_end: torch.Tensor  # (n, 1) bool: the row has an end id inside the vocabulary
     # work space for the (n, S) steps, reused every step (a fresh CPU tensor of this size
@@ -114,7 +117,8 @@ def _build(rows: Rows, n: int, vocab: int, dtype: Any, device: Any) -> _Table:
         return torch.tensor(values, dtype=dtype, device=device).reshape(n, -1)
 
     sizes = tensor(size)
-    block = torch.arange(max(size), dtype=torch.int64, device=device).reshape(1, -1)
+    # a block never keeps more than the vocabulary, however large its codebook size
+    block = torch.arange(min(max(size), vocab), dtype=torch.int64, device=device).reshape(1, -1)
     shape = (n, block.shape[1])
     return _Table(
         key=(n, vocab, dtype, device),

@@ -123,7 +123,8 @@ def test_a_block_past_the_vocabulary_keeps_only_what_is_inside() -> None:
     mask.add(2, (8, 4, 3, (1, 99)), [])  # position 0: 8..11 and end 1 (99 names no column)
     mask.add(3, (20, 4, 3, (13, 2)), [])  # no block at all; ends 13 (the last column) and 2
     mask.add(4, (20, 4, 3, (13, 2)), [0])  # ... away from a frame start: nothing
-    logits = torch.arange(5 * 14, dtype=torch.float32).reshape(5, 14)
+    mask.add(5, (3, 2**30, 2, ()), [])  # a codebook larger than the vocabulary: 3..13
+    logits = torch.arange(6 * 14, dtype=torch.float32).reshape(6, 14)
     want = reference_apply(logits.clone(), {i: r for i, r in mask.rows.items() if i != 2})
     mask.apply(logits)
     assert finite_columns(logits[0]) == {12, 13}
@@ -131,7 +132,8 @@ def test_a_block_past_the_vocabulary_keeps_only_what_is_inside() -> None:
     assert finite_columns(logits[2]) == {1, 8, 9, 10, 11}
     assert finite_columns(logits[3]) == {2, 13}
     assert finite_columns(logits[4]) == set()
-    assert_same(logits[[0, 1, 3, 4]], want[[0, 1, 3, 4]])  # the reference fails on row 2: 99
+    assert finite_columns(logits[5]) == set(range(3, 14))
+    assert_same(logits[[0, 1, 3, 4, 5]], want[[0, 1, 3, 4, 5]])  # the reference fails on 2: 99
 
 
 @pytest.mark.parametrize(
@@ -141,6 +143,8 @@ def test_a_block_past_the_vocabulary_keeps_only_what_is_inside() -> None:
         ((0, 0, 7, ()), "codebook size and frame size must be >= 1"),
         ((0, 4, 0, ()), "codebook size and frame size must be >= 1"),
         ((0, 4, 7, (3, -2)), "end ids must be >= 0"),
+        ((2**31, 4, 7, ()), "token ids and sizes must be < 2\\*\\*31"),
+        ((0, 4, 7, (2**40,)), "token ids and sizes must be < 2\\*\\*31"),
     ],
 )
 def test_malformed_specs_are_refused_naming_the_part(spec: Spec, message: str) -> None:
