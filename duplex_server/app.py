@@ -96,12 +96,14 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         try:
             yield
         finally:
+            log.info("shutting down: closing %d session socket(s)", len(hub.sockets))
             await hub.shutdown(config.server.shutdown_grace_s)
             if not starter.done():
                 starter.cancel()
             await asyncio.gather(starter, return_exceptions=True)
             if handle.engine is not None:
                 await handle.engine.shutdown()
+                log.info("engine %s", "detached" if engine_addr is not None else "stopped")
             executor.shutdown(wait=True, cancel_futures=True)
 
     async def health(request: Request) -> Response:
