@@ -57,9 +57,10 @@ def error_response(exc: ApiError) -> Response:
     return JSONResponse(exc.payload(), status_code=exc.status)
 
 
-def validation_error(exc: msgspec.ValidationError) -> ApiError:
-    """msgspec's message -> a 400 naming the field (``audio.format``, ``messages.0.role``)."""
-    problem = explain(exc)
+def validation_error(exc: msgspec.ValidationError, decoded: object = None) -> ApiError:
+    """msgspec's message -> a 400 naming the field (``audio.format``, ``messages.0.role``)
+    and, for a value outside a fixed set, the allowed values (``decoded``: the body type)."""
+    problem = explain(exc, decoded)
     code = {
         "unknown": "unknown_parameter",
         "missing": "missing_required_parameter",
@@ -183,7 +184,7 @@ async def read_json(request: Request, type_: type[T], limit: int) -> T:
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as exc:
-        raise validation_error(exc) from None
+        raise validation_error(exc, type_) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
 

@@ -221,9 +221,18 @@ class LiveSession:
         self.apply(self.core.on_client_event(event, now_ms()))
 
     def receive_audio(self, data: bytes) -> None:
-        """Raw audio in the session's input format (a binary frame, an RTP payload...)."""
+        """Raw audio in the session's input format (an RTP payload, a media stream...)."""
         if data and not self.core.closed:
             self._input(data)
+
+    def receive_audio_frame(self, data: bytes) -> None:
+        """A client's binary WebSocket frame: whole samples, or refused (and dropped)."""
+        try:
+            self.core.config.input_format.check_frame(len(data))
+        except ProtocolError as exc:
+            self.apply(self.core.error(exc))
+            return
+        self.receive_audio(data)
 
     def receive_dtmf(self, digit: str, received_at: int) -> None:
         """A keypad digit from a phone transport; ``received_at``: Unix time (s)."""

@@ -271,6 +271,13 @@ def test_transcriptions_errors(server: str) -> None:
     assert _error(_post(server, path, files=garbage, data={"model": "m"}), 400, "file")["code"] == (
         "invalid_file"
     )
+    text = {"file": ("notes.txt", b"these are my notes, not audio\n" * 20)}
+    err = _error(_post(server, path, files=text, data={"model": "m"}), 400, "file")
+    assert err["code"] == "invalid_file"
+    assert err["message"] == (
+        "cannot decode audio (Format not recognised); send WAV, FLAC, MP3 or Ogg (Vorbis, "
+        "Opus) audio"
+    )  # no Python repr such as <_io.BytesIO object at 0x...>
 
 
 def test_openai_sdk_against_the_server(server: str) -> None:
