@@ -13,6 +13,7 @@ from starlette.types import Message
 
 from duplex_contract.audio import INPUT_RATE
 from duplex_contract.validation import explain
+from duplex_contract.voices import VoiceCatalog
 from duplex_server.codecs import (
     SpeechFormat,
 )
@@ -69,6 +70,31 @@ def validation_error(exc: msgspec.ValidationError, decoded: object = None) -> Ap
     param = problem.path or None
     text = problem.message
     return ApiError(400, f"{param}: {text}" if param else text, param=param, code=code)
+
+
+def engine_voice(voices: VoiceCatalog | None, name: str | None, param: str) -> str | None:
+    """The engine's voice for a request's ``name`` (an OpenAI alias is the default voice);
+    400 ``invalid_value`` listing the voices for an unknown one. ``voices`` None: unchecked."""
+    if voices is None or name is None:
+        return name
+    problem = voices.problem(name)
+    if problem is not None:
+        raise ApiError(400, f"{param}: {problem}", param=param, code="invalid_value")
+    return voices.resolve(name)
+
+
+def voice_list(voices: VoiceCatalog | None) -> dict[str, object]:
+    """``GET /v1/voices``: the engine's voices (the default first) and the aliases."""
+    if voices is None:
+        return {"object": "list", "data": [], "default": None, "checked": False}
+    data: list[dict[str, object]] = [
+        {"id": v, "object": "voice", "default": i == 0} for i, v in enumerate(voices.voices)
+    ]
+    data += [
+        {"id": a, "object": "voice", "default": False, "alias_of": voices.default}
+        for a in voices.aliases
+    ]
+    return {"object": "list", "data": data, "default": voices.default, "checked": True}
 
 
 # ============================================================================ bodies

@@ -33,6 +33,7 @@ from duplex_contract.events import AudioChunk, SessionEvent
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings, SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
+from duplex_contract.voices import VoiceCatalog
 from duplex_server.attach import Attachment, Journal, Outgoing, Stamper
 from duplex_server.metrics import Metrics
 from duplex_server.output import OutputEncoder
@@ -531,6 +532,7 @@ class Sessions:
         model: str,
         output_rate: int = OUTPUT_RATE,
         route_key: str | None = None,
+        voices: VoiceCatalog | None = None,
     ) -> None:
         self.limits = limits
         self.route_key = route_key  # this front end's: session ids carry it
@@ -539,6 +541,7 @@ class Sessions:
         self.instructions = instructions
         self.model = model
         self.output_rate = output_rate
+        self.voices = voices  # checked by session.update (None: any name)
         self.engine: EngineSessions | None = None
         self.live: dict[str, LiveSession] = {}
         self._runs: dict[str, asyncio.Task[None]] = {}
@@ -573,6 +576,7 @@ class Sessions:
             event_names="beta" if beta else "ga",
             model=self.model,
             output_rate=self.output_rate,
+            voices=self.voices,
         )
         res = await engine.open(cfg.settings(), route_key=self.route_key)
         assert res.session_id is not None

@@ -345,9 +345,9 @@ def _count(addr: str, route: str, status: str) -> float:
 def test_batch_latency_is_exported(server: str) -> None:
     before_ok = _count(server, "/v1/audio/speech", "200")
     before_bad = _count(server, "/v1/audio/speech", "400")
-    ok = _post(server, "/v1/audio/speech", json={"model": "m", "input": "Hi.", "voice": "v"})
+    ok = _post(server, "/v1/audio/speech", json={"model": "m", "input": "Hi.", "voice": "test"})
     assert ok.status_code == 200
-    bad = _post(server, "/v1/audio/speech", json={"model": "m", "input": "", "voice": "v"})
+    bad = _post(server, "/v1/audio/speech", json={"model": "m", "input": "", "voice": "test"})
     assert bad.status_code == 400
     assert _count(server, "/v1/audio/speech", "200") == before_ok + 1
     assert _count(server, "/v1/audio/speech", "400") == before_bad + 1
