@@ -41,13 +41,16 @@ log = logging.getLogger(__name__)
 async def attach_engine(addr: str, config: AppConfig, wait_s: float = 900.0) -> RemoteEngine:
     """Connect to an engine process, waiting while it starts (it loads models first)."""
     deadline = time.monotonic() + wait_s
+    waited = False
     while True:
         try:
             engine = await RemoteEngine.connect(addr, name=f"front-end-{os.getpid()}")
         except EngineDeadError as exc:
             if time.monotonic() > deadline:
                 raise
-            log.info("waiting for the engine process: %s", exc)
+            # once at INFO: it loads its models for a while, and this loop asks twice a second
+            log.log(logging.DEBUG if waited else logging.INFO, "waiting for the engine: %s", exc)
+            waited = True
             await asyncio.sleep(0.5)
             continue
         if engine.config != config.engine:

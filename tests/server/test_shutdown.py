@@ -4,15 +4,12 @@ left); a port that is taken fails at once, before any model loads."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,60 +19,8 @@ import soxr
 import websockets.sync.client
 import yaml
 
-from tests.server.harness import ROOT, TEST_YAML, UNIT, http_status
-
-SERVE = [sys.executable, "-m", "duplex_server", "serve"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def health(addr: str) -> int | None:
-    """``GET /health``'s status, None while nothing listens."""
-    try:
-        return http_status(addr, "/health")
-    except OSError:
-        return None
-
-
-def group_members(pgid: int) -> list[tuple[int, str]]:
-    """``(pid, command line)`` of the live processes in process group ``pgid``."""
-    out: list[tuple[int, str]] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append((int(entry.name), cmdline))
-    return out
-
-
-@contextlib.contextmanager
-def serve(config: Path, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``duplex-server serve`` in its own process group (as a shell runs it), output to
-    ``log``; killed with its group if the test fails."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*SERVE, "--config", str(config), "--port", str(port)],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+from tests.server.cli_server import SERVE, free_port, group_members, serve, wait_healthy
+from tests.server.harness import ROOT, TEST_YAML, UNIT
 
 
 def beckett_24k(seconds: float) -> bytes:
@@ -116,11 +61,7 @@ def test_a_signal_to_the_process_group_stops_everything_cleanly(
     log = tmp_path / "server.log"
     with serve(path, port, log) as proc:
         addr = f"127.0.0.1:{port}"
-        deadline = time.monotonic() + 180 * UNIT
-        while health(addr) != 200:
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        wait_healthy(proc, addr, log, 180)
         members = group_members(proc.pid)
         assert any("engine.partials_child" in cmd for _, cmd in members), members
         with websockets.sync.client.connect(f"ws://{addr}/v1/realtime", max_size=None) as ws:
