@@ -33,6 +33,7 @@ from duplex_contract.events import AudioChunk, SessionEvent
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings, SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
+from duplex_contract.voices import VoiceCatalog
 from duplex_server.attach import Attachment, Journal, Outgoing, Stamper
 from duplex_server.metrics import Metrics
 from duplex_server.output import OutputEncoder
@@ -222,9 +223,18 @@ class LiveSession:
         self.apply(self.core.on_client_event(event, now_ms()))
 
     def receive_audio(self, data: bytes) -> None:
-        """Raw audio in the session's input format (a binary frame, an RTP payload...)."""
+        """Raw audio in the session's input format (an RTP payload, a media stream...)."""
         if data and not self.core.closed:
             self._input(data)
+
+    def receive_audio_frame(self, data: bytes) -> None:
+        """A client's binary WebSocket frame: whole samples, or refused (and dropped)."""
+        try:
+            self.core.config.input_format.check_frame(len(data))
+        except ProtocolError as exc:
+            self.apply(self.core.error(exc))
+            return
+        self.receive_audio(data)
 
     def receive_dtmf(self, digit: str, received_at: int) -> None:
         """A keypad digit from a phone transport; ``received_at``: Unix time (s)."""
@@ -526,6 +536,7 @@ class Sessions:
         model: str,
         output_rate: int = OUTPUT_RATE,
         route_key: str | None = None,
+        voices: VoiceCatalog | None = None,
     ) -> None:
         self.limits = limits
         self.route_key = route_key  # this front end's: session ids carry it
@@ -534,6 +545,7 @@ class Sessions:
         self.instructions = instructions
         self.model = model
         self.output_rate = output_rate
+        self.voices = voices  # checked by session.update (None: any name)
         self.engine: EngineSessions | None = None
         self.live: dict[str, LiveSession] = {}
         self._runs: dict[str, asyncio.Task[None]] = {}
@@ -568,6 +580,7 @@ class Sessions:
             event_names="beta" if beta else "ga",
             model=self.model,
             output_rate=self.output_rate,
+            voices=self.voices,
         )
         res = await engine.open(cfg.settings(), route_key=self.route_key)
         assert res.session_id is not None

@@ -97,7 +97,7 @@ def convert(data: Any, type_: type[T], *, where: str) -> T:
     try:
         return msgspec.convert(data, type_, strict=False)
     except msgspec.ValidationError as exc:
-        problem = explain(exc)
+        problem = explain(exc, type_)
         path = f"{where}.{problem.path}" if problem.path else where
         raise ConfigError(f"{path}: {problem.message}") from None
 

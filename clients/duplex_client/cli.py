@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import soundfile
 
-from duplex_client.client import DuplexClient, read_wav
+from duplex_client.client import DuplexClient, SessionRefused, read_wav
 from duplex_server.protocol import events as ev
 
 DEFAULT_URL = os.environ.get("DUPLEX_URL", "ws://127.0.0.1:8000/v1/realtime")
@@ -138,7 +138,7 @@ def say(base: str, api_key: str | None, text: str, out: Path, fmt: str, voice: s
     ):
         if resp.status_code != 200:
             resp.read()
-            print(f"error: HTTP {resp.status_code}: {resp.text}", file=sys.stderr)
+            print(f"duplex-client: HTTP {resp.status_code}: {_error_text(resp)}", file=sys.stderr)
             return 1
         for chunk in resp.iter_bytes():
             if first is None:
@@ -151,6 +151,15 @@ def say(base: str, api_key: str | None, text: str, out: Path, fmt: str, voice: s
     ttfb = (first - started) * 1000 if first is not None else float("nan")
     print(f"wrote {out} ({out.stat().st_size} bytes); first byte {ttfb:.0f} ms, total {took:.2f} s")
     return 0
+
+
+def _error_text(resp: httpx.Response) -> str:
+    """An OpenAI-shaped error body's message, else the body."""
+    try:
+        err = resp.json()["error"]
+        return f"{err['message']} ({err['code']})"
+    except (ValueError, KeyError, TypeError):
+        return resp.text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
             base = _http_base(args.url)
             return say(base, args.api_key, args.text, args.out, args.format, args.voice)
         return asyncio.run(chat(args.url, args.api_key, args.text))
+    except SessionRefused as exc:
+        hint = " (pass --api-key KEY or set DUPLEX_API_KEY)" if exc.code == "unauthorized" else ""
+        print(f"duplex-client: {exc}{hint}", file=sys.stderr)
+        return 1
     except (OSError, ConnectionError) as exc:
         print(f"duplex-client: {exc}", file=sys.stderr)
         return 1

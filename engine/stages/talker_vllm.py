@@ -90,6 +90,11 @@ class VllmTalker(VllmLlm):
         except FrameError as exc:
             raise ConfigError(f"{self.field}.layout: {exc}") from None
 
+    def voices(self) -> tuple[str, ...]:
+        """The default voice, the layout's voices and those with sampling presets."""
+        default = self.topts.voice or self.layout.default_voice
+        return tuple(dict.fromkeys((default, *self.layout.voices, *self.topts.voices)))
+
     # ------------------------------------------------------------------ start-up
     def _resolve_model(self) -> str:
         if self.options.model is not None:
