@@ -17,6 +17,7 @@ from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import INPUT_FORMATS, OUTPUT_FORMATS
 from duplex_server.protocol.errors import CloseCode
 from duplex_server.session_runtime import SessionLimits, Sessions
+from duplex_server.tracing import Tracing
 from duplex_server.turns import InputScheduler
 
 
@@ -37,7 +38,13 @@ class Transport(Protocol):
 class Hub:
     """The sockets of one app, its live sessions, and the send watchdog."""
 
-    def __init__(self, config: AppConfig, metrics: Metrics, executor: Executor) -> None:
+    def __init__(
+        self,
+        config: AppConfig,
+        metrics: Metrics,
+        executor: Executor,
+        tracing: Tracing | None = None,
+    ) -> None:
         s, e = config.server, config.engine
         self.config, self.metrics, self.keys = config, metrics, s.keys()
         limits = SessionLimits(
@@ -52,6 +59,7 @@ class Hub:
             model=s.model_name,
             output_rate=e.output_sample_rate,
             route_key=s.route_key,
+            tracing=tracing,
         )
         self.sockets: set[Transport] = set()
         self.closing = False

@@ -352,6 +352,7 @@ class DuplexControl:
                 tool_outputs=tools,
                 audio_item=call.item_id if audio else None,
                 response=call.response if call.respond else None,
+                traceparent=call.traceparent,
             )
         )
         effects.start.append(session.session_id)
