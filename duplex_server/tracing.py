@@ -14,8 +14,12 @@ trace; the live session tells it what happens, and it builds the spans:
   talker + codec) and ``audio.first_sent`` (the first audio from the engine -> written to
   the client);
 * the engine's spans (engine/tracing.py): the turn's ``traceparent`` goes with its commit
-  and the session's with the open call, so an engine in another process puts its
-  per-stage-request spans (stage, replica, batch size) in this trace.
+  and with the pause's speculation before it, the session's with the open call, so an
+  engine in another process puts its per-stage-request spans (stage, replica, batch size)
+  in this trace.
+
+The spans are exported by the SDK's batch processor on a thread of this process (the
+overhead: docs/protocol.md §13).
 
 With ``server.otel.endpoint`` unset nothing here is built: no provider, no exporter.
 """

@@ -13,6 +13,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from duplex_server.config import load_app_config
+from engine.errors import ConfigError
 from tests.server.harness import (
     REALTIME_TTS,
     Client,
@@ -192,3 +196,19 @@ def test_a_session_sampled_out_sends_nothing(tmp_path: Path) -> None:
             _quiet_turns(addr)
             assert apps[0].state.tracing is not None  # on, but this session is not sampled
         assert rx.spans == []
+
+
+@pytest.mark.parametrize(
+    ("otel_config", "field"),
+    [
+        ({"endpoint": "http://127.0.0.1:4318/v1/traces", "sample_ratio": 2}, "sample_ratio"),
+        ({"endpoint": "collector:4318"}, "endpoint"),
+        ({"endpoint": "http://127.0.0.1:4318/v1/traces", "export_delay_ms": 0}, "export_delay"),
+    ],
+)
+def test_a_bad_otel_config_fails_start_up_naming_the_field(
+    tmp_path: Path, otel_config: dict[str, Any], field: str
+) -> None:
+    path = write_config(tmp_path, server={"otel": otel_config})
+    with pytest.raises(ConfigError, match=rf"server\.otel\.{field}"):
+        load_app_config(path)
