@@ -22,6 +22,7 @@ from duplex_server import listen, logs
 from duplex_server.app import create_app
 from duplex_server.config import ServerConfig, load_app_config
 from duplex_server.scale import haproxy_config, serve_workers
+from duplex_server.tracing import Tracing
 from duplex_server.ws_protocol import BufferedReadsProtocol
 from engine.config import convert
 from engine.errors import ConfigError
@@ -167,6 +168,10 @@ def _engine(path: str, address: str, log_level: str) -> int:
         print(f"duplex-server: bad config: {exc}", file=sys.stderr)
         return 2
 
+    # the stage spans join the front ends' traces (their traceparent on each call)
+    tracing = Tracing.from_config(config.server.otel, process="engine")
+    tracer = tracing.engine_tracer() if tracing is not None else None
+
     async def run() -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -174,13 +179,16 @@ def _engine(path: str, address: str, log_level: str) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve_engine(config.engine, address)
+            await serve_engine(config.engine, address, tracer)
 
     try:
         asyncio.run(run())
     except SystemExit as exc:
         print(f"duplex-server engine: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     return 0
 
 

@@ -29,6 +29,7 @@ from duplex_server.config import AppConfig
 from duplex_server.hub import Hub
 from duplex_server.metrics import BatchTiming, Metrics
 from duplex_server.realtime import realtime_endpoint
+from duplex_server.tracing import Tracing
 from duplex_server.twilio import twilio_endpoint
 from engine.client import AsyncEngine
 from engine.errors import ConfigError, EngineDeadError
@@ -91,14 +92,16 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
     metrics = Metrics(handle.get)
     executor = ThreadPoolExecutor(config.server.vad_threads, thread_name_prefix="input-lane")
     voices = speaking_voices(config)
-    hub = Hub(config, metrics, executor, voices)
+    tracing = Tracing.from_config(config.server.otel)  # None: tracing is off
+    hub = Hub(config, metrics, executor, voices, tracing)
 
     async def start_engine() -> None:
         try:
             if engine_addr is not None:
                 engine: AsyncEngine = await attach_engine(engine_addr, config)
             else:
-                engine = await AsyncEngine.start(config.engine)
+                tracer = tracing.engine_tracer() if tracing is not None else None
+                engine = await AsyncEngine.start(config.engine, tracer=tracer)
             engine.on_dead(lambda exc: setattr(handle, "error", f"engine gone: {exc}"))
             handle.engine = engine
             hub.sessions.engine = engine
@@ -122,6 +125,8 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
                 await handle.engine.shutdown()
                 log.info("engine %s", "detached" if engine_addr is not None else "stopped")
             executor.shutdown(wait=True, cancel_futures=True)
+            if tracing is not None:  # export what is left (a blocking flush)
+                await asyncio.to_thread(tracing.shutdown)
 
     async def health(request: Request) -> Response:
         engine = handle.engine
@@ -180,4 +185,5 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
     app.state.hub = hub
     app.state.engine = handle
     app.state.metrics = metrics
+    app.state.tracing = tracing
     return app

@@ -18,6 +18,7 @@ from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import INPUT_FORMATS, OUTPUT_FORMATS
 from duplex_server.protocol.errors import CloseCode
 from duplex_server.session_runtime import SessionLimits, Sessions
+from duplex_server.tracing import Tracing
 from duplex_server.turns import InputScheduler
 
 
@@ -44,6 +45,7 @@ class Hub:
         metrics: Metrics,
         executor: Executor,
         voices: VoiceCatalog | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         s, e = config.server, config.engine
         self.config, self.metrics, self.keys = config, metrics, s.keys()
@@ -60,6 +62,7 @@ class Hub:
             output_rate=e.output_sample_rate,
             route_key=s.route_key,
             voices=voices,
+            tracing=tracing,
         )
         self.sockets: set[Transport] = set()
         self.closing = False

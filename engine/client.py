@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import janus
+from opentelemetry.trace import Tracer
 
 from engine.config import EngineConfig
 from engine.errors import ControlError, EngineDeadError, EngineError
@@ -58,6 +59,7 @@ from engine.messages import (
 from engine.orchestrator import Orchestrator
 from engine.speculation import SpeculativeAsr
 from engine.stages.base import StageBackend
+from engine.tracing import EngineTracing
 
 log = logging.getLogger(__name__)
 _END: Any = object()
@@ -129,17 +131,27 @@ class AsyncEngine:
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     async def start(
-        cls, config: EngineConfig, backends: Mapping[str, Sequence[StageBackend]] | None = None
+        cls,
+        config: EngineConfig,
+        backends: Mapping[str, Sequence[StageBackend]] | None = None,
+        *,
+        tracer: Tracer | None = None,
     ) -> AsyncEngine:
+        """``tracer``: record a span per stage request in the callers' traces
+        (engine/tracing.py); None: no spans."""
         self = cls(config)
-        await self._start(backends)
+        await self._start(backends, tracer)
         return self
 
-    async def _start(self, backends: Mapping[str, Sequence[StageBackend]] | None) -> None:
+    async def _start(
+        self, backends: Mapping[str, Sequence[StageBackend]] | None, tracer: Tracer | None
+    ) -> None:
         loop = asyncio.get_running_loop()
         self._out = janus.Queue()
         self._rpc = janus.Queue()
-        self._orch = Orchestrator(self.config, self._out.sync_q, self._rpc.sync_q, backends)
+        self._orch = Orchestrator(
+            self.config, self._out.sync_q, self._rpc.sync_q, backends, EngineTracing(tracer)
+        )
         self._thread_done = loop.create_future()
         done = self._thread_done
 
@@ -320,9 +332,16 @@ class AsyncEngine:
         return res
 
     async def open(
-        self, config: SessionConfig | None = None, *, route_key: str | None = None
+        self,
+        config: SessionConfig | None = None,
+        *,
+        route_key: str | None = None,
+        traceparent: str | None = None,
     ) -> ControlResult:
-        res = await self.call(OpenCall(config=config or SessionConfig(), route_key=route_key))
+        call = OpenCall(
+            config=config or SessionConfig(), route_key=route_key, traceparent=traceparent
+        )
+        res = await self.call(call)
         assert res.session_id is not None
         self._mailbox(res.session_id)
         return res
@@ -365,6 +384,7 @@ class AsyncEngine:
         operation_id: str | None = None,
         item_id: str | None = None,
         response: ResponseOptions | None = None,
+        traceparent: str | None = None,
     ) -> ControlResult:
         return await self.call(
             CommitCall(
@@ -374,6 +394,7 @@ class AsyncEngine:
                 operation_id=operation_id,
                 item_id=item_id,
                 response=response,
+                traceparent=traceparent,
             )
         )
 
@@ -388,6 +409,7 @@ class AsyncEngine:
         operation_id: str | None = None,
         item: ItemRef | None = None,
         respond: bool = True,
+        traceparent: str | None = None,
     ) -> ControlResult:
         return await self.call(
             SignalCall(
@@ -399,6 +421,7 @@ class AsyncEngine:
                 operation_id=operation_id,
                 item=item,
                 respond=respond,
+                traceparent=traceparent,
             )
         )
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
+from opentelemetry.trace import Tracer
 
 from engine.client import AsyncEngine, EngineStats
 from engine.config import EngineConfig
@@ -168,9 +169,11 @@ class EngineServer:
         *,
         stats_interval_s: float = 0.5,
         max_buffer_bytes: int = 64 * 1024 * 1024,
+        tracer: Tracer | None = None,
     ) -> None:
         self.config = config
         self._backends = backends
+        self._tracer = tracer  # stage spans join the front ends' traces (engine/tracing.py)
         self.engine_id = f"eng_{uuid.uuid4().hex[:12]}"
         self.engine: AsyncEngine | None = None
         self.address: Address | None = None
@@ -186,7 +189,7 @@ class EngineServer:
         """Load the models, then listen. Returns the bound address (a tcp port 0 is
         replaced by the real one)."""
         address = parse_address(addr)
-        self.engine = await AsyncEngine.start(self.config, self._backends)
+        self.engine = await AsyncEngine.start(self.config, self._backends, tracer=self._tracer)
         self.engine.on_dead(self._engine_died)
         if address.kind == "unix":
             with contextlib.suppress(FileNotFoundError):
@@ -395,9 +398,10 @@ def replace_id(res: ControlResult, control_id: int) -> ControlResult:
     return msgspec.structs.replace(res, control_id=control_id)
 
 
-async def serve_engine(config: EngineConfig, addr: str) -> None:
-    """``duplex-server engine``: run until cancelled (SIGINT/SIGTERM) or the engine dies."""
-    server = EngineServer(config)
+async def serve_engine(config: EngineConfig, addr: str, tracer: Tracer | None = None) -> None:
+    """``duplex-server engine``: run until cancelled (SIGINT/SIGTERM) or the engine dies.
+    ``tracer``: stage spans in the front ends' traces (their ``traceparent`` on the calls)."""
+    server = EngineServer(config, tracer=tracer)
     try:
         bound = await server.start(addr)
         print(f"duplex-server engine {server.engine_id} listening on {bound}", flush=True)

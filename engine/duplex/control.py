@@ -358,6 +358,7 @@ class DuplexControl:
                 tool_outputs=tools,
                 audio_item=call.item_id if audio else None,
                 response=call.response if call.respond else None,
+                traceparent=call.traceparent,
             )
         )
         if audio:

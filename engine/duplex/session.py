@@ -29,6 +29,7 @@ class TurnJob:
     audio_item: str | None = None  # the user audio item of ``audio``
     audio_deleted: bool = False  # the audio item was deleted: its words stay out
     response: ResponseOptions | None = None  # overrides of this job's response
+    traceparent: str | None = None  # the caller's turn span (engine/tracing.py)
 
 
 @dataclass

@@ -37,6 +37,7 @@ from engine import compute
 from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest
+from engine.tracing import EngineTracing
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[Any]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    batch_max: int = 0  # the largest step (requests at once) this job took part in
 
     def deliver(self, item: object) -> None:
         try:
@@ -227,6 +229,12 @@ class WorkerBackend(ABC):
             job.cancelled.set()
             self._jobs.pop(request.request_id, None)
 
+    def batch_size(self, request_id: str) -> int:
+        """The most requests a step of this replica has run together with ``request_id``
+        (itself included; 0: unknown, or the request is gone)."""
+        job = self._jobs.get(request_id)
+        return 0 if job is None else job.batch_max
+
     async def abort(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
             job = self._jobs.get(rid)
@@ -291,6 +299,7 @@ class ThreadedBackend(WorkerBackend):
         if job.cancelled.is_set():
             _aborted(job)
             return
+        job.batch_max = 1  # one request at a time
         try:
             with compute.working(self.name):
                 for out in self.run(request, job.cancelled):
@@ -482,6 +491,7 @@ class BatchingBackend(WorkerBackend):
         for slot in batch:
             slot.steps += 1
             job = slot.job
+            job.batch_max = max(job.batch_max, len(batch))
             if slot._failed is not None:
                 log.error(
                     "stage %s failed request %s: %s",
@@ -511,6 +521,7 @@ class StagePool:
         replicas: Sequence[StageBackend],
         on_latency: Callable[[str, float], None] | None = None,
         on_step: Callable[[str, int], None] | None = None,
+        tracing: EngineTracing | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a stage pool needs at least one replica")
@@ -521,6 +532,7 @@ class StagePool:
         self._owner: dict[str, int] = {}
         self._load = [0] * len(self.replicas)
         self._on_latency = on_latency
+        self._tracing = tracing if tracing is not None and tracing.enabled else None
         if on_step is not None:
             for replica in self.replicas:
                 if isinstance(replica, BatchingBackend):
@@ -545,15 +557,32 @@ class StagePool:
         self._load[idx] += 1
         started = time.perf_counter()
         first = True
+        replica = self.replicas[idx]
+        span = None
+        if self._tracing is not None:
+            device = replica.device if isinstance(replica, WorkerBackend) else None
+            span = self._tracing.start_stage(self.name, idx, device, request)
+        error: BaseException | None = None
         try:
-            async for out in self.replicas[idx].submit(request):
+            async for out in replica.submit(request):
                 if first and self._on_latency is not None:
                     self._on_latency(self.name, time.perf_counter() - started)
                 first = False
+                if span is not None:
+                    span.output(out)
+                    if isinstance(replica, WorkerBackend):
+                        span.batch_size = max(
+                            span.batch_size, replica.batch_size(request.request_id)
+                        )
                 yield out
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             self._load[idx] -= 1
             self._owner.pop(request.request_id, None)
+            if span is not None:
+                span.end(error)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         await self.abort_located(self.locate(request_ids))
