@@ -18,6 +18,9 @@ class Counters:
     session_bytes: dict[str, int] = field(default_factory=dict)
     #: speculative responses (engine/drafts.py): started, used (adopted), dropped
     drafts: dict[str, int] = field(default_factory=lambda: {"started": 0, "used": 0, "dropped": 0})
+    #: of the dropped drafts, those that left a full stage to a real-time request
+    #: (engine/scheduling.py, policy capacity)
+    drafts_yielded: int = 0
     heap_trims: int = 0  # free heap pages given back to the OS (engine/heap.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
