@@ -188,7 +188,11 @@ class Orchestrator:
         self.graph = build_graph(self.config, self._backends)
         for name, replicas in self.graph.replicas.items():
             self.pools[name] = StagePool(
-                name, replicas, on_latency=self.counters.latency, on_step=self.counters.step
+                name,
+                replicas,
+                on_latency=self.counters.latency,
+                on_step=self.counters.step,
+                on_queue_wait=self.counters.queue_wait,
             )
         await asyncio.gather(*(pool.start() for pool in self.pools.values()))
         if self.config.partials.backend == "pocketsphinx":

@@ -511,6 +511,7 @@ class StagePool:
         replicas: Sequence[StageBackend],
         on_latency: Callable[[str, float], None] | None = None,
         on_step: Callable[[str, int], None] | None = None,
+        on_queue_wait: Callable[[str, float], None] | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a stage pool needs at least one replica")
@@ -521,10 +522,11 @@ class StagePool:
         self._owner: dict[str, int] = {}
         self._load = [0] * len(self.replicas)
         self._on_latency = on_latency
-        if on_step is not None:
-            for replica in self.replicas:
-                if isinstance(replica, BatchingBackend):
-                    replica.on_step = functools.partial(on_step, name)
+        for replica in self.replicas:  # stages that report steps or queue waits
+            if on_step is not None and hasattr(replica, "on_step"):
+                replica.on_step = functools.partial(on_step, name)
+            if on_queue_wait is not None and hasattr(replica, "on_queue_wait"):
+                replica.on_queue_wait = functools.partial(on_queue_wait, name)
 
     async def start(self) -> None:
         await asyncio.gather(*(r.start() for r in self.replicas))

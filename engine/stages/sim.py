@@ -38,7 +38,7 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -138,6 +138,7 @@ class _Req:
     started: bool = False
     aborted: bool = False
     tokens: int = 0
+    queued_at: float = 0.0  # loop clock
 
 
 @dataclass
@@ -183,6 +184,10 @@ class SimStage:
         self._deadline = 0.0
         self.kv_used = 0
         self.calls: deque[tuple[int, float, float]] = deque(maxlen=_KEEP)
+        # figures for /metrics (wired by the stage pool): batch size of each call or step,
+        # and each request's wait in the queue before its first one
+        self.on_step: Callable[[int], None] | None = None
+        self.on_queue_wait: Callable[[float], None] | None = None
         self._zeros: bytes = b""
 
     @property
@@ -234,6 +239,7 @@ class SimStage:
         if self._task is None or self._wake is None:
             raise StageError(f"{self.name}: not started", code="stage_failed")
         r = self._plan(request)
+        r.queued_at = asyncio.get_running_loop().time()
         self._by_id[request.request_id] = r
         self._waiting.push(r)
         self._wake.set()
@@ -289,8 +295,11 @@ class SimStage:
                 continue
             batch = self._running if not self.batched else self._running[: self.max_batch]
             joined = [r for r in batch if not r.started]
+            now = loop.time()
             for r in joined:
                 r.started = True
+                if self.on_queue_wait is not None:
+                    self.on_queue_wait(max(0.0, max(now, self._deadline) - r.queued_at))
             if self.batched:
                 ms = call_cost_ms(self.options, len(batch))
             else:
@@ -299,6 +308,8 @@ class SimStage:
             self._deadline = start + ms / 1000
             await asyncio.sleep(max(0.0, self._deadline - loop.time()))
             self.calls.append((len(batch), start, self._deadline))
+            if self.on_step is not None:
+                self.on_step(len(batch))
             for r in list(batch):
                 if not r.aborted:
                     self._advance(r)
