@@ -24,8 +24,10 @@ the simulated GPU (``server_cpu_pct`` near 100 x cores says so).
 Every figure is "simulated GPU timings" (engine/stages/sim.py's cost model), not a GPU's.
 
 Usage: ``python bench/gpu_sim.py [--json PATH] [--policy serial|capacity]
-[--steps 16,32,64,96,128] [--step-s 45]``. JSON: ``sim_sessions_p95_500ms`` (the largest
-step with p95 ttfa <= 500 ms and 0 underruns) and ``steps`` (per step ``ttfa_ms_p50``,
+[--steps 16,32,64,96,128] [--step-s 45]``; ``--plot A.json B.json [--png PATH]`` draws
+the ladders' p95 vs sessions (docs/figures/gpu-sim-ladder.png). JSON:
+``sim_sessions_p95_500ms`` (the largest step with p95 ttfa <= 500 ms and 0 underruns) and
+``steps`` (per step ``ttfa_ms_p50``,
 ``ttfa_ms_p95``, ``underruns``, ``batch_size_p50`` and ``queue_wait_ms_p95`` per stage).
 """
 
@@ -241,13 +243,51 @@ def best(rows: list[dict[str, Any]]) -> int:
     return max(ok, default=0)
 
 
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """p95 commit -> first audio vs sessions, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for res in results:
+        rows = [r for r in res["steps"] if r["ttfa_ms_p95"] is not None]
+        xs = [r["sessions"] for r in rows]
+        ax.plot(xs, [r["ttfa_ms_p95"] for r in rows], marker="o", label=f"{res['policy']} p95")
+        ax.plot(
+            xs, [r["ttfa_ms_p50"] for r in rows], ls=":", marker=".", label=f"{res['policy']} p50"
+        )
+        for r in rows:
+            if r["underruns"]:
+                ax.annotate(f"{r['underruns']} underruns", (r["sessions"], r["ttfa_ms_p95"]))
+    ax.axhline(500, color="r", ls="--", lw=1, label="500 ms goal")
+    ax.set_xlabel("concurrent spoken sessions")
+    ax.set_ylabel("commit -> first audio (ms)")
+    ax.set_title("simulated GPU timings (configs/sim-h200.yaml), per scheduling policy")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path)
     ap.add_argument("--policy", choices=["serial", "capacity"], default="capacity")
     ap.add_argument("--steps", default="16,32,64,96,128")
     ap.add_argument("--step-s", type=float, default=45.0)
+    ap.add_argument(
+        "--plot",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="plot these results (files written by --json) to --png instead of running",
+    )
+    ap.add_argument("--png", type=Path, default=ROOT / "docs" / "figures" / "gpu-sim-ladder.png")
     args = ap.parse_args()
+    if args.plot:
+        plot([json.loads(p.read_text()) for p in args.plot], args.png)
+        return 0
     steps = [int(s) for s in args.steps.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config_for(args.policy, Path(tmp))

@@ -67,8 +67,12 @@ def test_a_decode_step_at_batch_n_takes_a_plus_b_n(batch: int) -> None:
                 texts = [t for t, o in timed if isinstance(o, TextOut)]
                 assert len(texts) == tokens
                 per_step = (texts[-1] - texts[0]) / (tokens - 1) * 1000
-                assert per_step == pytest.approx(a + b * batch, rel=0.15)
+                # measured on the loop clock: a loaded machine wakes the loop late, and the
+                # stage's running deadline catches up, so the mean step stays near the model
+                assert per_step == pytest.approx(a + b * batch, rel=0.3)
             assert {n for n, _, _ in stage.calls} == {batch}
+            for _, start, end in stage.calls:  # the model's own clock: exact
+                assert (end - start) * 1000 == pytest.approx(a + b * batch, abs=1e-6)
         finally:
             await stage.close()
 
