@@ -39,9 +39,7 @@ async def _timed(stage: SimStage, req: Any) -> list[tuple[float, Any]]:
 
 def _llm(i: int, words: int = 2) -> LlmRequest:
     content = " ".join(["word"] * words)
-    return LlmRequest(
-        request_id=f"s{i}/llm", messages=(ChatMessage(role="user", content=content),)
-    )
+    return LlmRequest(request_id=f"s{i}/llm", messages=(ChatMessage(role="user", content=content),))
 
 
 def test_cost_curves() -> None:
