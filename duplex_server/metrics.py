@@ -122,7 +122,15 @@ class Metrics:
             "duplex_stage_batch_size",
             "Requests advanced together by one step of a batching stage",
             ["stage"],
-            buckets=(1, 2, 4, 8, 16, 32, 64),
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
+        self.stage_queue_wait = Histogram(
+            "duplex_stage_queue_wait_seconds",
+            "Time a stage request waited in its stage's queue before its first step or call "
+            "(stages that report it: sim)",
+            ["stage"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=r,
         )
         self.outbound_bytes = Gauge(
@@ -190,6 +198,8 @@ class Metrics:
                 self.stage_latency.labels(stage).observe(seconds)
             for stage, size in engine.drain_stage_steps():
                 self.stage_batch.labels(stage).observe(size)
+            for stage, seconds in engine.drain_stage_queue_waits():
+                self.stage_queue_wait.labels(stage).observe(seconds)
         return generate_latest(self.registry)
 
 

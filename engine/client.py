@@ -526,6 +526,10 @@ class AsyncEngine:
         """(stage, batch size) of each step the batching stages ran since the last drain."""
         return self._orch.counters.drain_steps() if self._orch is not None else []
 
+    def drain_stage_queue_waits(self) -> list[tuple[str, float]]:
+        """(stage, seconds queued before the first step) since the last drain."""
+        return self._orch.counters.drain_queue_waits() if self._orch is not None else []
+
     def drain_stage_latencies(self) -> list[tuple[str, float]]:
         """(stage, seconds to first output) of each stage request since the last drain."""
         return self._orch.counters.drain_latencies() if self._orch is not None else []

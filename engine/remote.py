@@ -88,6 +88,7 @@ class StatsPush(Msg, frozen=True, tag="stats_push"):
     stats: EngineStats
     stage_latency: list[tuple[str, float]] = []
     stage_steps: list[tuple[str, int]] = []
+    stage_queue_wait: list[tuple[str, float]] = []
 
 
 FrontMessage = Hello | ControlRequest | GenerateRequest | AbortRequest
@@ -389,6 +390,7 @@ class EngineServer:
                 stats=engine.stats(),
                 stage_latency=engine.drain_stage_latencies(),
                 stage_steps=engine.drain_stage_steps(),
+                stage_queue_wait=engine.drain_stage_queue_waits(),
             )
             for conn in list(self._conns):
                 self._send(conn, push)
@@ -439,6 +441,7 @@ class RemoteEngine(AsyncEngine):
         self._stats: EngineStats | None = None
         self._latency: list[tuple[str, float]] = []
         self._steps: list[tuple[str, int]] = []
+        self._queue_wait: list[tuple[str, float]] = []
 
     @classmethod
     async def connect(
@@ -492,7 +495,9 @@ class RemoteEngine(AsyncEngine):
                     self._stats = msg.stats
                     self._latency.extend(msg.stage_latency)
                     self._steps.extend(msg.stage_steps)
+                    self._queue_wait.extend(msg.stage_queue_wait)
                     del self._latency[:-10_000], self._steps[:-10_000]
+                    del self._queue_wait[:-10_000]
                 elif isinstance(msg, SessionOutput | BatchOutput | EngineFatal):
                     self._on_output(msg)
         except (ConnectionError, OSError, msgspec.DecodeError) as exc:
@@ -532,6 +537,10 @@ class RemoteEngine(AsyncEngine):
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:
         out, self._steps = self._steps, []
+        return out
+
+    def drain_stage_queue_waits(self) -> list[tuple[str, float]]:
+        out, self._queue_wait = self._queue_wait, []
         return out
 
 

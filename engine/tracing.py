@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -96,6 +95,27 @@ class StageSpan:
         span.end()
 
 
+_UNTRACED: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+
+class _Attached:
+    """``ctx`` attached to the running context while the block runs."""
+
+    __slots__ = ("_ctx", "_token")
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._token: object | None = None
+
+    def __enter__(self) -> None:
+        self._token = otel_context.attach(self._ctx)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+            self._token = None
+
+
 class EngineTracing:
     """The engine's tracer and the sessions' contexts (one per engine; loop thread only)."""
 
@@ -117,19 +137,16 @@ class EngineTracing:
     def session_closed(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 
-    @contextlib.contextmanager
-    def turn(self, traceparent: str | None) -> Iterator[None]:
+    def turn(self, traceparent: str | None) -> contextlib.AbstractContextManager[None]:
         """Run with a turn's context attached: the stage requests awaited inside (and in
         the tasks started inside, which copy the context) are children of the front end's
-        turn span. Without a ``traceparent``, with no context at all (nothing stale)."""
+        turn span. Without a ``traceparent``, with no context at all (nothing stale).
+        (A class, not a generator: a generator context manager that an exception passes
+        through keeps the exception's frames in a cycle, so an ended turn's objects would
+        wait for the cyclic GC.)"""
         if self.tracer is None:
-            yield
-            return
-        token = otel_context.attach(context_of(traceparent) or Context())
-        try:
-            yield
-        finally:
-            otel_context.detach(token)
+            return _UNTRACED
+        return _Attached(context_of(traceparent) or Context())
 
     def start_stage(
         self, stage: str, replica: int, device: str | None, request: StageRequest

@@ -522,6 +522,7 @@ class StagePool:
         on_latency: Callable[[str, float], None] | None = None,
         on_step: Callable[[str, int], None] | None = None,
         tracing: EngineTracing | None = None,
+        on_queue_wait: Callable[[str, float], None] | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a stage pool needs at least one replica")
@@ -533,10 +534,11 @@ class StagePool:
         self._load = [0] * len(self.replicas)
         self._on_latency = on_latency
         self._tracing = tracing if tracing is not None and tracing.enabled else None
-        if on_step is not None:
-            for replica in self.replicas:
-                if isinstance(replica, BatchingBackend):
-                    replica.on_step = functools.partial(on_step, name)
+        for replica in self.replicas:  # stages that report steps or queue waits
+            if on_step is not None and hasattr(replica, "on_step"):
+                replica.on_step = functools.partial(on_step, name)
+            if on_queue_wait is not None and hasattr(replica, "on_queue_wait"):
+                replica.on_queue_wait = functools.partial(on_queue_wait, name)
 
     async def start(self) -> None:
         await asyncio.gather(*(r.start() for r in self.replicas))
@@ -562,7 +564,6 @@ class StagePool:
         if self._tracing is not None:
             device = replica.device if isinstance(replica, WorkerBackend) else None
             span = self._tracing.start_stage(self.name, idx, device, request)
-        error: BaseException | None = None
         try:
             async for out in replica.submit(request):
                 if first and self._on_latency is not None:
@@ -576,13 +577,17 @@ class StagePool:
                         )
                 yield out
         except BaseException as exc:
-            error = exc
+            # (no local keeps the error: its traceback holds this frame, a cycle that would
+            # leave the caller's objects to the cyclic GC)
+            if span is not None:
+                span.end(exc)
+                span = None
             raise
         finally:
             self._load[idx] -= 1
             self._owner.pop(request.request_id, None)
             if span is not None:
-                span.end(error)
+                span.end(None)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         await self.abort_located(self.locate(request_ids))
