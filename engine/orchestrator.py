@@ -70,6 +70,7 @@ from engine.messages import (
 from engine.pipeline import LlmResult, Pipeline, SpokenChunk
 from engine.speculation import SpeculativeAsr
 from engine.stages.base import StageBackend, StagePool
+from engine.startup import start_pools
 from engine.tasks import cancelling, reap
 from engine.tool_calls import CallStream
 
@@ -186,14 +187,15 @@ class Orchestrator:
             await self.request_q.wait_closed()
 
     async def _start_stages(self) -> None:
-        """Build the stage graph (validated before any model loads), then start every
-        stage's replicas together."""
+        """Build the stage graph (validated before any model loads), then start the
+        replicas: one at a time per GPU, within ``start_timeout_s`` (engine/startup.py)."""
         self.graph = build_graph(self.config, self._backends)
+        c = self.counters
         for name, replicas in self.graph.replicas.items():
             self.pools[name] = StagePool(
-                name, replicas, on_latency=self.counters.latency, on_step=self.counters.step
+                name, replicas, c.latency, c.step, on_wait=c.wait, on_decode=c.decode
             )
-        await asyncio.gather(*(pool.start() for pool in self.pools.values()))
+        await start_pools(self.pools, self.config.start_timeout_s)
         if self.config.partials.backend == "pocketsphinx":
             from engine.partials import PartialTranscriber
 

@@ -37,6 +37,7 @@ from engine import compute
 from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest
+from engine.stage_figures import DecodeSource, QueueWaitSource
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[Any]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    queued_at: float = field(default_factory=time.perf_counter)  # submit time
 
     def deliver(self, item: object) -> None:
         try:
@@ -107,6 +109,14 @@ class WorkerBackend(ABC):
         self._ready: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._restart_task: asyncio.Task[None] | None = None
+        # submit -> start of the request's work, seconds (the pool wires it to /metrics)
+        self.on_wait: Callable[[float], None] | None = None
+
+    def _waited(self, job: _Job) -> None:
+        """``job``'s work starts now (worker thread)."""
+        hook = self.on_wait
+        if hook is not None:
+            hook(time.perf_counter() - job.queued_at)
 
     @classmethod
     def cuda_device_count(cls) -> int:
@@ -291,6 +301,7 @@ class ThreadedBackend(WorkerBackend):
         if job.cancelled.is_set():
             _aborted(job)
             return
+        self._waited(job)
         try:
             with compute.working(self.name):
                 for out in self.run(request, job.cancelled):
@@ -455,6 +466,8 @@ class BatchingBackend(WorkerBackend):
     def _run_step(self, batch: list[BatchSlot]) -> None:
         for slot in batch:
             slot._reset()
+            if slot.steps == 0:  # its first step: its wait ends here
+                self._waited(slot.job)
         try:
             with compute.working(self.name):
                 self.step(batch)
@@ -511,6 +524,8 @@ class StagePool:
         replicas: Sequence[StageBackend],
         on_latency: Callable[[str, float], None] | None = None,
         on_step: Callable[[str, int], None] | None = None,
+        on_wait: Callable[[str, float], None] | None = None,
+        on_decode: Callable[[str, float, float], None] | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a stage pool needs at least one replica")
@@ -525,6 +540,11 @@ class StagePool:
             for replica in self.replicas:
                 if isinstance(replica, BatchingBackend):
                     replica.on_step = functools.partial(on_step, name)
+        for replica in self.replicas:  # optional figures (engine/stage_figures.py)
+            if on_wait is not None and isinstance(replica, QueueWaitSource):
+                replica.on_wait = functools.partial(on_wait, name)
+            if on_decode is not None and isinstance(replica, DecodeSource):
+                replica.on_decode = functools.partial(on_decode, name)
 
     async def start(self) -> None:
         await asyncio.gather(*(r.start() for r in self.replicas))
