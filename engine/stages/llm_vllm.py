@@ -310,7 +310,9 @@ class VllmLlm:
             "enable_prefix_caching": opts.enable_prefix_caching,
             "tensor_parallel_size": opts.tensor_parallel_size,
             "scheduling_policy": opts.scheduling_policy,
-            "disable_log_stats": not opts.log_stats,
+            # vLLM's own periodic log lines stay off; our stat logger (log_stats) still gets
+            # every step's figures ("logging without default stat loggers")
+            "disable_log_stats": True,
             **extra,
         }
         if opts.seed is not None:
