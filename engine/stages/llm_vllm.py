@@ -404,6 +404,15 @@ class VllmLlm:
             return None
         return f"vLLM EngineCore died ({engine_exit(engine)})"
 
+    def _request_error(self, exc: Exception) -> StageError:
+        """A request's failure; a dead engine says so in words (``worker_died``)."""
+        if type(exc).__name__ == "EngineDeadError":
+            engine = self._engine
+            how = engine_exit(engine) if engine is not None else "its process is gone"
+            self.supervisor.suspect(f"vLLM EngineCore died ({how})")
+            return StageError(f"{self.name}: vLLM EngineCore died ({how})", code="worker_died")
+        return StageError(f"{self.name}: {type(exc).__name__}: {exc}", code="stage_failed")
+
     def _fail_all(self, reason: str) -> None:
         """Fail every request in flight (any thread): their streams end with ``reason``."""
         for job in list(self._jobs.values()):
@@ -547,9 +556,8 @@ class VllmLlm:
         except StageError as exc:
             job.deliver(exc)
         except Exception as exc:
-            code = "worker_died" if type(exc).__name__ == "EngineDeadError" else "stage_failed"
             log.exception("%s: request %s failed", self.name, rid)
-            job.deliver(StageError(f"{self.name}: {type(exc).__name__}: {exc}", code=code))
+            job.deliver(self._request_error(exc))
         finally:
             job.deliver(_END)
 

@@ -53,12 +53,19 @@ class Supervisor:
     def health(self) -> str | None:
         return self.down
 
+    def suspect(self, why: str) -> None:
+        """A request saw the engine die (any thread): report it down now, before the next
+        probe confirms it and restarts."""
+        if self.down is None:
+            self.down = f"{self.name}: {why}; restarting"
+
     async def run(self) -> None:
         """Watch until cancelled (or until the restart budget is spent)."""
         while True:
             await asyncio.sleep(self.interval_s)
             why = self._probe()
             if why is None:
+                self.down = None  # a suspicion the probe did not confirm
                 continue
             if not await self._recover(why):
                 return

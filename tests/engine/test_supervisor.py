@@ -103,3 +103,20 @@ def test_max_restarts_zero_never_restarts() -> None:
         assert sup.health() == "llm0: gone; not restarted again (max_restarts=0 attempts made)"
 
     run(go())
+
+
+def test_a_request_that_saw_the_engine_die_reports_it_down_at_once() -> None:
+    async def go() -> None:
+        engine = FakeEngine()
+        sup = supervise(engine)
+        sup.suspect("vLLM EngineCore died")  # before any probe ran
+        assert sup.health() == "llm0: vLLM EngineCore died; restarting"
+        task = asyncio.create_task(sup.run())
+        try:  # the probe does not confirm it (the engine is alive): cleared
+            await until(lambda: sup.health() is None)
+            assert sup.restarts == 0
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    run(go())
