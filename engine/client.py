@@ -58,6 +58,7 @@ from engine.messages import (
 )
 from engine.orchestrator import Orchestrator
 from engine.speculation import SpeculativeAsr
+from engine.stage_figures import StageEngineFigures, stage_engine_figures
 from engine.stages.base import StageBackend
 from engine.tracing import EngineTracing
 
@@ -91,6 +92,8 @@ class EngineStats:
     speculative_responses: dict[str, int] = field(default_factory=dict)
     # speculative transcripts of pauses (engine/speculation.py): started, skipped, used
     speculative_transcripts: dict[str, int] = field(default_factory=dict)
+    # what the stages' own engines report (vLLM: running/waiting, KV cache use, tokens)
+    stage_engines: dict[str, StageEngineFigures] = field(default_factory=dict)
 
 
 def _guesses(spec: SpeculativeAsr | None) -> dict[str, int]:
@@ -520,16 +523,21 @@ class AsyncEngine:
             session_bytes=dict(orch.counters.session_bytes),
             speculative_responses=dict(orch.counters.drafts),
             speculative_transcripts=_guesses(orch.speculation),
+            stage_engines=stage_engine_figures({n: p.replicas for n, p in orch.pools.items()}),
         )
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:
         """(stage, batch size) of each step the batching stages ran since the last drain."""
         return self._orch.counters.drain_steps() if self._orch is not None else []
 
-    def drain_stage_queue_waits(self) -> list[tuple[str, float]]:
-        """(stage, seconds queued before the first step) since the last drain."""
-        return self._orch.counters.drain_queue_waits() if self._orch is not None else []
-
     def drain_stage_latencies(self) -> list[tuple[str, float]]:
         """(stage, seconds to first output) of each stage request since the last drain."""
         return self._orch.counters.drain_latencies() if self._orch is not None else []
+
+    def drain_stage_waits(self) -> list[tuple[str, float]]:
+        """(stage, seconds from submit to the start of its work) since the last drain."""
+        return self._orch.counters.drain_waits() if self._orch is not None else []
+
+    def drain_stage_decodes(self) -> list[tuple[str, float, float]]:
+        """(stage, decoder seconds, audio seconds) of each decoder step since the last drain."""
+        return self._orch.counters.drain_decodes() if self._orch is not None else []

@@ -109,6 +109,9 @@ class EngineConfig(_Frozen, frozen=True):
     speculative_response: bool = True
     scheduling: SchedulingConfig = SchedulingConfig()
     control_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    # The whole stage start-up (engine/startup.py: one stage at a time per GPU); past it the
+    # start fails naming the stage still starting. None: no deadline.
+    start_timeout_s: Annotated[float, msgspec.Meta(gt=0)] | None = 1800.0
 
 
 def convert(data: Any, type_: type[T], *, where: str) -> T:

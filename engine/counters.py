@@ -14,8 +14,9 @@ class Counters:
     stale_dropped: int = 0
     stage_latency: list[tuple[str, float]] = field(default_factory=list)
     stage_steps: list[tuple[str, int]] = field(default_factory=list)  # (stage, batch size)
-    #: (stage, seconds a request waited in the stage's queue before it joined a step)
-    stage_queue_wait: list[tuple[str, float]] = field(default_factory=list)
+    stage_waits: list[tuple[str, float]] = field(default_factory=list)  # (stage, queue wait s)
+    #: (stage, decoder seconds, audio seconds) per decoder step (the codec)
+    stage_decodes: list[tuple[str, float, float]] = field(default_factory=list)
     #: bytes held for live sessions by part, all sessions summed (the reaper refreshes it)
     session_bytes: dict[str, int] = field(default_factory=dict)
     #: speculative responses (engine/drafts.py): started, used (adopted), dropped
@@ -40,17 +41,29 @@ class Counters:
             if len(self.stage_steps) > _KEEP:
                 del self.stage_steps[: _KEEP // 2]
 
-    def queue_wait(self, stage: str, seconds: float) -> None:
-        """A request waited ``seconds`` in ``stage``'s queue before its first step or call
-        (reported by stages that know it: the sim stage)."""
+    def wait(self, stage: str, seconds: float) -> None:
+        """A request of ``stage`` waited ``seconds`` from its submit to the start of its work
+        (called from worker threads)."""
         with self.lock:
-            self.stage_queue_wait.append((stage, seconds))
-            if len(self.stage_queue_wait) > _KEEP:
-                del self.stage_queue_wait[: _KEEP // 2]
+            self.stage_waits.append((stage, seconds))
+            if len(self.stage_waits) > _KEEP:
+                del self.stage_waits[: _KEEP // 2]
 
-    def drain_queue_waits(self) -> list[tuple[str, float]]:
+    def decode(self, stage: str, busy_s: float, audio_s: float) -> None:
+        """A decoder step of ``stage`` took ``busy_s`` for ``audio_s`` of audio."""
         with self.lock:
-            out, self.stage_queue_wait = self.stage_queue_wait, []
+            self.stage_decodes.append((stage, busy_s, audio_s))
+            if len(self.stage_decodes) > _KEEP:
+                del self.stage_decodes[: _KEEP // 2]
+
+    def drain_waits(self) -> list[tuple[str, float]]:
+        with self.lock:
+            out, self.stage_waits = self.stage_waits, []
+        return out
+
+    def drain_decodes(self) -> list[tuple[str, float, float]]:
+        with self.lock:
+            out, self.stage_decodes = self.stage_decodes, []
         return out
 
     def drain_latencies(self) -> list[tuple[str, float]]:

@@ -62,6 +62,7 @@ from engine.pipeline import LlmResult, Pipeline, SpokenChunk
 from engine.scheduling import Scheduler, make_scheduler
 from engine.speculation import SpeculativeAsr
 from engine.stages.base import StageBackend, StagePool
+from engine.startup import start_pools
 from engine.tasks import cancelling, reap
 from engine.tool_calls import CallStream, finish_call
 from engine.tracing import EngineTracing
@@ -189,19 +190,21 @@ class Orchestrator:
             await self.request_q.wait_closed()
 
     async def _start_stages(self) -> None:
-        """Build the stage graph (validated before any model loads), then start every
-        stage's replicas together."""
+        """Build the stage graph (validated before any model loads), then start the
+        replicas: one at a time per GPU, within ``start_timeout_s`` (engine/startup.py)."""
         self.graph = build_graph(self.config, self._backends)
+        c = self.counters
         for name, replicas in self.graph.replicas.items():
             self.pools[name] = StagePool(
                 name,
                 replicas,
-                on_latency=self.counters.latency,
-                on_step=self.counters.step,
+                c.latency,
+                c.step,
                 tracing=self.tracing,
-                on_queue_wait=self.counters.queue_wait,
+                on_wait=c.wait,
+                on_decode=c.decode,
             )
-        await asyncio.gather(*(pool.start() for pool in self.pools.values()))
+        await start_pools(self.pools, self.config.start_timeout_s)
         if self.config.partials.backend == "pocketsphinx":
             from engine.partials import PartialTranscriber
 

@@ -88,7 +88,8 @@ class StatsPush(Msg, frozen=True, tag="stats_push"):
     stats: EngineStats
     stage_latency: list[tuple[str, float]] = []
     stage_steps: list[tuple[str, int]] = []
-    stage_queue_wait: list[tuple[str, float]] = []
+    stage_waits: list[tuple[str, float]] = []
+    stage_decodes: list[tuple[str, float, float]] = []
 
 
 FrontMessage = Hello | ControlRequest | GenerateRequest | AbortRequest
@@ -390,7 +391,8 @@ class EngineServer:
                 stats=engine.stats(),
                 stage_latency=engine.drain_stage_latencies(),
                 stage_steps=engine.drain_stage_steps(),
-                stage_queue_wait=engine.drain_stage_queue_waits(),
+                stage_waits=engine.drain_stage_waits(),
+                stage_decodes=engine.drain_stage_decodes(),
             )
             for conn in list(self._conns):
                 self._send(conn, push)
@@ -441,7 +443,8 @@ class RemoteEngine(AsyncEngine):
         self._stats: EngineStats | None = None
         self._latency: list[tuple[str, float]] = []
         self._steps: list[tuple[str, int]] = []
-        self._queue_wait: list[tuple[str, float]] = []
+        self._waits: list[tuple[str, float]] = []
+        self._decodes: list[tuple[str, float, float]] = []
 
     @classmethod
     async def connect(
@@ -495,9 +498,10 @@ class RemoteEngine(AsyncEngine):
                     self._stats = msg.stats
                     self._latency.extend(msg.stage_latency)
                     self._steps.extend(msg.stage_steps)
-                    self._queue_wait.extend(msg.stage_queue_wait)
+                    self._waits.extend(msg.stage_waits)
+                    self._decodes.extend(msg.stage_decodes)
                     del self._latency[:-10_000], self._steps[:-10_000]
-                    del self._queue_wait[:-10_000]
+                    del self._waits[:-10_000], self._decodes[:-10_000]
                 elif isinstance(msg, SessionOutput | BatchOutput | EngineFatal):
                     self._on_output(msg)
         except (ConnectionError, OSError, msgspec.DecodeError) as exc:
@@ -539,8 +543,12 @@ class RemoteEngine(AsyncEngine):
         out, self._steps = self._steps, []
         return out
 
-    def drain_stage_queue_waits(self) -> list[tuple[str, float]]:
-        out, self._queue_wait = self._queue_wait, []
+    def drain_stage_waits(self) -> list[tuple[str, float]]:
+        out, self._waits = self._waits, []
+        return out
+
+    def drain_stage_decodes(self) -> list[tuple[str, float, float]]:
+        out, self._decodes = self._decodes, []
         return out
 
 

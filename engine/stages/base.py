@@ -37,6 +37,7 @@ from engine import compute
 from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest
+from engine.stage_figures import DecodeSource, QueueWaitSource, StepSource
 from engine.tracing import EngineTracing
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class _Job:
     out: asyncio.Queue[Any]
     cancelled: threading.Event = field(default_factory=threading.Event)
     batch_max: int = 0  # the largest step (requests at once) this job took part in
+    queued_at: float = field(default_factory=time.perf_counter)  # submit time
 
     def deliver(self, item: object) -> None:
         try:
@@ -109,6 +111,14 @@ class WorkerBackend(ABC):
         self._ready: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._restart_task: asyncio.Task[None] | None = None
+        # submit -> start of the request's work, seconds (the pool wires it to /metrics)
+        self.on_wait: Callable[[float], None] | None = None
+
+    def _waited(self, job: _Job) -> None:
+        """``job``'s work starts now (worker thread)."""
+        hook = self.on_wait
+        if hook is not None:
+            hook(time.perf_counter() - job.queued_at)
 
     @classmethod
     def cuda_device_count(cls) -> int:
@@ -300,6 +310,7 @@ class ThreadedBackend(WorkerBackend):
             _aborted(job)
             return
         job.batch_max = 1  # one request at a time
+        self._waited(job)
         try:
             with compute.working(self.name):
                 for out in self.run(request, job.cancelled):
@@ -464,6 +475,8 @@ class BatchingBackend(WorkerBackend):
     def _run_step(self, batch: list[BatchSlot]) -> None:
         for slot in batch:
             slot._reset()
+            if slot.steps == 0:  # its first step: its wait ends here
+                self._waited(slot.job)
         try:
             with compute.working(self.name):
                 self.step(batch)
@@ -522,7 +535,8 @@ class StagePool:
         on_latency: Callable[[str, float], None] | None = None,
         on_step: Callable[[str, int], None] | None = None,
         tracing: EngineTracing | None = None,
-        on_queue_wait: Callable[[str, float], None] | None = None,
+        on_wait: Callable[[str, float], None] | None = None,
+        on_decode: Callable[[str, float, float], None] | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a stage pool needs at least one replica")
@@ -534,11 +548,13 @@ class StagePool:
         self._load = [0] * len(self.replicas)
         self._on_latency = on_latency
         self._tracing = tracing if tracing is not None and tracing.enabled else None
-        for replica in self.replicas:  # stages that report steps or queue waits
-            if on_step is not None and hasattr(replica, "on_step"):
+        for replica in self.replicas:  # optional figures (engine/stage_figures.py)
+            if on_step is not None and isinstance(replica, StepSource):
                 replica.on_step = functools.partial(on_step, name)
-            if on_queue_wait is not None and hasattr(replica, "on_queue_wait"):
-                replica.on_queue_wait = functools.partial(on_queue_wait, name)
+            if on_wait is not None and isinstance(replica, QueueWaitSource):
+                replica.on_wait = functools.partial(on_wait, name)
+            if on_decode is not None and isinstance(replica, DecodeSource):
+                replica.on_decode = functools.partial(on_decode, name)
 
     async def start(self) -> None:
         await asyncio.gather(*(r.start() for r in self.replicas))

@@ -187,7 +187,7 @@ class SimStage:
         # figures for /metrics (wired by the stage pool): batch size of each call or step,
         # and each request's wait in the queue before its first one
         self.on_step: Callable[[int], None] | None = None
-        self.on_queue_wait: Callable[[float], None] | None = None
+        self.on_wait: Callable[[float], None] | None = None
         self._zeros: bytes = b""
 
     @property
@@ -298,8 +298,8 @@ class SimStage:
             now = loop.time()
             for r in joined:
                 r.started = True
-                if self.on_queue_wait is not None:
-                    self.on_queue_wait(max(0.0, max(now, self._deadline) - r.queued_at))
+                if self.on_wait is not None:
+                    self.on_wait(max(0.0, max(now, self._deadline) - r.queued_at))
             if self.batched:
                 ms = call_cost_ms(self.options, len(batch))
             else:

@@ -215,9 +215,8 @@ class VllmTalker(VllmLlm):
         except StageError as exc:
             job.deliver(exc)
         except Exception as exc:
-            code = "worker_died" if type(exc).__name__ == "EngineDeadError" else "stage_failed"
             log.exception("%s: request %s failed", self.name, rid)
-            job.deliver(StageError(f"{self.name}: {type(exc).__name__}: {exc}", code=code))
+            job.deliver(self._request_error(exc))
         finally:
             job.deliver(_END)
 
