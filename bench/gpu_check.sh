@@ -10,7 +10,9 @@
 #   6. the talker route (docs/gpu.md): bench/talker.py with the codec on the GPU and the
 #      talker on vLLM (a config derived from configs/cpu-talker-test.yaml moved onto the GPU;
 #      TALKER_MODEL / SNAC_MODEL: real weights, else the tiny talker and random SNAC), if
-#      snac is installed (`pip install snac==1.2.1 einops`).
+#      snac is installed (`pip install snac==1.2.1 einops`),
+#   7. the talker's frame logits processor: bench/talker_logits.py --device cuda (per-row
+#      loop vs batched mask, ms and ops per step at 1/32/128/256 rows; needs only torch).
 #
 #   MODEL=Qwen/Qwen2.5-0.5B-Instruct PY=python bench/gpu_check.sh
 # Env: MODEL, PY (python with the project), OUT (results dir), PORT, SESSIONS ("1 8 32"),
@@ -134,3 +136,7 @@ PYEOF
 else
   echo "talker route skipped: snac is not installed (pip install snac==1.2.1 einops)"
 fi
+
+# 7. the talker's frame logits processor on the GPU (torch only)
+"$PY" bench/talker_logits.py --device cuda --json "$OUT/talker_logits.json" \
+  | tee "$OUT/talker_logits.txt"

@@ -18,8 +18,12 @@ two_cities.wav, and a 0.8 s pause inserted before a sentence's last word). Measu
   ``response.done`` (``response.timing``, docs/protocol.md), plus ``network``: the client's
   TTFA minus the server's own (last voice -> first delta written).
 
-    python bench/live_latency.py [--json PATH] [--turns N] [--config PATH]
+    python bench/live_latency.py [--json PATH] [--turns N] [--runs 3] [--config PATH]
         [--turn-detection server_vad|semantic_vad] [--eagerness auto]
+
+Runs ``--runs`` consecutive times (a fresh server each), prints each run's p50/p90 with the
+load average before it and a machine probe (a fixed pure-Python workload, ms), and reports
+the median of the runs.
 
 Prints a per-turn table; with ``--json`` also writes a PNG of the TTFA distribution next to
 the JSON (same name, ``.png``). The machine's load average is recorded (other processes on a
@@ -377,22 +381,27 @@ def speculation_counts(addr: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "cpu.yaml")
-    ap.add_argument("--turns", type=int, default=12)
-    ap.add_argument("--turn-detection", default="server_vad")
-    ap.add_argument("--eagerness", default="auto")
-    ap.add_argument("--max-tokens", type=int, default=40)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+def probe_ms() -> float:
+    """A fixed pure-Python workload (ms): how fast this machine's cores are right now
+    (machines of one kind differ up to 2x)."""
+    t = time.perf_counter()
+    acc = 0.0
+    for i in range(1_000_000):
+        acc += i**0.5
+    return round((time.perf_counter() - t) * 1000, 1)
+
+
+def one_run(args: argparse.Namespace) -> dict[str, Any]:
     with running_server(args.config) as (addr, _):
         load_before = os.getloadavg()
+        probe = probe_ms()
         rows = asyncio.run(session(addr, args))
         load_after = os.getloadavg()
         speculation = speculation_counts(addr)
     load = f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (1-min avg, 2 cores)"
     out = summarize(rows, args, load)
+    out["loadavg_1m_before"] = round(load_before[0], 2)
+    out["probe_ms"] = probe
     out["speculation"] = speculation
     print(f"{'turn':<12} {'ttfa ms':>8} {'false':>5} {'flush':>6}  live | batch transcript")
     for r in rows:
@@ -403,13 +412,46 @@ def main() -> int:
         )
     keys = ["live_ttfa_ms_p50", "live_ttfa_ms_p90", "false_turn_ends", "bargein_flush_ms_p50"]
     keys += ["stream_vs_batch_wer", "live_wer", "batch_wer", "breakdown_ms_p50", "load_average"]
-    keys += ["speculation"]
+    keys += ["probe_ms", "speculation"]
     for k in keys:
         print(f"{k}: {out[k]}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "cpu.yaml")
+    ap.add_argument("--turns", type=int, default=12)
+    ap.add_argument("--runs", type=int, default=3, help="consecutive runs (median reported)")
+    ap.add_argument("--turn-detection", default="server_vad")
+    ap.add_argument("--eagerness", default="auto")
+    ap.add_argument("--max-tokens", type=int, default=40)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    runs = []
+    for i in range(args.runs):
+        print(f"--- run {i + 1} of {args.runs}, load average {os.getloadavg()[0]:.2f}")
+        runs.append(one_run(args))
+    out: dict[str, Any] = {}
+    for key in ("live_ttfa_ms_p50", "live_ttfa_ms_p90", "false_turn_ends"):
+        vals = [r[key] for r in runs if r[key] is not None]
+        out[key] = statistics.median(vals) if vals else None
+    out["runs"] = runs
+    print(f"{'run':<4} {'p50 ms':>8} {'p90 ms':>8} {'false':>5} {'load':>5} {'probe ms':>8}")
+    for i, r in enumerate(runs, 1):
+        print(
+            f"{i:<4} {r['live_ttfa_ms_p50'] or float('nan'):>8.1f} "
+            f"{r['live_ttfa_ms_p90'] or float('nan'):>8.1f} {r['false_turn_ends']:>5} "
+            f"{r['loadavg_1m_before']:>5.2f} {r['probe_ms']:>8.1f}"
+        )
+    print(
+        f"median of {len(runs)}: p50 {out['live_ttfa_ms_p50']} ms, "
+        f"p90 {out['live_ttfa_ms_p90']} ms, false turn ends {out['false_turn_ends']}"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2))
-        plot(out, args.json.with_suffix(".png"))
+        plot(runs[-1], args.json.with_suffix(".png"))
     return 0
 
 

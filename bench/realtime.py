@@ -18,7 +18,10 @@ real time, then drives it with real WebSocket clients:
    task or await per frame), so that hundreds of them fit beside the server on 2 cores.
 
 Usage: ``python bench/realtime.py [--sessions N] [--quick] [--json PATH] [--chunk-ms MS]
-[--binary] [--workers N [--via-lb]]``
+[--binary] [--workers N [--via-lb]] [--otel]``
+
+``--otel`` traces every session (``server.otel``, sample ratio 1) to a local OTLP/HTTP sink
+in this process, so a run with and one without it give the tracing overhead.
 
 With ``--workers N`` it measures the scaled topology instead (docs/scale.md): one engine
 process and N front ends (``serve --workers N``), clients spread over the front ends or sent
@@ -33,6 +36,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import http.server
 import json
 import os
 import random
@@ -40,6 +44,7 @@ import statistics
 import struct
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -55,15 +60,45 @@ CHUNK_MS = 40
 HIST = "duplex_chunk_overhead_seconds"
 
 
-def write_config(tmp: Path, max_sessions: int, vad: str = "energy") -> Path:
+def write_config(
+    tmp: Path, max_sessions: int, vad: str = "energy", otel: str | None = None
+) -> Path:
     raw = yaml.safe_load((ROOT / "configs" / "test.yaml").read_text())
     raw["engine"]["stages"]["tts"]["options"] = {"realtime": True}
     raw["engine"]["vad"] = {"backend": vad}
     raw["engine"]["duplex"] = {"max_sessions": max_sessions}
-    raw["server"] = {}
+    raw["server"] = {"otel": {"endpoint": otel}} if otel else {}
     path = tmp / "bench.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+class OtlpSink(http.server.BaseHTTPRequestHandler):
+    """``--otel``: a local OTLP/HTTP endpoint that takes the server's trace exports and
+    counts them (it does not decode them: the server's cost is what is measured)."""
+
+    requests = 0
+    bytes = 0
+    url = ""
+
+    @classmethod
+    def start(cls) -> type[OtlpSink]:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), cls)
+        cls.url = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        threading.Thread(target=server.serve_forever, name="otlp-sink", daemon=True).start()
+        return cls
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        type(self).requests += 1
+        type(self).bytes += len(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 def cpu_seconds(pid: int) -> float:
@@ -415,7 +450,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         steps = [s for s in steps if s < args.sessions] + [args.sessions]
     with tempfile.TemporaryDirectory() as tmp:
         # sessions of a finished step may still hold their slot while the engine closes them
-        config = write_config(Path(tmp), sum(steps) + 50, args.vad)
+        sink = OtlpSink.start() if args.otel else None
+        endpoint = sink.url if sink is not None else None
+        config = write_config(Path(tmp), sum(steps) + 50, args.vad, endpoint)
         with running_server(config, ready_s=60) as (addr, pid):
             trials = [await one_bargein(addr) for _ in range(10 if quick else 40)]
             lat = sorted(t[0] for t in trials)
@@ -455,6 +492,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             result["max_sessions_realtime"] = best
             result["load_steps"] = table
+        if sink is not None:  # the server has stopped: its last spans are flushed
+            result["otel"] = {"exports": sink.requests, "bytes": sink.bytes}
+            print(f"traces: {sink.requests} OTLP exports, {sink.bytes} bytes", flush=True)
     return result
 
 
@@ -476,6 +516,11 @@ def main() -> int:
         help="measure `serve --workers N` (engine process + N front ends) instead",
     )
     parser.add_argument("--via-lb", action="store_true", help="with --workers: through HAProxy")
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="trace every session (server.otel) to a local OTLP/HTTP sink (the overhead)",
+    )
     parser.add_argument(
         "--vad",
         choices=["energy", "silero"],

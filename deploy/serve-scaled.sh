@@ -10,9 +10,19 @@ BIN=${BIN:-.venv/bin}
 cfg=$(mktemp --suffix .haproxy.cfg)
 "$BIN/duplex-server" haproxy-config --workers "$WORKERS" --host 127.0.0.1 \
   --port $((PORT + 1)) --bind "$HOST:$PORT" > "$cfg"
-haproxy -db -f "$cfg" &
+# HAProxy starts once every front end answers /health: started earlier, its health checks
+# would find them all down while the models load and log "[ALERT] ... no server available".
+(
+  for i in $(seq 1 "$WORKERS"); do
+    until "$BIN/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+        "http://127.0.0.1:$((PORT + i))/health" 2>/dev/null; do
+      sleep 0.5
+    done
+  done
+  echo "HAProxy on http://$HOST:$PORT in front of $WORKERS front ends"
+  exec haproxy -db -f "$cfg"
+) &
 lb=$!
 trap 'kill "$lb" 2>/dev/null || true; rm -f "$cfg"' EXIT
-echo "HAProxy on http://$HOST:$PORT in front of $WORKERS front ends"
 "$BIN/duplex-server" serve --config "$CONFIG" --host 127.0.0.1 --port $((PORT + 1)) \
   --workers "$WORKERS"

@@ -12,19 +12,24 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
 
 import msgspec
 import uvicorn
 
+from duplex_server import listen, logs
 from duplex_server.app import create_app
 from duplex_server.config import ServerConfig, load_app_config
 from duplex_server.scale import haproxy_config, serve_workers
+from duplex_server.tracing import Tracing
 from duplex_server.ws_protocol import BufferedReadsProtocol
 from engine.config import convert
 from engine.errors import ConfigError
 from engine.graph import build_graph
 from engine.remote import parse_address, serve_engine
+
+log = logging.getLogger("duplex_server")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,9 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         fronts = [(args.host, args.port + i) for i in range(args.workers)]
         print(haproxy_config(fronts, args.bind), end="")
         return 0
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    try:
+        level = logs.configure(args.log_level)
+    except ValueError as exc:
+        print(f"duplex-server: --log-level: {exc}", file=sys.stderr)
+        return 2
     try:
         config = load_app_config(args.config)
         if args.engine is None:  # the engine process checks its own graph
@@ -94,9 +101,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.engine is not None:
             print("duplex-server: --workers starts its own engine; drop --engine", file=sys.stderr)
             return 2
+        try:  # every front end's port, before the engine process loads its models
+            for i in range(args.workers):
+                listen.bind(args.host, args.port + i).close()
+        except listen.ListenError as exc:
+            print(f"duplex-server: {exc}", file=sys.stderr)
+            return 1
         return serve_workers(args.config, args.host, args.port, args.workers, args.log_level)
+    try:  # the port first: a taken one fails now, not after the models load
+        sock = listen.bind(args.host, args.port)
+    except listen.ListenError as exc:
+        print(f"duplex-server: {exc}", file=sys.stderr)
+        return 1
     app = create_app(config, engine_addr=args.engine)
-    uvicorn.run(
+    uv_config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
@@ -108,20 +126,51 @@ def main(argv: list[str] | None = None) -> int:
         ws_per_message_deflate=config.server.ws_per_message_deflate,
         timeout_graceful_shutdown=int(config.server.shutdown_grace_s) + 1,
     )
+    logs.quiet_access_log(level)
+    server = uvicorn.Server(uv_config)
+    log.info("listening on %s (Ctrl-C to stop)", listen.bound_url(sock))
+    _run(server, sock)
+    if not server.started:
+        return 1  # the app's start-up failed (uvicorn logged why)
+    log.info("server stopped")
     return 0
 
 
-def _engine(path: str, listen: str, log_level: str) -> int:
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run(server: uvicorn.Server, sock: socket.socket) -> None:
+    """Serve until SIGINT or SIGTERM. uvicorn shuts down in order on either, then raises
+    the signal again for the caller: here both end in a KeyboardInterrupt that is the
+    normal end of the program, not an error (no traceback, exit status 0)."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with sock:
+            server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _engine(path: str, address: str, log_level: str) -> int:
+    try:
+        logs.configure(log_level)
+    except ValueError as exc:
+        print(f"duplex-server: --log-level: {exc}", file=sys.stderr)
+        return 2
     try:
         config = load_app_config(path)
         build_graph(config.engine)
-        parse_address(listen)
+        parse_address(address)
     except ConfigError as exc:
         print(f"duplex-server: bad config: {exc}", file=sys.stderr)
         return 2
+
+    # the stage spans join the front ends' traces (their traceparent on each call)
+    tracing = Tracing.from_config(config.server.otel, process="engine")
+    tracer = tracing.engine_tracer() if tracing is not None else None
 
     async def run() -> None:
         task = asyncio.current_task()
@@ -130,13 +179,16 @@ def _engine(path: str, listen: str, log_level: str) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve_engine(config.engine, listen)
+            await serve_engine(config.engine, address, tracer)
 
     try:
         asyncio.run(run())
     except SystemExit as exc:
         print(f"duplex-server engine: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     return 0
 
 

@@ -22,16 +22,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from duplex_contract.voices import VoiceCatalog
 from duplex_server import batch, webrtc
 from duplex_server.auth import HttpAuth
 from duplex_server.config import AppConfig
 from duplex_server.hub import Hub
 from duplex_server.metrics import BatchTiming, Metrics
 from duplex_server.realtime import realtime_endpoint
+from duplex_server.tracing import Tracing
 from duplex_server.twilio import twilio_endpoint
 from engine.client import AsyncEngine
-from engine.errors import EngineDeadError
+from engine.errors import ConfigError, EngineDeadError
 from engine.remote import RemoteEngine
+from engine.voices import voices_of
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +42,16 @@ log = logging.getLogger(__name__)
 async def attach_engine(addr: str, config: AppConfig, wait_s: float = 900.0) -> RemoteEngine:
     """Connect to an engine process, waiting while it starts (it loads models first)."""
     deadline = time.monotonic() + wait_s
+    waited = False
     while True:
         try:
             engine = await RemoteEngine.connect(addr, name=f"front-end-{os.getpid()}")
         except EngineDeadError as exc:
             if time.monotonic() > deadline:
                 raise
-            log.info("waiting for the engine process: %s", exc)
+            # once at INFO: it loads its models for a while, and this loop asks twice a second
+            log.log(logging.DEBUG if waited else logging.INFO, "waiting for the engine: %s", exc)
+            waited = True
             await asyncio.sleep(0.5)
             continue
         if engine.config != config.engine:
@@ -55,6 +61,17 @@ async def attach_engine(addr: str, config: AppConfig, wait_s: float = 900.0) -> 
                 addr,
             )
         return engine
+
+
+def speaking_voices(config: AppConfig) -> VoiceCatalog | None:
+    """The engine's voices, from its config (engine/voices.py); None, and every voice name
+    passed on unchecked, where this process cannot build the engine's stage graph (a front
+    end attached to an engine process on a machine without that engine's backends)."""
+    try:
+        return voices_of(config.engine)
+    except ConfigError as exc:
+        log.warning("voice names are not checked: the engine's stages are unknown here (%s)", exc)
+        return None
 
 
 class EngineHandle:
@@ -74,14 +91,17 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
     handle = EngineHandle()
     metrics = Metrics(handle.get)
     executor = ThreadPoolExecutor(config.server.vad_threads, thread_name_prefix="input-lane")
-    hub = Hub(config, metrics, executor)
+    voices = speaking_voices(config)
+    tracing = Tracing.from_config(config.server.otel)  # None: tracing is off
+    hub = Hub(config, metrics, executor, voices, tracing)
 
     async def start_engine() -> None:
         try:
             if engine_addr is not None:
                 engine: AsyncEngine = await attach_engine(engine_addr, config)
             else:
-                engine = await AsyncEngine.start(config.engine)
+                tracer = tracing.engine_tracer() if tracing is not None else None
+                engine = await AsyncEngine.start(config.engine, tracer=tracer)
             engine.on_dead(lambda exc: setattr(handle, "error", f"engine gone: {exc}"))
             handle.engine = engine
             hub.sessions.engine = engine
@@ -96,13 +116,17 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         try:
             yield
         finally:
+            log.info("shutting down: closing %d session socket(s)", len(hub.sockets))
             await hub.shutdown(config.server.shutdown_grace_s)
             if not starter.done():
                 starter.cancel()
             await asyncio.gather(starter, return_exceptions=True)
             if handle.engine is not None:
                 await handle.engine.shutdown()
+                log.info("engine %s", "detached" if engine_addr is not None else "stopped")
             executor.shutdown(wait=True, cancel_futures=True)
+            if tracing is not None:  # export what is left (a blocking flush)
+                await asyncio.to_thread(tracing.shutdown)
 
     async def health(request: Request) -> Response:
         engine = handle.engine
@@ -144,7 +168,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         WebSocketRoute("/v1/duplex", realtime_endpoint),
         WebSocketRoute("/v1/twilio", twilio_endpoint),
         *webrtc.routes(hub),
-        *batch.routes(handle.get, config.server.batch, config.server.model_name),
+        *batch.routes(handle.get, config.server.batch, config.server.model_name, voices),
     ]
     static = Path(config.server.static_dir)
     if (static / "index.html").is_file():
@@ -161,4 +185,5 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
     app.state.hub = hub
     app.state.engine = handle
     app.state.metrics = metrics
+    app.state.tracing = tracing
     return app

@@ -1,9 +1,9 @@
 """HTTP batch routes (OpenAI-compatible) on the same engine as the sessions, at batch priority.
 
 ``POST /v1/audio/speech``, ``POST /v1/chat/completions``, ``POST /v1/audio/transcriptions``,
-``GET /v1/models``. Bodies are decoded once at the edge into msgspec structs that refuse
-unknown fields (as OpenAI does; see ``batch_api.py``); every refusal is an OpenAI-shaped
-error::
+``GET /v1/models``, ``GET /v1/voices`` (the voices a request may name; others are refused).
+Bodies are decoded once at the edge into msgspec structs that refuse unknown fields (as
+OpenAI does; see ``batch_api.py``); every refusal is an OpenAI-shaped error::
 
     400 {"error": {"message", "type": "invalid_request_error", "param", "code"}}
     413 body over ``BatchConfig.max_body_bytes`` (``max_json_bytes`` for JSON bodies)
@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from duplex_contract.voices import VoiceCatalog
 from duplex_server.batch_api import (
     ENGINE_INPUT_RATE,
     OUTPUT_RATE,
@@ -37,10 +38,12 @@ from duplex_server.batch_api import (
     ChatRequest,
     SpeechRequest,
     TextPart,
+    engine_voice,
     error_response,
     read_body,
     read_json,
     transcription_params,
+    voice_list,
 )
 from duplex_server.codecs import (
     CONTENT_TYPES,
@@ -72,7 +75,11 @@ __all__ = ["BatchConfig", "routes"]  # BatchConfig lives in duplex_server.config
 MiB = 1024 * 1024
 
 
-async def chat_job(body: ChatRequest, transcribe: Callable[[bytes], Awaitable[str]]) -> ChatJob:
+async def chat_job(
+    body: ChatRequest,
+    transcribe: Callable[[bytes], Awaitable[str]],
+    voices: VoiceCatalog | None = None,
+) -> ChatJob:
     """The engine job of a chat request; ``input_audio`` parts go through the ASR stage."""
     modalities = body.modalities or ["text"]
     want_audio = "audio" in modalities
@@ -83,6 +90,8 @@ async def chat_job(body: ChatRequest, transcribe: Callable[[bytes], Awaitable[st
             param="audio",
             code="missing_required_parameter",
         )
+    voice = body.audio.voice if body.audio is not None else None
+    voice = engine_voice(voices, voice, "audio.voice")
     messages: list[ChatMessage] = []
     for i, msg in enumerate(body.messages):
         role: Literal["system", "user", "assistant"] = (
@@ -113,7 +122,7 @@ async def chat_job(body: ChatRequest, transcribe: Callable[[bytes], Awaitable[st
         max_tokens=body.max_completion_tokens or body.max_tokens or 256,
         temperature=body.temperature or 0.0,
         audio=want_audio,
-        voice=body.audio.voice if body.audio is not None else None,
+        voice=voice,
         sample_rate=OUTPUT_RATE,
     )
 
@@ -127,6 +136,7 @@ class _Api:
     get_engine: Callable[[], AsyncEngine | None]
     config: BatchConfig
     model_name: str
+    voices: VoiceCatalog | None
 
     def engine(self) -> AsyncEngine:
         engine = self.get_engine()
@@ -155,11 +165,13 @@ class _Api:
         ]
         return JSONResponse({"object": "list", "data": data})
 
+    async def voices_route(self, request: Request) -> Response:
+        return JSONResponse(voice_list(self.voices))
+
     async def speech(self, request: Request) -> Response:
         body = await read_json(request, SpeechRequest, self.config.max_body_bytes)
-        job = SpeechJob(
-            text=body.input, voice=body.voice, speed=body.speed, sample_rate=OUTPUT_RATE
-        )
+        voice = engine_voice(self.voices, body.voice, "voice")
+        job = SpeechJob(text=body.input, voice=voice, speed=body.speed, sample_rate=OUTPUT_RATE)
         items = self.run(job)
         first = await _first(items)  # engine errors surface as a status code, not a cut stream
         done: list[BatchDone] = []
@@ -181,7 +193,7 @@ class _Api:
 
     async def chat(self, request: Request) -> Response:
         body = await read_json(request, ChatRequest, self.config.max_body_bytes)
-        job = await chat_job(body, self._transcribe_part)
+        job = await chat_job(body, self._transcribe_part, self.voices)
         want_audio = job.audio
         assert body.audio is not None or not want_audio
         fmt = body.audio.format if body.audio is not None else "pcm16"
@@ -386,9 +398,11 @@ def routes(
     get_engine: Callable[[], AsyncEngine | None],
     config: BatchConfig | None = None,
     model_name: str = "duplex",
+    voices: VoiceCatalog | None = None,
 ) -> list[BaseRoute]:
-    """The batch routes. ``get_engine`` returns the app's engine (None while it starts)."""
-    api = _Api(get_engine, config or BatchConfig(), model_name)
+    """The batch routes. ``get_engine`` returns the app's engine (None while it starts);
+    ``voices``: the engine's (None: voice names are not checked)."""
+    api = _Api(get_engine, config or BatchConfig(), model_name, voices)
 
     def guarded(
         handler: Callable[[Request], Awaitable[Response]],
@@ -403,6 +417,7 @@ def routes(
 
     return [
         Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/voices", api.voices_route, methods=["GET"]),
         Route("/v1/audio/speech", guarded(api.speech), methods=["POST"]),
         Route("/v1/chat/completions", guarded(api.chat), methods=["POST"]),
         Route("/v1/audio/transcriptions", guarded(api.transcriptions), methods=["POST"]),

@@ -13,6 +13,7 @@ from starlette.types import Message
 
 from duplex_contract.audio import INPUT_RATE
 from duplex_contract.validation import explain
+from duplex_contract.voices import VoiceCatalog
 from duplex_server.codecs import (
     SpeechFormat,
 )
@@ -57,9 +58,10 @@ def error_response(exc: ApiError) -> Response:
     return JSONResponse(exc.payload(), status_code=exc.status)
 
 
-def validation_error(exc: msgspec.ValidationError) -> ApiError:
-    """msgspec's message -> a 400 naming the field (``audio.format``, ``messages.0.role``)."""
-    problem = explain(exc)
+def validation_error(exc: msgspec.ValidationError, decoded: object = None) -> ApiError:
+    """msgspec's message -> a 400 naming the field (``audio.format``, ``messages.0.role``)
+    and, for a value outside a fixed set, the allowed values (``decoded``: the body type)."""
+    problem = explain(exc, decoded)
     code = {
         "unknown": "unknown_parameter",
         "missing": "missing_required_parameter",
@@ -68,6 +70,31 @@ def validation_error(exc: msgspec.ValidationError) -> ApiError:
     param = problem.path or None
     text = problem.message
     return ApiError(400, f"{param}: {text}" if param else text, param=param, code=code)
+
+
+def engine_voice(voices: VoiceCatalog | None, name: str | None, param: str) -> str | None:
+    """The engine's voice for a request's ``name`` (an OpenAI alias is the default voice);
+    400 ``invalid_value`` listing the voices for an unknown one. ``voices`` None: unchecked."""
+    if voices is None or name is None:
+        return name
+    problem = voices.problem(name)
+    if problem is not None:
+        raise ApiError(400, f"{param}: {problem}", param=param, code="invalid_value")
+    return voices.resolve(name)
+
+
+def voice_list(voices: VoiceCatalog | None) -> dict[str, object]:
+    """``GET /v1/voices``: the engine's voices (the default first) and the aliases."""
+    if voices is None:
+        return {"object": "list", "data": [], "default": None, "checked": False}
+    data: list[dict[str, object]] = [
+        {"id": v, "object": "voice", "default": i == 0} for i, v in enumerate(voices.voices)
+    ]
+    data += [
+        {"id": a, "object": "voice", "default": False, "alias_of": voices.default}
+        for a in voices.aliases
+    ]
+    return {"object": "list", "data": data, "default": voices.default, "checked": True}
 
 
 # ============================================================================ bodies
@@ -183,7 +210,7 @@ async def read_json(request: Request, type_: type[T], limit: int) -> T:
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as exc:
-        raise validation_error(exc) from None
+        raise validation_error(exc, type_) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
 

@@ -47,6 +47,10 @@ _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 _STREAM_SIZE = 0xFFFFFFFF
 
 
+#: what the decoder reads, for error messages
+READABLE = "send WAV, FLAC, MP3 or Ogg (Vorbis, Opus) audio"
+
+
 class AudioDecodeError(ValueError):
     """The uploaded bytes are not audio that libsndfile can read."""
 
@@ -198,8 +202,12 @@ def decode_audio(data: bytes, target_rate: int) -> tuple[bytes, float]:
     """Decode an audio file to PCM16 mono at ``target_rate``; returns (pcm, duration_s)."""
     try:
         samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise AudioDecodeError(f"cannot decode audio: {exc}") from None
+    except soundfile.LibsndfileError as exc:
+        # str(exc) names the file object ("Error opening <_io.BytesIO object at 0x...>")
+        reason = exc.error_string.strip().rstrip(".") or "unreadable data"
+        raise AudioDecodeError(f"cannot decode audio ({reason}); {READABLE}") from None
+    except (RuntimeError, TypeError):
+        raise AudioDecodeError(f"cannot decode audio; {READABLE}") from None
     mono = samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0]
     duration = mono.shape[0] / rate if rate else 0.0
     if rate != target_rate:

@@ -53,6 +53,23 @@ class TwilioConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return env or None
 
 
+class OtelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """OpenTelemetry traces over OTLP/HTTP (``server.otel``; docs/protocol.md §13): one
+    trace per session. Off unless ``endpoint`` is set."""
+
+    #: the collector's OTLP/HTTP traces URL (``http://collector:4318/v1/traces``); None: off
+    endpoint: Annotated[str, msgspec.Meta(pattern="^https?://[^/?#]+")] | None = None
+    #: ``service.name`` of the spans (an engine process adds ``duplex.process: engine``)
+    service_name: Annotated[str, msgspec.Meta(min_length=1)] = "duplex-server"
+    #: the share of sessions traced (0-1), decided when a session opens; its turns and the
+    #: engine's spans follow that decision
+    sample_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 1.0
+    #: extra HTTP headers sent with each export (a vendor's API key)
+    headers: dict[str, str] = {}
+    #: the most a finished span waits before it is exported (ms)
+    export_delay_ms: Annotated[int, msgspec.Meta(ge=1, le=60_000)] = 2000
+
+
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_keys: list[str] = []
     #: comma-separated keys read from this environment variable at start-up (added to api_keys)
@@ -92,6 +109,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: a WebRTC call whose peer has not connected by then ends
     webrtc_connect_timeout_s: PositiveFloat = 30.0
     twilio: TwilioConfig = TwilioConfig()
+    otel: OtelConfig = OtelConfig()
 
     def keys(self) -> frozenset[str]:
         env = os.environ.get(self.api_keys_env, "") if self.api_keys_env else ""

@@ -11,12 +11,14 @@ import contextlib
 from concurrent.futures import Executor
 from typing import Protocol
 
+from duplex_contract.voices import VoiceCatalog
 from duplex_server.config import AppConfig
 from duplex_server.metrics import Metrics
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import INPUT_FORMATS, OUTPUT_FORMATS
 from duplex_server.protocol.errors import CloseCode
 from duplex_server.session_runtime import SessionLimits, Sessions
+from duplex_server.tracing import Tracing
 from duplex_server.turns import InputScheduler
 
 
@@ -37,7 +39,14 @@ class Transport(Protocol):
 class Hub:
     """The sockets of one app, its live sessions, and the send watchdog."""
 
-    def __init__(self, config: AppConfig, metrics: Metrics, executor: Executor) -> None:
+    def __init__(
+        self,
+        config: AppConfig,
+        metrics: Metrics,
+        executor: Executor,
+        voices: VoiceCatalog | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
         s, e = config.server, config.engine
         self.config, self.metrics, self.keys = config, metrics, s.keys()
         limits = SessionLimits(
@@ -52,6 +61,8 @@ class Hub:
             model=s.model_name,
             output_rate=e.output_sample_rate,
             route_key=s.route_key,
+            voices=voices,
+            tracing=tracing,
         )
         self.sockets: set[Transport] = set()
         self.closing = False

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duplex_server.protocol.events import Usage
-from engine.client import AsyncEngine
+from engine.client import AsyncEngine, EngineStats
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 _SLOW = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -27,6 +27,58 @@ def _by_outcome(name: str, doc: str, counts: dict[str, int]) -> CounterMetricFam
     for outcome, n in counts.items():
         family.add_metric([outcome], n)
     return family
+
+
+def _stage_families(stats: EngineStats) -> Iterator[Metric]:
+    """Restarts of every stage; what the stages' own engines (vLLM) report."""
+    restarts = CounterMetricFamily(
+        "duplex_stage_restarts",
+        "Restarts of a stage's replicas (a dead worker thread or vLLM EngineCore), all "
+        "attempts counted",
+        labels=["stage"],
+    )
+    for stage, n in stats.stage_restarts.items():
+        restarts.add_metric([stage], n)
+    yield restarts
+    engines = stats.stage_engines
+    gauges = (
+        (
+            "duplex_stage_running_requests",
+            "Requests in the running batch of a stage's engine (vLLM's scheduler), all replicas",
+            "running",
+        ),
+        (
+            "duplex_stage_waiting_requests",
+            "Requests waiting in a stage engine's scheduler (vLLM), all replicas",
+            "waiting",
+        ),
+        (
+            "duplex_stage_kv_cache_usage_ratio",
+            "KV cache in use, 0-1, of the fullest replica of a stage (vLLM)",
+            "kv_cache_usage",
+        ),
+        (
+            "duplex_stage_tokens_per_second",
+            "Tokens a stage's engine generated per second "
+            "over the last 5 s, all replicas (vLLM: the thinker's text, the talker's codec "
+            "tokens)",
+            "tokens_per_s",
+        ),
+    )
+    for name, doc, attr in gauges:
+        family = GaugeMetricFamily(name, doc, labels=["stage"])
+        for stage, fig in engines.items():
+            family.add_metric([stage], float(getattr(fig, attr)))
+        yield family
+    tokens = CounterMetricFamily(
+        "duplex_stage_tokens",
+        "Tokens a stage's engine processed, by kind: prompt (prefilled), generated",
+        labels=["stage", "kind"],
+    )
+    for stage, fig in engines.items():
+        tokens.add_metric([stage, "prompt"], fig.prompt_tokens)
+        tokens.add_metric([stage, "generated"], fig.generated_tokens)
+    yield tokens
 
 
 class _EngineCollector(Collector):
@@ -63,6 +115,7 @@ class _EngineCollector(Collector):
             "reguessed (made again: sound the VAD did not call speech followed the pause)",
             stats.speculative_transcripts,
         )
+        yield from _stage_families(stats)
         depth = GaugeMetricFamily("duplex_engine_queue_depth", "Engine queues", labels=["queue"])
         depth.add_metric(["request"], stats.request_queue_depth)
         depth.add_metric(["output"], stats.output_queue_depth)
@@ -122,7 +175,23 @@ class Metrics:
             "duplex_stage_batch_size",
             "Requests advanced together by one step of a batching stage",
             ["stage"],
-            buckets=(1, 2, 4, 8, 16, 32, 64),
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
+        self.stage_wait = Histogram(
+            "duplex_stage_queue_wait_seconds",
+            "Per-stage wait of a request from its submit to the start of its work (a worker "
+            "picked it up, its first batch step, or vLLM's scheduler queue time)",
+            ["stage"],
+            buckets=(*_FAST, 2.0, 5.0),
+            registry=r,
+        )
+        self.stage_decode = Histogram(
+            "duplex_stage_decode_seconds_per_audio_second",
+            "Decoder seconds per second of audio of one decoder step (the codec; < 1 is "
+            "faster than real time)",
+            ["stage"],
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
             registry=r,
         )
         self.outbound_bytes = Gauge(
@@ -190,6 +259,10 @@ class Metrics:
                 self.stage_latency.labels(stage).observe(seconds)
             for stage, size in engine.drain_stage_steps():
                 self.stage_batch.labels(stage).observe(size)
+            for stage, seconds in engine.drain_stage_waits():
+                self.stage_wait.labels(stage).observe(seconds)
+            for stage, busy, audio in engine.drain_stage_decodes():
+                self.stage_decode.labels(stage).observe(busy / audio)
         return generate_latest(self.registry)
 
 

@@ -142,7 +142,7 @@ class SocketAttachment:
             if text is not None:
                 session.receive_text(text)
             elif data:
-                session.receive_audio(data)
+                session.receive_audio_frame(data)
 
     async def _writer(self) -> None:
         try:
@@ -250,5 +250,8 @@ async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg:
         return "resume_timeout"
     except (ProtocolError, EngineError) as exc:
         detail, close = to_wire_error(exc)
-        sock.fatal(SessionFatal(detail.code, detail.message, close_code=close or CloseCode.POLICY))
+        close = close or CloseCode.POLICY
+        sock.fatal(
+            SessionFatal(detail.code, detail.message, close_code=close, error_type=detail.type)
+        )
         return detail.code

@@ -33,6 +33,7 @@ from duplex_contract.events import AudioChunk, SessionEvent
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings, SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
+from duplex_contract.voices import VoiceCatalog
 from duplex_server.attach import Attachment, Journal, Outgoing, Stamper
 from duplex_server.metrics import Metrics
 from duplex_server.output import OutputEncoder
@@ -67,6 +68,7 @@ from duplex_server.protocol.errors import ProtocolError, SessionFatal
 from duplex_server.protocol.resume import new_resume_token
 from duplex_server.protocol.session import SessionCore
 from duplex_server.protocol.vad import VadEvent
+from duplex_server.tracing import SessionTrace, Tracing
 from duplex_server.turns import InputLane, InputScheduler
 from engine.messages import Activity, ControlResult, PlaybackMark, SignalEvent
 
@@ -81,7 +83,11 @@ class EngineSessions(Protocol):
     def ready(self) -> bool: ...
 
     async def open(
-        self, config: SessionSettings | None = None, *, route_key: str | None = None
+        self,
+        config: SessionSettings | None = None,
+        *,
+        route_key: str | None = None,
+        traceparent: str | None = None,
     ) -> ControlResult: ...
 
     async def resume(self, session_id: str, expected_lease_generation: int) -> ControlResult: ...
@@ -95,6 +101,7 @@ class EngineSessions(Protocol):
         text: str | None = None,
         item_id: str | None = None,
         tool_output: ToolOutput | None = None,
+        stream_ms: float | None = None,
     ) -> ControlResult: ...
 
     async def commit(
@@ -105,6 +112,7 @@ class EngineSessions(Protocol):
         respond: bool = True,
         item_id: str | None = None,
         response: ResponseOptions | None = None,
+        traceparent: str | None = None,
     ) -> ControlResult: ...
 
     async def signal(
@@ -117,6 +125,7 @@ class EngineSessions(Protocol):
         update: SessionUpdate | None = None,
         item: ItemRef | None = None,
         respond: bool = True,
+        traceparent: str | None = None,
     ) -> ControlResult: ...
 
     async def touch(
@@ -171,6 +180,7 @@ class LiveSession:
         self.commit_t: float | None = None
         self._last_words = False
         self._first_sent: dict[str, float] = {}  # response id -> first audio delta written
+        self.trace: SessionTrace | None = None  # its trace, when traced (server.otel)
 
     @property
     def session_id(self) -> str:
@@ -196,6 +206,8 @@ class LiveSession:
         except BaseException:
             core.resume_failed()
             raise
+        if self.trace is not None:
+            self.trace.resumed(res.lease_generation)
         token, digest = new_resume_token()
         actions = core.resumed(
             res.lease_generation,
@@ -221,9 +233,18 @@ class LiveSession:
         self.apply(self.core.on_client_event(event, now_ms()))
 
     def receive_audio(self, data: bytes) -> None:
-        """Raw audio in the session's input format (a binary frame, an RTP payload...)."""
+        """Raw audio in the session's input format (an RTP payload, a media stream...)."""
         if data and not self.core.closed:
             self._input(data)
+
+    def receive_audio_frame(self, data: bytes) -> None:
+        """A client's binary WebSocket frame: whole samples, or refused (and dropped)."""
+        try:
+            self.core.config.input_format.check_frame(len(data))
+        except ProtocolError as exc:
+            self.apply(self.core.error(exc))
+            return
+        self.receive_audio(data)
 
     def receive_dtmf(self, digit: str, received_at: int) -> None:
         """A keypad digit from a phone transport; ``received_at``: Unix time (s)."""
@@ -292,6 +313,8 @@ class LiveSession:
                     self.cancel_t = time.perf_counter()
                 elif isinstance(cmd, Commit) and cmd.respond:
                     self.commit_t = time.perf_counter()
+                if self.trace is not None:
+                    cmd = self.trace.command(cmd)  # a commit or pause carries its turn's
                 self._calls.put_nowait(cmd)
             elif isinstance(action, ProcessAudio):
                 self._input(action.data)
@@ -346,8 +369,12 @@ class LiveSession:
         return event
 
     def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0) -> None:
+        trace = self.trace
         if isinstance(event, ev.ResponseDone):
+            origin = self.core.response_origin.get(event.response.id)
             event = self._timed(event)
+            if trace is not None:
+                trace.response_done(event, origin)
             if event.response.usage is not None:
                 self.metrics.count_usage(event.response.usage)
         elif isinstance(event, ev.SessionClosed) and event.usage is not None:
@@ -363,6 +390,8 @@ class LiveSession:
                 u.input_audio_seconds,
                 u.output_audio_seconds,
             )
+        if trace is not None and not isinstance(event, ev.ResponseDone | ev.AudioDelta):
+            trace.on_event(event, now_ms(), self.core.input.input_ms)
         if isinstance(event, ev.Error):
             self.metrics.errors.labels(event.error.code).inc()
         self.stamper.beta = self.core.beta
@@ -447,6 +476,8 @@ class LiveSession:
                     continue
                 if not isinstance(exc, EngineError):  # a bug: the client sees server_error
                     log.error("%s: %s failed", self.session_id, type(cmd).__name__, exc_info=exc)
+                if self.trace is not None and isinstance(cmd, Commit) and cmd.respond:
+                    self.trace.turn_refused(exc)
                 self.apply(self.core.on_failure(cmd, exc))
                 if isinstance(exc, EngineDeadError):
                     return
@@ -469,7 +500,9 @@ class LiveSession:
             parts.append(nxt.audio)
         if len(parts) == 1:
             return cmd
-        return Append(cmd.epoch, audio=b"".join(parts), event_id=cmd.event_id)
+        return Append(
+            cmd.epoch, audio=b"".join(parts), event_id=cmd.event_id, stream_ms=cmd.stream_ms
+        )
 
     async def _execute(self, cmd: EngineCommand) -> Fence | None:
         core, eng = self.core, self.engine
@@ -486,10 +519,16 @@ class LiveSession:
                 text=cmd.text,
                 item_id=cmd.item_id,
                 tool_output=cmd.tool_output,
+                stream_ms=cmd.stream_ms,
             )
         elif isinstance(cmd, Commit):
             res = await eng.commit(
-                fence, gen, respond=cmd.respond, item_id=cmd.item_id, response=cmd.response
+                fence,
+                gen,
+                respond=cmd.respond,
+                item_id=cmd.item_id,
+                response=cmd.response,
+                traceparent=cmd.traceparent,
             )
         elif isinstance(cmd, DeleteItem):
             res = await eng.signal(fence, gen, "item.delete", item=cmd.item)
@@ -497,7 +536,9 @@ class LiveSession:
             nxt = Fence(fence.session_id, cmd.epoch + 1, fence.turn_id, fence.response_seq)
             res = await eng.signal(fence, gen, cmd.event, next_fence=nxt)
         elif isinstance(cmd, Speculate):
-            res = await eng.signal(fence, gen, cmd.event, respond=cmd.respond)
+            res = await eng.signal(
+                fence, gen, cmd.event, respond=cmd.respond, traceparent=cmd.traceparent
+            )
         elif isinstance(cmd, Update):
             upd = SessionUpdate.replace_with(cmd.settings)
             res = await eng.signal(fence, gen, "session.update", update=upd)
@@ -522,14 +563,18 @@ class Sessions:
         model: str,
         output_rate: int = OUTPUT_RATE,
         route_key: str | None = None,
+        voices: VoiceCatalog | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.limits = limits
+        self.tracing = tracing  # one trace per session (server.otel), or None
         self.route_key = route_key  # this front end's: session ids carry it
         self.inputs = inputs
         self.metrics = metrics
         self.instructions = instructions
         self.model = model
         self.output_rate = output_rate
+        self.voices = voices  # checked by session.update (None: any name)
         self.engine: EngineSessions | None = None
         self.live: dict[str, LiveSession] = {}
         self._runs: dict[str, asyncio.Task[None]] = {}
@@ -564,8 +609,19 @@ class Sessions:
             event_names="beta" if beta else "ga",
             model=self.model,
             output_rate=self.output_rate,
+            voices=self.voices,
         )
-        res = await engine.open(cfg.settings(), route_key=self.route_key)
+        trace = self.tracing.session(self.route_key) if self.tracing is not None else None
+        try:
+            res = await engine.open(
+                cfg.settings(),
+                route_key=self.route_key,
+                traceparent=trace.traceparent if trace is not None else None,
+            )
+        except BaseException as exc:
+            if trace is not None:
+                trace.refused(exc)
+            raise
         assert res.session_id is not None
         core = SessionCore(
             res.session_id,
@@ -574,6 +630,9 @@ class Sessions:
             encode_output=OutputEncoder().encode,
         )
         session = LiveSession(engine, core, self.limits, self.inputs, self.metrics)
+        if trace is not None:
+            trace.opened(session.session_id)
+            session.trace = trace
         self.live[session.session_id] = session
         task = asyncio.create_task(self._run(session), name=f"session:{session.session_id}")
         self._runs[session.session_id] = task
@@ -593,6 +652,8 @@ class Sessions:
         except Exception:
             log.exception("%s: session tasks failed", session.session_id)
         finally:
+            if session.trace is not None:
+                session.trace.end()
             self.live.pop(session.session_id, None)
             self._runs.pop(session.session_id, None)
 

@@ -6,15 +6,21 @@ Each job takes its route: transcription -> ``transcribe``, speech -> ``speech``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 
 from duplex_contract.audio import duration_ms
+from engine.errors import EngineError
 from engine.messages import (
     AudioOut,
     BatchDone,
     BatchItem,
     BatchJob,
+    BatchOutput,
     ChatJob,
+    ErrorInfo,
+    GenerateRequest,
     Priority,
     SpeechJob,
     TextOut,
@@ -22,6 +28,8 @@ from engine.messages import (
     TranscriptOut,
 )
 from engine.pipeline import Pipeline, SpokenChunk
+
+log = logging.getLogger(__name__)
 
 
 def _audio(rid: str, chunk: SpokenChunk) -> AudioOut:
@@ -84,3 +92,33 @@ async def run_batch(
                 finish_reason=result.finish_reason,
             )
         )
+
+
+async def serve_batch(
+    pipeline: Pipeline,
+    msg: GenerateRequest,
+    put: Callable[[BatchOutput], None],
+    abort: Callable[[str], Awaitable[None]],
+) -> None:
+    """Run one batch request to its end, every outcome put as a :class:`BatchOutput`: its
+    items, or one error (``aborted`` when the task is cancelled, after ``abort(prefix)``
+    stopped its stage requests)."""
+    rid = msg.request_id
+
+    def item(value: BatchItem) -> None:
+        put(BatchOutput(request_id=rid, item=value))
+
+    def error(code: str, message: str) -> None:
+        info = ErrorInfo(kind="stage", code=code, message=message, request_id=rid)
+        put(BatchOutput(request_id=rid, error=info))
+
+    try:
+        await run_batch(pipeline, rid, msg.job, item)
+    except asyncio.CancelledError:
+        await abort(f"batch/{rid}/")
+        error("aborted", "request aborted")
+    except EngineError as exc:
+        put(BatchOutput(request_id=rid, error=ErrorInfo.from_exc(exc, request_id=rid)))
+    except Exception as exc:
+        log.exception("batch request %s failed", rid)
+        error("stage_failed", repr(exc))

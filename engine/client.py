@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import janus
+from opentelemetry.trace import Tracer
 
 from engine.config import EngineConfig
 from engine.errors import ControlError, EngineDeadError, EngineError
@@ -57,7 +58,9 @@ from engine.messages import (
 )
 from engine.orchestrator import Orchestrator
 from engine.speculation import SpeculativeAsr
+from engine.stage_figures import StageEngineFigures, stage_engine_figures
 from engine.stages.base import StageBackend
+from engine.tracing import EngineTracing
 
 log = logging.getLogger(__name__)
 _END: Any = object()
@@ -89,6 +92,8 @@ class EngineStats:
     speculative_responses: dict[str, int] = field(default_factory=dict)
     # speculative transcripts of pauses (engine/speculation.py): started, skipped, used
     speculative_transcripts: dict[str, int] = field(default_factory=dict)
+    # what the stages' own engines report (vLLM: running/waiting, KV cache use, tokens)
+    stage_engines: dict[str, StageEngineFigures] = field(default_factory=dict)
 
 
 def _guesses(spec: SpeculativeAsr | None) -> dict[str, int]:
@@ -129,17 +134,27 @@ class AsyncEngine:
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     async def start(
-        cls, config: EngineConfig, backends: Mapping[str, Sequence[StageBackend]] | None = None
+        cls,
+        config: EngineConfig,
+        backends: Mapping[str, Sequence[StageBackend]] | None = None,
+        *,
+        tracer: Tracer | None = None,
     ) -> AsyncEngine:
+        """``tracer``: record a span per stage request in the callers' traces
+        (engine/tracing.py); None: no spans."""
         self = cls(config)
-        await self._start(backends)
+        await self._start(backends, tracer)
         return self
 
-    async def _start(self, backends: Mapping[str, Sequence[StageBackend]] | None) -> None:
+    async def _start(
+        self, backends: Mapping[str, Sequence[StageBackend]] | None, tracer: Tracer | None
+    ) -> None:
         loop = asyncio.get_running_loop()
         self._out = janus.Queue()
         self._rpc = janus.Queue()
-        self._orch = Orchestrator(self.config, self._out.sync_q, self._rpc.sync_q, backends)
+        self._orch = Orchestrator(
+            self.config, self._out.sync_q, self._rpc.sync_q, backends, EngineTracing(tracer)
+        )
         self._thread_done = loop.create_future()
         done = self._thread_done
 
@@ -320,9 +335,16 @@ class AsyncEngine:
         return res
 
     async def open(
-        self, config: SessionConfig | None = None, *, route_key: str | None = None
+        self,
+        config: SessionConfig | None = None,
+        *,
+        route_key: str | None = None,
+        traceparent: str | None = None,
     ) -> ControlResult:
-        res = await self.call(OpenCall(config=config or SessionConfig(), route_key=route_key))
+        call = OpenCall(
+            config=config or SessionConfig(), route_key=route_key, traceparent=traceparent
+        )
+        res = await self.call(call)
         assert res.session_id is not None
         self._mailbox(res.session_id)
         return res
@@ -339,6 +361,7 @@ class AsyncEngine:
         expected_epoch: int | None = None,
         item_id: str | None = None,
         tool_output: ToolOutput | None = None,
+        stream_ms: float | None = None,
     ) -> ControlResult:
         return await self.call(
             AppendCall(
@@ -351,6 +374,7 @@ class AsyncEngine:
                 expected_epoch=expected_epoch,
                 item_id=item_id,
                 tool_output=tool_output,
+                stream_ms=stream_ms,
             )
         )
 
@@ -363,6 +387,7 @@ class AsyncEngine:
         operation_id: str | None = None,
         item_id: str | None = None,
         response: ResponseOptions | None = None,
+        traceparent: str | None = None,
     ) -> ControlResult:
         return await self.call(
             CommitCall(
@@ -372,6 +397,7 @@ class AsyncEngine:
                 operation_id=operation_id,
                 item_id=item_id,
                 response=response,
+                traceparent=traceparent,
             )
         )
 
@@ -386,6 +412,7 @@ class AsyncEngine:
         operation_id: str | None = None,
         item: ItemRef | None = None,
         respond: bool = True,
+        traceparent: str | None = None,
     ) -> ControlResult:
         return await self.call(
             SignalCall(
@@ -397,6 +424,7 @@ class AsyncEngine:
                 operation_id=operation_id,
                 item=item,
                 respond=respond,
+                traceparent=traceparent,
             )
         )
 
@@ -495,6 +523,7 @@ class AsyncEngine:
             session_bytes=dict(orch.counters.session_bytes),
             speculative_responses=dict(orch.counters.drafts),
             speculative_transcripts=_guesses(orch.speculation),
+            stage_engines=stage_engine_figures({n: p.replicas for n, p in orch.pools.items()}),
         )
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:
@@ -504,3 +533,11 @@ class AsyncEngine:
     def drain_stage_latencies(self) -> list[tuple[str, float]]:
         """(stage, seconds to first output) of each stage request since the last drain."""
         return self._orch.counters.drain_latencies() if self._orch is not None else []
+
+    def drain_stage_waits(self) -> list[tuple[str, float]]:
+        """(stage, seconds from submit to the start of its work) since the last drain."""
+        return self._orch.counters.drain_waits() if self._orch is not None else []
+
+    def drain_stage_decodes(self) -> list[tuple[str, float, float]]:
+        """(stage, decoder seconds, audio seconds) of each decoder step since the last drain."""
+        return self._orch.counters.drain_decodes() if self._orch is not None else []

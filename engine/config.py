@@ -20,6 +20,7 @@ T = TypeVar("T")
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class _Frozen(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -74,6 +75,23 @@ class DuplexRuntimeConfig(_Frozen, frozen=True):
     cleanup_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
 
 
+class SchedulingConfig(_Frozen, frozen=True):
+    """How batch requests, speculative transcripts and draft responses share the stages
+    with real-time turns (engine/scheduling.py; docs/engine.md, "Scheduling")."""
+
+    # serial: the CPU rules (one batch stage request at a time and none while a session
+    # waits for its first audio; no guess or draft while another session's turn runs).
+    # capacity: by each stage's capacity and live load (for GPU stages that batch).
+    policy: Literal["serial", "capacity"] = "serial"
+    # capacity: request slots of each stage that batch work, guesses and drafts leave free
+    reserve: NonNegInt = 1
+    # capacity: batch stage requests running at once, over all stages
+    batch_concurrency: PositiveInt = 8
+    # capacity: request slots per stage, overriding what its backend declares (replicas x
+    # max_batch for batching stages, max_num_seqs for vLLM, 1 for one-at-a-time workers)
+    capacity: dict[str, PositiveInt] = {}
+
+
 class EngineConfig(_Frozen, frozen=True):
     # Named stages and the routes work takes through them (engine/graph.py, docs/engine.md).
     stages: dict[str, StageConfig]
@@ -89,7 +107,11 @@ class EngineConfig(_Frozen, frozen=True):
     # Answer a pause's speculative transcript ahead of the commit and hold the output until
     # the turn commits (engine/drafts.py); false: a response starts at the commit.
     speculative_response: bool = True
+    scheduling: SchedulingConfig = SchedulingConfig()
     control_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    # The whole stage start-up (engine/startup.py: one stage at a time per GPU); past it the
+    # start fails naming the stage still starting. None: no deadline.
+    start_timeout_s: Annotated[float, msgspec.Meta(gt=0)] | None = 1800.0
 
 
 def convert(data: Any, type_: type[T], *, where: str) -> T:
@@ -97,7 +119,7 @@ def convert(data: Any, type_: type[T], *, where: str) -> T:
     try:
         return msgspec.convert(data, type_, strict=False)
     except msgspec.ValidationError as exc:
-        problem = explain(exc)
+        problem = explain(exc, type_)
         path = f"{where}.{problem.path}" if problem.path else where
         raise ConfigError(f"{path}: {problem.message}") from None
 
@@ -173,6 +195,13 @@ def engine_config(data: Any, where: str = "engine") -> EngineConfig:
                 )
         if len(set(names)) != len(names):
             raise ConfigError(f"{at}: a stage appears twice in one route")
+    for stage_name in cfg.scheduling.capacity:
+        if stage_name not in cfg.stages:
+            known = ", ".join(sorted(cfg.stages))
+            raise ConfigError(
+                f"{where}.scheduling.capacity.{stage_name}: no such stage in {where}.stages "
+                f"(defined: {known})"
+            )
     return cfg
 
 

@@ -22,10 +22,15 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from engine.messages import ChatMessage, Tool
+from duplex_contract.tools import active_tools, tools_prompt
+from engine.messages import ChatMessage, ResponseOptions, Tool
 from engine.pipeline import LlmResult, SpokenChunk
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.duplex.session import DuplexSession
 
 _Kind = Literal["text", "chunk", "call"]
 
@@ -100,3 +105,44 @@ class Draft:
         """Forget what it holds (it is being dropped)."""
         self._held.clear()
         self.held_bytes = 0
+
+
+def response_plan(
+    config: EngineConfig,
+    session: DuplexSession,
+    opts: ResponseOptions,
+    pending_user: str | None = None,
+) -> ResponsePlan:
+    """The stage request a response of ``session`` with ``opts`` makes now (with
+    ``pending_user``: as if that user text had been added to the history first)."""
+    cfg = session.config
+    modalities = opts.output_modalities or cfg.output_modalities
+    choice = opts.tool_choice or cfg.tool_choice
+    name = opts.tool_name if opts.tool_choice is not None else cfg.tool_name
+    tools = active_tools(opts.tools if opts.tools is not None else cfg.tools, choice, name)
+    required = bool(tools) and choice in ("required", "function")
+    instructions = opts.instructions or cfg.instructions or config.default_instructions
+    if tools:
+        instructions = f"{instructions}\n\n{tools_prompt(tools, required)}"
+    if opts.input is not None:
+        messages: tuple[ChatMessage, ...] = (
+            ChatMessage(role="system", content=instructions),
+            *(ChatMessage(role=m.role, content=m.content) for m in opts.input),
+        )
+    else:
+        messages = session.history.messages(instructions, pending_user)
+    return ResponsePlan(
+        messages=messages,
+        route="voice" if "audio" in modalities else "text",
+        max_tokens=opts.max_output_tokens or cfg.max_output_tokens or config.max_output_tokens,
+        temperature=next((t for t in (opts.temperature, cfg.temperature) if t is not None), 0.0),
+        voice=cfg.voice,
+        sample_rate=cfg.output_sample_rate,
+        tools=tools,
+        tool_required=required,
+    )
+
+
+def plan_diff(a: ResponsePlan, b: ResponsePlan) -> str:
+    """The fields in which two response plans differ (a log line's reason)."""
+    return ", ".join(f for f in a.__dataclass_fields__ if getattr(a, f) != getattr(b, f))

@@ -168,6 +168,7 @@ SessionConfig = SessionSettings
 class OpenCall(Msg, frozen=True, tag="open"):
     config: SessionConfig = SessionConfig()
     route_key: str | None = None  # the opening front end's; carried in the session id
+    traceparent: str | None = None  # W3C trace context of the session's span (engine/tracing.py)
 
 
 class AppendCall(Msg, frozen=True, tag="append"):
@@ -181,6 +182,10 @@ class AppendCall(Msg, frozen=True, tag="append"):
     expected_epoch: int | None = None
     item_id: str | None = None  # the client's item this text belongs to
     tool_output: ToolOutput | None = None  # a function_call_output item
+    #: where ``audio`` starts on the session's input clock (ms of input the front end has
+    #: processed, silence included): the engine times the pause between two turns in audio,
+    #: not wall-clock, time (engine/speculation.py). None: not known (wall clock instead).
+    stream_ms: float | None = None
 
 
 class CommitCall(Msg, frozen=True, tag="commit"):
@@ -190,6 +195,7 @@ class CommitCall(Msg, frozen=True, tag="commit"):
     operation_id: str | None = None
     item_id: str | None = None  # the user audio item this commit closes
     response: ResponseOptions | None = None  # overrides of the response (if respond)
+    traceparent: str | None = None  # W3C trace context of the turn's span (engine/tracing.py)
 
 
 SignalEvent = Literal[
@@ -218,6 +224,8 @@ class SignalCall(Msg, frozen=True, tag="signal"):
     # input.pause: the commit that may follow will ask for a response (so the engine may
     # answer the pause ahead of it: engine/drafts.py)
     respond: bool = True
+    # input.pause: W3C trace context of the turn's span (engine/tracing.py)
+    traceparent: str | None = None
 
 
 class PlaybackMark(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import logging
 import secrets
 import time
@@ -20,21 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import janus
 
-from duplex_contract.events import FunctionCallDelta, FunctionCallDone
+from duplex_contract.events import FunctionCallDelta
 from duplex_contract.languages import DEFAULT_LANGUAGE, ENGLISH_ONLY
-from duplex_contract.tools import (
-    ToolCall,
-    ToolCallError,
-    active_tools,
-    check_call,
-    tools_prompt,
-)
+from duplex_contract.tools import ToolCall
 from engine import heap
-from engine.admission import BatchAdmission
-from engine.batch_jobs import run_batch
+from engine.batch_jobs import serve_batch
 from engine.config import EngineConfig
 from engine.counters import Counters
-from engine.drafts import Draft, ResponsePlan
+from engine.draft_book import DraftBook
+from engine.drafts import Draft, ResponsePlan, plan_diff, response_plan
 from engine.duplex.control import Cancel, DuplexControl, Effects
 from engine.duplex.fence import epoch_prefix, session_prefix
 from engine.duplex.session import DuplexSession, TurnJob
@@ -44,17 +37,16 @@ from engine.messages import (
     AbortRequest,
     AppendCall,
     AudioChunk,
-    BatchOutput,
-    ChatMessage,
     CloseCall,
+    CommitCall,
     ControlRequest,
     DetachRequest,
     EngineFatal,
     EngineOutput,
     EngineRequest,
     ErrorInfo,
-    Fence,
     GenerateRequest,
+    OpenCall,
     Priority,
     ResponseDone,
     ResponseOptions,
@@ -64,14 +56,16 @@ from engine.messages import (
     ShutdownRequest,
     SignalCall,
     TextDelta,
-    Tool,
     UserTranscript,
 )
 from engine.pipeline import LlmResult, Pipeline, SpokenChunk
+from engine.scheduling import Scheduler, make_scheduler
 from engine.speculation import SpeculativeAsr
 from engine.stages.base import StageBackend, StagePool
+from engine.startup import start_pools
 from engine.tasks import cancelling, reap
-from engine.tool_calls import CallStream
+from engine.tool_calls import CallStream, finish_call
+from engine.tracing import EngineTracing
 
 if TYPE_CHECKING:
     from engine.partials import PartialTranscriber
@@ -79,11 +73,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _BATCH_MAX = 512
 AbortPlan = list[tuple[StagePool, list[tuple[int, list[str]]]]]
-
-
-def _plan_diff(a: ResponsePlan, b: ResponsePlan) -> str:
-    """The fields in which two response plans differ (a log line's reason)."""
-    return ", ".join(f for f in a.__dataclass_fields__ if getattr(a, f) != getattr(b, f))
 
 
 @dataclass
@@ -100,8 +89,10 @@ class Orchestrator:
         out_q: janus.SyncQueue[EngineOutput],
         rpc_q: janus.SyncQueue[Any],
         backends: Mapping[str, Sequence[StageBackend]] | None = None,
+        tracing: EngineTracing | None = None,
     ) -> None:
         self.config = config
+        self.tracing = tracing or EngineTracing()
         # One put per item: batching per loop iteration was measured to raise the per-chunk
         # latency (p50 0.38 -> 0.55 ms at 32 sessions) without raising server capacity.
         self._out = out_q
@@ -109,7 +100,8 @@ class Orchestrator:
         self._backends = backends
         self.control = DuplexControl(config.duplex, config.default_instructions)
         self.counters = Counters()
-        self.admission = BatchAdmission()
+        self.scheduler: Scheduler | None = None  # engine/scheduling.py, once stages run
+        self.drafts: DraftBook | None = None  # guesses and drafts (engine/draft_book.py)
         self.pools: dict[str, StagePool] = {}
         self._runners: dict[str, _Runner] = {}
         self._batch: dict[str, asyncio.Task[None]] = {}
@@ -118,8 +110,6 @@ class Orchestrator:
         self.speculation: SpeculativeAsr | None = None
         self.partials: PartialTranscriber | None = None
         self._partial_gen: dict[str, int] = {}
-        self._drafts: dict[str, Draft] = {}  # speculative responses (engine/drafts.py)
-        self._draft_ids = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.request_q: janus.Queue[EngineRequest] | None = None
         self.started: concurrent.futures.Future[janus.SyncQueue[EngineRequest]] = (
@@ -161,13 +151,27 @@ class Orchestrator:
                 self.started.set_exception(exc)
             return
         assert self.graph is not None
-        self.pipeline = Pipeline(self.config, self.graph, self.pools, self.admission)
+        self.scheduler = make_scheduler(self.config.scheduling, self.pools, self._turn_running)
+        self.pipeline = Pipeline(self.config, self.graph, self.pools, self.scheduler)
         self.speculation = SpeculativeAsr(
             self.pipeline,
             self.config.input_sample_rate,
             self._track,
             self.route_of,
             self.language_of,
+            self.stream_of,
+        )
+        self.drafts = DraftBook(
+            self.config,
+            self.pipeline,
+            self.scheduler,
+            self.speculation,
+            self.control.sessions,
+            self.counters,
+            route_of=self.route_of,
+            respond=self._draft_response,
+            abort=self._abort,
+            track=self._track,
         )
         try:
             self.started.set_result(self.request_q.sync_q)
@@ -186,14 +190,21 @@ class Orchestrator:
             await self.request_q.wait_closed()
 
     async def _start_stages(self) -> None:
-        """Build the stage graph (validated before any model loads), then start every
-        stage's replicas together."""
+        """Build the stage graph (validated before any model loads), then start the
+        replicas: one at a time per GPU, within ``start_timeout_s`` (engine/startup.py)."""
         self.graph = build_graph(self.config, self._backends)
+        c = self.counters
         for name, replicas in self.graph.replicas.items():
             self.pools[name] = StagePool(
-                name, replicas, on_latency=self.counters.latency, on_step=self.counters.step
+                name,
+                replicas,
+                c.latency,
+                c.step,
+                tracing=self.tracing,
+                on_wait=c.wait,
+                on_decode=c.decode,
             )
-        await asyncio.gather(*(pool.start() for pool in self.pools.values()))
+        await start_pools(self.pools, self.config.start_timeout_s)
         if self.config.partials.backend == "pocketsphinx":
             from engine.partials import PartialTranscriber
 
@@ -271,9 +282,15 @@ class Orchestrator:
 
     def _dispatch(self, msg: EngineRequest) -> None:
         if isinstance(msg, ControlRequest):
-            result, effects = self.control.handle(msg.call, msg.control_id, time.monotonic())
+            call = msg.call
+            result, effects = self.control.handle(call, msg.control_id, time.monotonic())
+            if isinstance(call, OpenCall) and result.ok and result.session_id is not None:
+                self.tracing.session_opened(result.session_id, call.traceparent)
             self._rpc.put_nowait(result)
-            self._apply(effects)
+            # the work a commit or a pause starts (tasks copy the context) joins its turn
+            tp = call.traceparent if isinstance(call, CommitCall | SignalCall) else None
+            with self.tracing.turn(tp):
+                self._apply(effects)
         elif isinstance(msg, GenerateRequest):
             assert self.pipeline is not None
             task = asyncio.create_task(self._run_batch(msg), name=f"batch:{msg.request_id}")
@@ -290,37 +307,8 @@ class Orchestrator:
     def _apply(self, effects: Effects) -> None:
         for cancel in effects.cancels:
             self._cancel(cancel)
-        spec = self.speculation
-        if spec is not None:
-            for sid in effects.unspeculate:
-                spec.resume(sid)
-                self._drop_draft(sid)
-            speculate = [(f, a, r, False) for f, a, r in effects.speculate]
-            guessed = {f.session_id for f, _, _, _ in speculate}
-            for sid in dict.fromkeys(s for s, _ in effects.heard):
-                # sound the VAD did not call speech followed a pause's guess (a soft last
-                # syllable): guess again once it has ended, not only at the commit
-                session = self.control.sessions.get(sid)
-                if sid in guessed or session is None or not session.audio:
-                    continue
-                respond = spec.stale_guess(sid, session.audio)
-                if respond is not None:
-                    speculate.append((session.fence, bytes(session.audio), respond, True))
-            for fence, audio, respond, again in speculate:
-                if self._turn_running(besides=fence.session_id):
-                    # the stages share the machine's cores: a guess (and the draft that
-                    # would answer it) runs only while no other session's real turn does
-                    spec.skip(fence.session_id)
-                    self._drop_draft(fence.session_id)
-                    continue
-                task = spec.start(fence, audio, respond, again)
-                if again and fence.session_id in self._drafts:
-                    pass  # the draft of the first guess goes on: the commit adopts it if the
-                    # words came out the same (a soft tail rarely adds one)
-                elif respond:
-                    self._start_draft(fence, task)
-                else:
-                    self._drop_draft(fence.session_id)
+        if self.drafts is not None:
+            self.drafts.on_effects(effects)
         if self.partials is not None:
             for sid in effects.input_reset:
                 self._partial_gen[sid] = self._partial_gen.get(sid, 0) + 1
@@ -373,6 +361,11 @@ class Orchestrator:
             return "text"
         return "voice"
 
+    def stream_of(self, sid: str) -> float | None:
+        """Where a session's uncommitted audio starts on its input clock, if known."""
+        session = self.control.sessions.get(sid)
+        return None if session is None else session.audio_stream_ms
+
     def language_of(self, sid: str) -> str:
         """The language a session's speech is transcribed in (``en`` unless it set one)."""
         session = self.control.sessions.get(sid)
@@ -391,12 +384,12 @@ class Orchestrator:
         while (job := self.control.next_job(sid)) is not None:
             runner.job, runner.started = job, False
             session = self.control.sessions[sid]
-            for other in [s for s in self._drafts if s != sid]:
-                self._drop_draft(other)  # a draft never holds a stage a real turn waits for
+            self._drafts_of().drop_others(sid)  # (as the scheduling policy says)
             if job.respond:  # batch work waits until this turn's first output is out
-                self.admission.enter_critical(job.fence.key())
+                self._sched().enter_critical(job.fence.key())
             try:
-                await self._run_turn(session, job, runner)
+                with self.tracing.turn(job.traceparent):
+                    await self._run_turn(session, job, runner)
             except asyncio.CancelledError:
                 if cancelling():
                     raise  # this runner was cancelled (barge-in, close, shutdown)
@@ -409,7 +402,7 @@ class Orchestrator:
                 log.exception("turn %s failed", job.fence.key())
                 self._fail_turn(sid, job, runner, StageError(f"internal error: {exc!r}"))
             finally:
-                self.admission.leave_critical(job.fence.key())
+                self._sched().leave_critical(job.fence.key())
                 if runner.job is job:
                     runner.job = None
                 self._drop_draft(sid)  # one the turn did not adopt
@@ -434,7 +427,7 @@ class Orchestrator:
         marks: dict[str, float] = {}
         if job.audio:
             assert self.speculation is not None
-            heard = await self.speculation.transcript(fence, job.audio)
+            heard = await self.speculation.transcript(fence, job.audio, job.stream_ms)
             marks["asr_wait"] = (time.perf_counter() - t_job) * 1000
             self.emit(sid, UserTranscript(fence=fence, text=heard, final=True))
             text = f"{text} {heard}".strip()
@@ -468,15 +461,15 @@ class Orchestrator:
         history = session.history
         record = opts.conversation != "none"  # out of band: the history is not written
         turn, resp = fence.turn_id, fence.response_seq
-        plan = self._response_plan(session, opts)
+        plan = response_plan(self.config, session, opts)
         want_text = "text" in (opts.output_modalities or session.config.output_modalities)
         want_audio = plan.route == "voice"
-        draft = self._drafts.pop(sid, None)
+        draft = self._drafts_of().pop(sid)
         if draft is not None and (draft.plan is None or draft.plan != plan):
             if log.isEnabledFor(logging.INFO):
-                why = "not started" if draft.plan is None else _plan_diff(draft.plan, plan)
+                why = "not started" if draft.plan is None else plan_diff(draft.plan, plan)
                 log.info("speculative response for %s not used: %s", prefix, why)
-            self._discard_draft(draft)  # not started yet, or it answers something else
+            self._drafts_of().discard(draft)  # not started yet, or it answers something else
             draft = None
         if record:
             history.start_assistant(turn, resp)
@@ -489,14 +482,14 @@ class Orchestrator:
             if "llm_first_token" not in marks:
                 marks["llm_first_token"] = (time.perf_counter() - t_llm) * 1000
             if not want_audio:
-                self.admission.leave_critical(prefix)
+                self._sched().leave_critical(prefix)
             if want_text:
                 self.emit(sid, TextDelta(fence=fence, text=delta))
             if not want_audio and record:
                 history.append_assistant_text(turn, resp, delta)
 
         def on_call(piece: str) -> None:
-            self.admission.leave_critical(prefix)
+            self._sched().leave_critical(prefix)
             delta = calls.push(piece)
             if delta:
                 self.emit(
@@ -510,7 +503,7 @@ class Orchestrator:
             if "tts_first_audio" not in marks:
                 first = marks.get("llm_first_token", 0.0)
                 marks["tts_first_audio"] = (time.perf_counter() - t_llm) * 1000 - first
-            self.admission.leave_critical(prefix)
+            self._sched().leave_critical(prefix)
             if record:
                 history.append_assistant(
                     turn, resp, chunk.mark, chunk.audio_start_ms, chunk.duration_ms
@@ -551,7 +544,12 @@ class Orchestrator:
             )
         length = result.finish_reason == "length"
         if result.call:
-            self._finish_call(session, job, calls, call_id, plan.tools, record)
+
+            def keep(call: ToolCall) -> None:
+                if record:
+                    history.set_tool_call(fence.turn_id, fence.response_seq, call)
+
+            finish_call(calls, call_id, plan.tools, fence, lambda e: self.emit(sid, e), keep)
             if record:
                 history.finish_assistant(turn, resp, "completed")
             if length:
@@ -572,42 +570,6 @@ class Orchestrator:
                 input_tokens=result.prompt_tokens,
                 timing_ms={k: round(v, 1) for k, v in marks.items()},
             ),
-        )
-
-    def _response_plan(
-        self, session: DuplexSession, opts: ResponseOptions, pending_user: str | None = None
-    ) -> ResponsePlan:
-        """The stage request a response of ``session`` with ``opts`` makes now (with
-        ``pending_user``: as if that user text had been added to the history first)."""
-        cfg = session.config
-        modalities = opts.output_modalities or cfg.output_modalities
-        choice = opts.tool_choice or cfg.tool_choice
-        name = opts.tool_name if opts.tool_choice is not None else cfg.tool_name
-        tools = active_tools(opts.tools if opts.tools is not None else cfg.tools, choice, name)
-        required = bool(tools) and choice in ("required", "function")
-        instructions = opts.instructions or cfg.instructions or self.config.default_instructions
-        if tools:
-            instructions = f"{instructions}\n\n{tools_prompt(tools, required)}"
-        if opts.input is not None:
-            messages: tuple[ChatMessage, ...] = (
-                ChatMessage(role="system", content=instructions),
-                *(ChatMessage(role=m.role, content=m.content) for m in opts.input),
-            )
-        else:
-            messages = session.history.messages(instructions, pending_user)
-        return ResponsePlan(
-            messages=messages,
-            route="voice" if "audio" in modalities else "text",
-            max_tokens=opts.max_output_tokens
-            or cfg.max_output_tokens
-            or self.config.max_output_tokens,
-            temperature=next(
-                (t for t in (opts.temperature, cfg.temperature) if t is not None), 0.0
-            ),
-            voice=cfg.voice,
-            sample_rate=cfg.output_sample_rate,
-            tools=tools,
-            tool_required=required,
         )
 
     async def _start_response(
@@ -639,102 +601,37 @@ class Orchestrator:
         )
 
     # ------------------------------------------------------------------ speculative responses
-    def _start_draft(self, fence: Fence, asr: asyncio.Task[str]) -> None:
-        """A pause's transcription started: answer it ahead of the commit (engine/drafts.py),
-        unless a real turn is running anywhere (a draft never delays one)."""
-        sid = fence.session_id
-        self._drop_draft(sid)
-        if not self.config.speculative_response or self._turn_running(besides=sid):
-            return
-        draft = Draft(
-            sid, fence.epoch, f"{epoch_prefix(sid, fence.epoch)}draft{next(self._draft_ids)}"
+    def _draft_response(self, prefix: str, sid: str, plan: ResponsePlan, draft: Draft) -> Any:
+        """A draft's response: the turn's own request, its outputs held by the draft."""
+        return self._start_response(
+            prefix, sid, plan, on_text=draft.on_text, on_chunk=draft.on_chunk, on_call=draft.on_call
         )
-        draft.task = asyncio.create_task(self._run_draft(draft, asr), name=f"draft:{draft.prefix}")
-        # a draft that fails unadopted is just dropped: read its exception so asyncio does
-        # not log it as never retrieved (an adopting turn gets it from the await)
-        draft.task.add_done_callback(reap)
-        self._drafts[sid] = draft
-        self.counters.drafts["started"] += 1
 
     def _turn_running(self, besides: str) -> bool:
         """A real turn runs in a session other than ``besides``."""
         return any(r.job is not None for s, r in self._runners.items() if s != besides)
 
-    async def _run_draft(self, draft: Draft, asr: asyncio.Task[str]) -> LlmResult | None:
-        try:
-            heard = await asyncio.shield(asr)
-        except (StageError, asyncio.CancelledError):
-            if cancelling():
-                raise
-            return None  # the guess failed or was dropped: the commit transcribes again
-        session = self.control.sessions.get(draft.session_id)
-        if (
-            not heard.strip()
-            or session is None
-            or session.state != "open"
-            or session.fence.epoch != draft.epoch
-            or self._turn_running(besides=draft.session_id)  # its own turn may wait for it
-        ):
-            return None
-        draft.plan = self._response_plan(session, ResponseOptions(), pending_user=heard)
-        return await self._start_response(
-            draft.prefix,
-            draft.session_id,
-            draft.plan,
-            on_text=draft.on_text,
-            on_chunk=draft.on_chunk,
-            on_call=draft.on_call,
-        )
+    @property
+    def _drafts(self) -> dict[str, Draft]:
+        """Each session's draft (engine/draft_book.py)."""
+        return self.drafts.drafts if self.drafts is not None else {}
+
+    def _drafts_of(self) -> DraftBook:
+        assert self.drafts is not None
+        return self.drafts
+
+    def _sched(self) -> Scheduler:
+        assert self.scheduler is not None
+        return self.scheduler
+
+    @property
+    def admission(self) -> Any:
+        """Batch admission figures (``waits``, ``critical``) of the scheduling policy."""
+        return getattr(self.scheduler, "admission", self.scheduler)
 
     def _drop_draft(self, sid: str) -> None:
-        draft = self._drafts.pop(sid, None)
-        if draft is not None:
-            self._discard_draft(draft)
-
-    def _discard_draft(self, draft: Draft) -> None:
-        """Stop a draft that will not be adopted: nothing it held is ever sent."""
-        draft.discard()
-        self.counters.drafts["dropped"] += 1
-        if draft.task is not None:
-            if not draft.task.done():
-                draft.task.cancel()
-            self._track(draft.task)
-            draft.task = None  # (the draft's frame keeps the draft: no cycle through its error)
-        self._abort(draft.session_id, f"{draft.prefix}/")
-
-    def _finish_call(
-        self,
-        session: DuplexSession,
-        job: TurnJob,
-        calls: CallStream,
-        call_id: str,
-        tools: tuple[Tool, ...],
-        record: bool,
-    ) -> None:
-        """Validate the call the model wrote and announce it (or fail the response)."""
-        sid, fence = session.session_id, job.fence
-        try:
-            call = check_call(calls.text, tools)
-        except ToolCallError as exc:
-            raise StageError(str(exc), code="invalid_tool_call") from None
-        args = calls.arguments()
-        if args is None or calls.name != call.name:  # not the expected layout: send it whole
-            args = call.arguments
-            self.emit(
-                sid, FunctionCallDelta(fence=fence, call_id=call_id, name=call.name, delta=args)
-            )
-        else:
-            rest = calls.finish()
-            if rest:
-                self.emit(
-                    sid, FunctionCallDelta(fence=fence, call_id=call_id, name=call.name, delta=rest)
-                )
-        call = ToolCall(call_id=call_id, name=call.name, arguments=args)
-        if record:
-            session.history.set_tool_call(fence.turn_id, fence.response_seq, call)
-        self.emit(
-            sid, FunctionCallDone(fence=fence, call_id=call_id, name=call.name, arguments=args)
-        )
+        if self.drafts is not None:
+            self.drafts.drop(sid)
 
     # ------------------------------------------------------------------ live partials
     def _partial_from_worker(self, sid: str, generation: int, text: str) -> None:
@@ -824,6 +721,7 @@ class Orchestrator:
                 self.speculation.drop(sid)
             for pool in self.pools.values():
                 pool.release_session(sid)
+            self.tracing.session_closed(sid)
             if self.partials is not None:
                 self.partials.drop(sid)
                 self._partial_gen.pop(sid, None)
@@ -857,42 +755,15 @@ class Orchestrator:
             pending += session.input_bytes()
             history += session.history.nbytes
         spec = self.speculation.nbytes if self.speculation is not None else 0
-        draft = sum(d.held_bytes for d in self._drafts.values())
+        draft = self.drafts.held_bytes if self.drafts is not None else 0
         return {"engine_input": pending, "history": history, "speculation": spec, "draft": draft}
 
     # ------------------------------------------------------------------ batch
     async def _run_batch(self, msg: GenerateRequest) -> None:
         assert self.pipeline is not None
-        rid = msg.request_id
-
-        def put(item: Any) -> None:
-            self._out.put_nowait(BatchOutput(request_id=rid, item=item))
-
         try:
-            await run_batch(self.pipeline, rid, msg.job, put)
-        except asyncio.CancelledError:
-            await self._run_plan(self._plan(f"batch/{rid}/"))
-            self._out.put_nowait(
-                BatchOutput(
-                    request_id=rid,
-                    error=ErrorInfo(
-                        kind="stage", code="aborted", message="request aborted", request_id=rid
-                    ),
-                )
-            )
-        except EngineError as exc:
-            self._out.put_nowait(
-                BatchOutput(request_id=rid, error=ErrorInfo.from_exc(exc, request_id=rid))
-            )
-        except Exception as exc:
-            log.exception("batch request %s failed", rid)
-            self._out.put_nowait(
-                BatchOutput(
-                    request_id=rid,
-                    error=ErrorInfo(
-                        kind="stage", code="stage_failed", message=repr(exc), request_id=rid
-                    ),
-                )
+            await serve_batch(
+                self.pipeline, msg, self._out.put_nowait, lambda p: self._run_plan(self._plan(p))
             )
         finally:
-            self._batch.pop(rid, None)
+            self._batch.pop(msg.request_id, None)

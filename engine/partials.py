@@ -14,6 +14,7 @@ effort: a session beyond ``max_streams`` concurrent decoders, or a child more th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import subprocess
@@ -48,6 +49,7 @@ class PartialTranscriber:
         self._proc: subprocess.Popen[bytes] | None = None
         self._threads: list[threading.Thread] = []
         self.dropped = 0
+        self._closing = False
 
     def start(self) -> None:
         self._proc = subprocess.Popen(
@@ -75,6 +77,9 @@ class PartialTranscriber:
         self._q.put(("drop", session_id, 0, b""))
 
     def close(self) -> None:
+        """Stop the child (an empty frame, then a kill if it does not exit in 10 s) and the
+        threads. Safe when the child is already gone: its pipes may be broken."""
+        self._closing = True
         self._q.put(None)
         for t in self._threads:
             t.join(timeout=10)
@@ -87,7 +92,11 @@ class PartialTranscriber:
                 proc.wait(timeout=5)
             for pipe in (proc.stdin, proc.stdout):
                 if pipe is not None:
-                    pipe.close()
+                    # a write the child never read stays buffered, and close() flushes it:
+                    # BrokenPipeError once the child is gone (nothing is lost by ignoring it)
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+            log.info("partials process stopped (exit status %s)", proc.returncode)
 
     def _send_loop(self) -> None:
         assert self._proc is not None and self._proc.stdin is not None
@@ -98,7 +107,8 @@ class PartialTranscriber:
             try:
                 write_frame(out, b"" if op is None else encode.encode(op))
             except (OSError, ValueError):
-                log.warning("the partials process is gone; no more partial transcripts")
+                if op is not None and not self._closing:
+                    log.warning("the partials process is gone; no more partial transcripts")
                 return
             if op is None:
                 return

@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from duplex_contract.audio import duration_ms
-from engine.admission import BatchAdmission
 from engine.chunkers import Chunk, Chunker, default_chunker
 from engine.config import EngineConfig
 from engine.edges import Edge
@@ -48,6 +47,7 @@ from engine.messages import (
     TranscriptOut,
     TtsRequest,
 )
+from engine.scheduling import Scheduler, make_scheduler
 from engine.stages.base import StagePool
 
 __all__ = ["LlmResult", "Pipeline", "SpokenChunk"]
@@ -89,12 +89,13 @@ class Pipeline:
         config: EngineConfig,
         graph: Graph,
         pools: dict[str, StagePool],
-        admission: BatchAdmission | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.config = config
         self.graph = graph
         self.pools = pools
-        self.admission = admission or BatchAdmission()
+        # when work may use the stages beside real-time turns (engine/scheduling.py)
+        self.scheduler = scheduler or make_scheduler(config.scheduling, pools, lambda _: False)
 
     def route(self, name: str) -> Route:
         return self.graph.route(name)
@@ -107,8 +108,9 @@ class Pipeline:
     async def _run(
         self, stage: StageInfo, req: StageRequest, priority: Priority
     ) -> AsyncIterator[StageOutput]:
-        async with self.admission.slot(priority):
+        async with self.scheduler.slot(stage.name, req) as ticket:
             async for out in self.pools[stage.name].submit(req):
+                ticket.output()
                 yield out
 
     # ------------------------------------------------------------------ input stages

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
+from opentelemetry.trace import Tracer
 
 from engine.client import AsyncEngine, EngineStats
 from engine.config import EngineConfig
@@ -87,6 +88,8 @@ class StatsPush(Msg, frozen=True, tag="stats_push"):
     stats: EngineStats
     stage_latency: list[tuple[str, float]] = []
     stage_steps: list[tuple[str, int]] = []
+    stage_waits: list[tuple[str, float]] = []
+    stage_decodes: list[tuple[str, float, float]] = []
 
 
 FrontMessage = Hello | ControlRequest | GenerateRequest | AbortRequest
@@ -168,9 +171,11 @@ class EngineServer:
         *,
         stats_interval_s: float = 0.5,
         max_buffer_bytes: int = 64 * 1024 * 1024,
+        tracer: Tracer | None = None,
     ) -> None:
         self.config = config
         self._backends = backends
+        self._tracer = tracer  # stage spans join the front ends' traces (engine/tracing.py)
         self.engine_id = f"eng_{uuid.uuid4().hex[:12]}"
         self.engine: AsyncEngine | None = None
         self.address: Address | None = None
@@ -186,7 +191,7 @@ class EngineServer:
         """Load the models, then listen. Returns the bound address (a tcp port 0 is
         replaced by the real one)."""
         address = parse_address(addr)
-        self.engine = await AsyncEngine.start(self.config, self._backends)
+        self.engine = await AsyncEngine.start(self.config, self._backends, tracer=self._tracer)
         self.engine.on_dead(self._engine_died)
         if address.kind == "unix":
             with contextlib.suppress(FileNotFoundError):
@@ -386,6 +391,8 @@ class EngineServer:
                 stats=engine.stats(),
                 stage_latency=engine.drain_stage_latencies(),
                 stage_steps=engine.drain_stage_steps(),
+                stage_waits=engine.drain_stage_waits(),
+                stage_decodes=engine.drain_stage_decodes(),
             )
             for conn in list(self._conns):
                 self._send(conn, push)
@@ -395,9 +402,10 @@ def replace_id(res: ControlResult, control_id: int) -> ControlResult:
     return msgspec.structs.replace(res, control_id=control_id)
 
 
-async def serve_engine(config: EngineConfig, addr: str) -> None:
-    """``duplex-server engine``: run until cancelled (SIGINT/SIGTERM) or the engine dies."""
-    server = EngineServer(config)
+async def serve_engine(config: EngineConfig, addr: str, tracer: Tracer | None = None) -> None:
+    """``duplex-server engine``: run until cancelled (SIGINT/SIGTERM) or the engine dies.
+    ``tracer``: stage spans in the front ends' traces (their ``traceparent`` on the calls)."""
+    server = EngineServer(config, tracer=tracer)
     try:
         bound = await server.start(addr)
         print(f"duplex-server engine {server.engine_id} listening on {bound}", flush=True)
@@ -435,6 +443,8 @@ class RemoteEngine(AsyncEngine):
         self._stats: EngineStats | None = None
         self._latency: list[tuple[str, float]] = []
         self._steps: list[tuple[str, int]] = []
+        self._waits: list[tuple[str, float]] = []
+        self._decodes: list[tuple[str, float, float]] = []
 
     @classmethod
     async def connect(
@@ -488,7 +498,10 @@ class RemoteEngine(AsyncEngine):
                     self._stats = msg.stats
                     self._latency.extend(msg.stage_latency)
                     self._steps.extend(msg.stage_steps)
+                    self._waits.extend(msg.stage_waits)
+                    self._decodes.extend(msg.stage_decodes)
                     del self._latency[:-10_000], self._steps[:-10_000]
+                    del self._waits[:-10_000], self._decodes[:-10_000]
                 elif isinstance(msg, SessionOutput | BatchOutput | EngineFatal):
                     self._on_output(msg)
         except (ConnectionError, OSError, msgspec.DecodeError) as exc:
@@ -528,6 +541,14 @@ class RemoteEngine(AsyncEngine):
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:
         out, self._steps = self._steps, []
+        return out
+
+    def drain_stage_waits(self) -> list[tuple[str, float]]:
+        out, self._waits = self._waits, []
+        return out
+
+    def drain_stage_decodes(self) -> list[tuple[str, float, float]]:
+        out, self._decodes = self._decodes, []
         return out
 
 

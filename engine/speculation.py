@@ -18,7 +18,12 @@
   cut by the VAD ("Ever failed.") is decoded with the words around it, as the batch route
   decodes one whole recording. The ASR uses it only across a short gap (Whisper:
   ``context_max_gap_s``): after the assistant's answer or a long silence the user starts a
-  new utterance, and the previous words would leak into it.
+  new utterance, and the previous words would leak into it. The context must not depend on
+  timing: a transcription waits for the previous turn's transcript when that is still
+  running (a slow or busy ASR stage), and the gap is measured on the session's input clock
+  (``AppendCall.stream_ms``: the audio the front end processed, silence included), not on
+  the wall clock, which a stalled microphone stream or a slow machine stretches. Only a
+  front end that sends no ``stream_ms`` falls back to the wall clock.
 
 Runs on the orchestrator loop; the ASR itself runs in its stage.
 """
@@ -46,6 +51,38 @@ _PER_SESSION = 4
 REGUESS_QUIET_MS = 96.0
 
 
+#: The longest a transcription waits for the previous turn's words (its context). A turn
+#: whose job is dropped unrun resolves at once (``abandon``); this bounds only the unforeseen.
+CONTEXT_WAIT_S = 10.0
+
+
+@dataclass(eq=False)
+class _Committed:
+    """A committed turn with audio, from its commit on: the next turn's ASR context once
+    its words are known (``words``, resolved when the turn's job has its transcript)."""
+
+    audio: bytes
+    stream_ms: float | None  # where ``audio`` starts on the session's input clock
+    at: float  # when it was committed (monotonic clock): the fallback for the gap
+    words: asyncio.Future[str]
+
+    def seconds(self, rate: int) -> float:
+        return len(self.audio) / (2 * rate)
+
+    def resolve(self, text: str) -> None:
+        if not self.words.done():
+            self.words.set_result(text)
+
+    async def text(self) -> str:
+        """Its transcript ("" if it failed or was dropped); waits for it if need be."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.words), CONTEXT_WAIT_S)
+        except (TimeoutError, asyncio.CancelledError):
+            if cancelling():
+                raise
+            return ""
+
+
 @dataclass(eq=False)
 class _Transcription:
     kind: Literal["pause", "turn"]
@@ -53,6 +90,8 @@ class _Transcription:
     task: asyncio.Task[str]
     claimed: bool = False  # a turn job awaits it: never discarded under that job
     respond: bool = True  # the pause asked for a draft answer too
+    stream_ms: float | None = None  # where ``audio`` starts on the session's input clock
+    after: _Committed | None = None  # the committed turn it is decoded after (its context)
     _level: float | None = None  # quiet_level(audio), computed once
 
     def sound_since(self, audio: bytes | bytearray, rate: int) -> bool | None:
@@ -88,51 +127,126 @@ class SpeculativeAsr:
         track: Callable[[asyncio.Task[Any]], None],
         route_of: Callable[[str], str],
         language_of: Callable[[str], str],
+        stream_of: Callable[[str], float | None] = lambda sid: None,
     ) -> None:
         self._pipeline = pipeline
         self._route_of = route_of  # session id -> the route whose input stages transcribe
         self._language_of = language_of  # session id -> its transcription language
+        #: session id -> where its uncommitted audio starts on its input clock
+        self._stream_of = stream_of
         self._rate = sample_rate
         self._track = track  # the orchestrator awaits dropped tasks at shutdown
         self._by_session: dict[str, list[_Transcription]] = {}
-        #: each session's last committed turn (audio, transcript, when it was committed on
-        #: the monotonic clock): the next turn's ASR context (AsrRequest.context_audio)
-        self._last: dict[str, tuple[bytes, str, float]] = {}
+        #: each session's committed turns with audio, in commit order: the last whose
+        #: words are known and those still in transcription (the next turn's ASR context,
+        #: AsrRequest.context_audio, is the turn before it)
+        self._turns: dict[str, list[_Committed]] = {}
         self._ids = itertools.count()
         self.started = 0
         self.skipped = 0  # pauses not guessed: another session's turn was running
         self.reguesses = 0  # guesses made again: sound the VAD missed followed the pause
         self.used = 0
 
-    def _start(self, fence: Fence, audio: bytes, kind: Literal["pause", "turn"]) -> _Transcription:
+    def _gap_s(self, last: _Committed, audio: bytes, stream_ms: float | None) -> float:
+        """The silence between the last committed turn and ``audio``: on the input clock
+        when both positions are known (and in order: a resumed session's new front end
+        starts its clock again), else by the wall clock (the audio arrives in real time:
+        it began len(audio) ago)."""
+        if stream_ms is not None and last.stream_ms is not None and stream_ms >= last.stream_ms:
+            return max(0.0, (stream_ms - last.stream_ms) / 1000.0 - last.seconds(self._rate))
+        return max(0.0, time.monotonic() - len(audio) / (2 * self._rate) - last.at)
+
+    async def _transcribe(
+        self,
+        rid: str,
+        sid: str,
+        audio: bytes,
+        last: _Committed | None,
+        gap: float,
+        priority: Priority,
+    ) -> str:
+        context: tuple[bytes, str] | None = None
+        if last is not None:
+            text = await last.text()  # the previous turn's words, however slow they are
+            context = (last.audio, text) if text.strip() else None
+        return await self._pipeline.transcribe(
+            rid,
+            audio,
+            route=self._route_of(sid),
+            sample_rate=self._rate,
+            session_id=sid,
+            language=self._language_of(sid),
+            context=context,
+            context_gap_s=gap,
+            priority=priority,
+        )
+
+    def _start(
+        self,
+        fence: Fence,
+        audio: bytes,
+        kind: Literal["pause", "turn"],
+        stream_ms: float | None,
+    ) -> _Transcription:
         sid = fence.session_id
         rid = f"{sid}/asr/t{fence.turn_id}/{next(self._ids)}"
-        last = self._last.get(sid)
-        gap = 0.0
-        if last is not None:  # the audio arrives in real time: it began len(audio) ago
-            gap = max(0.0, time.monotonic() - len(audio) / (2 * self._rate) - last[2])
+        last = self._before(sid, audio if kind == "turn" else None)
+        gap = 0.0 if last is None else self._gap_s(last, audio, stream_ms)
+        # a guess only uses the stage when no committed turn waits for it
+        priority = Priority.SPECULATIVE if kind == "pause" else Priority.REALTIME
         task = asyncio.create_task(
-            self._pipeline.transcribe(
-                rid,
-                audio,
-                route=self._route_of(sid),
-                sample_rate=self._rate,
-                session_id=sid,
-                language=self._language_of(sid),
-                context=None if last is None else (last[0], last[1]),
-                context_gap_s=gap,
-                # a guess only uses the stage when no committed turn waits for it
-                priority=Priority.SPECULATIVE if kind == "pause" else Priority.REALTIME,
-            ),
-            name=f"asr:{rid}",
+            self._transcribe(rid, sid, audio, last, gap, priority), name=f"asr:{rid}"
         )
-        entry = _Transcription(kind, audio, task)
+        entry = _Transcription(kind, audio, task, stream_ms=stream_ms, after=last)
         entries = self._by_session.setdefault(sid, [])
         entries.append(entry)
         for old in [e for e in entries if not e.claimed][: max(0, len(entries) - _PER_SESSION)]:
             entries.remove(old)
             self._discard(old)
         return entry
+
+    def committed(self, session_id: str, audio: bytes, stream_ms: float | None) -> None:
+        """A turn with audio was committed: it is the context of whatever the session says
+        next, even before its own transcript is done."""
+        if not audio:
+            return
+        words: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        turn = _Committed(audio, stream_ms, time.monotonic(), words)
+        self._turns.setdefault(session_id, []).append(turn)
+
+    def abandon(self, session_id: str) -> None:
+        """The session's committed turns not transcribed yet were dropped (its input was
+        cancelled): a turn waiting for their words goes without them."""
+        for turn in self._turns.get(session_id, []):
+            turn.resolve("")
+
+    def _record(self, sid: str, audio: bytes) -> _Committed | None:
+        return next((t for t in self._turns.get(sid, []) if t.audio is audio), None)
+
+    def _before(self, sid: str, audio: bytes | None) -> _Committed | None:
+        """The committed turn before ``audio``'s turn (None: before uncommitted audio)."""
+        turns = self._turns.get(sid)
+        if not turns:
+            return None
+        if audio is not None:
+            for i, turn in enumerate(turns):
+                if turn.audio is audio:  # the job's own audio object
+                    return turns[i - 1] if i else None
+        return turns[-1]
+
+    def _heard(self, sid: str, audio: bytes, text: str) -> None:
+        """A committed turn's transcript is known: resolve it, and forget the turns before
+        it (nothing transcribes before it any more)."""
+        turns = self._turns.get(sid, [])
+        for i, turn in enumerate(turns):
+            if turn.audio is audio:
+                turn.resolve(text)
+                if text.strip():
+                    del turns[:i]
+                else:  # no words: the turn before stays the context
+                    del turns[i]
+                    del turns[: max(0, i - 1)]
+                return
 
     def _discard(self, entry: _Transcription) -> None:
         if not entry.task.done():
@@ -153,7 +267,7 @@ class SpeculativeAsr:
                 self._track(old.task)
         else:
             self.resume(fence.session_id)
-        entry = self._start(fence, audio, "pause")
+        entry = self._start(fence, audio, "pause", self._stream_of(fence.session_id))
         entry.respond = respond
         self.started += 1
         return entry.task
@@ -193,25 +307,37 @@ class SpeculativeAsr:
 
     def drop(self, session_id: str) -> None:
         """The session is closing: stop everything."""
-        self._last.pop(session_id, None)
+        for turn in self._turns.pop(session_id, []):
+            if not turn.words.done():
+                turn.words.cancel()
         for entry in self._by_session.pop(session_id, []):
             self._discard(entry)
 
-    async def transcript(self, fence: Fence, audio: bytes) -> str:
-        """The transcript of a committed turn's audio.
+    async def transcript(self, fence: Fence, audio: bytes, stream_ms: float | None = None) -> str:
+        """The transcript of a committed turn's audio (``stream_ms``: where it starts on
+        the session's input clock, if known).
 
         Reuses a transcription that covers it (a pause guess, or the same turn's ASR started
         before a barge-in cancelled its job); else starts one. The ASR task is shielded: a
-        cancelled job leaves it running for the job that re-queues the same words.
+        cancelled job leaves it running for the job that re-queues the same words. From
+        now on this turn is the context of the session's next one.
         """
         sid = fence.session_id
-        committed = time.monotonic()
         entries = self._by_session.setdefault(sid, [])
-        entry = next((e for e in reversed(entries) if e.covers(audio)), None)
+        mine = self._record(sid, audio)
+        entry = next(
+            # (never one that waits for this turn's own words: the same sound said again)
+            (
+                e
+                for e in reversed(entries)
+                if e.covers(audio) and (mine is None or e.after is not mine)
+            ),
+            None,
+        )
         if entry is not None and entry.kind == "pause":
             self.used += 1
         if entry is None:
-            entry = self._start(fence, audio, "turn")
+            entry = self._start(fence, audio, "turn", stream_ms)
         entry.claimed = True
         try:
             text = await asyncio.shield(entry.task)
@@ -222,18 +348,18 @@ class SpeculativeAsr:
             # the transcription itself was cancelled (a close raced it): transcribe again
             if entry in entries:
                 entries.remove(entry)
-            return await self.transcript(fence, audio)
+            return await self.transcript(fence, audio, stream_ms)
         except StageError:
             if entry in entries:
                 entries.remove(entry)
             if entry.kind == "turn":
+                self._heard(sid, audio, "")
                 raise
             log.info("speculative ASR failed for %s; transcribing again", sid)
-            return await self.transcript(fence, audio)
+            return await self.transcript(fence, audio, stream_ms)
         if entry in entries:
             entries.remove(entry)
-        if text.strip():
-            self._last[sid] = (audio, text, committed)
+        self._heard(sid, audio, text)
         return text
 
     def tasks(self) -> list[asyncio.Task[str]]:

@@ -11,6 +11,12 @@ arguments text exactly as the model wrote it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+
+from duplex_contract.events import FunctionCallDelta, FunctionCallDone
+from duplex_contract.tools import ToolCall, ToolCallError, check_call
+from engine.errors import StageError
+from engine.messages import Fence, SessionEvent, Tool
 
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 _TAIL = re.compile(r"[\s}]*\Z")
@@ -54,3 +60,32 @@ class CallStream:
         """The rest of the arguments after the last delta."""
         args = self.arguments()
         return "" if args is None else args[self._sent :]
+
+
+def finish_call(
+    calls: CallStream,
+    call_id: str,
+    tools: tuple[Tool, ...],
+    fence: Fence,
+    emit: Callable[[SessionEvent], None],
+    record: Callable[[ToolCall], None] | None = None,
+) -> None:
+    """Validate the call the model wrote and announce it: the rest of its arguments as a
+    delta (or all of them, when the model did not write the expected layout), then the
+    done event (``record`` gets the call before it). An invalid call raises
+    :class:`StageError` ``invalid_tool_call``."""
+    try:
+        call = check_call(calls.text, tools)
+    except ToolCallError as exc:
+        raise StageError(str(exc), code="invalid_tool_call") from None
+    args = calls.arguments()
+    if args is None or calls.name != call.name:  # not the expected layout: send it whole
+        args = call.arguments
+        emit(FunctionCallDelta(fence=fence, call_id=call_id, name=call.name, delta=args))
+    else:
+        rest = calls.finish()
+        if rest:
+            emit(FunctionCallDelta(fence=fence, call_id=call_id, name=call.name, delta=rest))
+    if record is not None:
+        record(ToolCall(call_id=call_id, name=call.name, arguments=args))
+    emit(FunctionCallDone(fence=fence, call_id=call_id, name=call.name, arguments=args))

@@ -19,7 +19,7 @@ import httpx
 import soundfile
 
 from duplex_client import events as ev
-from duplex_client.client import DuplexClient
+from duplex_client.client import DuplexClient, SessionRefused
 from duplex_client.offer import make_offer
 from duplex_client.talk import talk
 
@@ -74,7 +74,7 @@ def say(base: str, api_key: str | None, text: str, out: Path, fmt: str, voice: s
     ):
         if resp.status_code != 200:
             resp.read()
-            print(f"error: HTTP {resp.status_code}: {resp.text}", file=sys.stderr)
+            print(f"duplex-client: HTTP {resp.status_code}: {_error_text(resp)}", file=sys.stderr)
             return 1
         for chunk in resp.iter_bytes():
             if first is None:
@@ -87,6 +87,15 @@ def say(base: str, api_key: str | None, text: str, out: Path, fmt: str, voice: s
     ttfb = (first - started) * 1000 if first is not None else float("nan")
     print(f"wrote {out} ({out.stat().st_size} bytes); first byte {ttfb:.0f} ms, total {took:.2f} s")
     return 0
+
+
+def _error_text(resp: httpx.Response) -> str:
+    """An OpenAI-shaped error body's message, else the body."""
+    try:
+        err = resp.json()["error"]
+        return f"{err['message']} ({err['code']})"
+    except (ValueError, KeyError, TypeError):
+        return resp.text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             base = _http_base(args.url)
             return say(base, args.api_key, args.text, args.out, args.format, args.voice)
         return asyncio.run(chat(args.url, args.api_key, args.text))
+    except SessionRefused as exc:
+        hint = " (pass --api-key KEY or set DUPLEX_API_KEY)" if exc.code == "unauthorized" else ""
+        print(f"duplex-client: {exc}{hint}", file=sys.stderr)
+        return 1
     except (OSError, ConnectionError) as exc:
         print(f"duplex-client: {exc}", file=sys.stderr)
         return 1

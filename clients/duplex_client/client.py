@@ -70,7 +70,13 @@ class SessionEnded(Exception):
 
 
 class SessionRefused(ConnectionError):
-    """The server refused the session (auth, capacity) before ``session.created``."""
+    """The server refused the session (auth, capacity) before ``session.created``.
+    ``code``: the server's error code (``unauthorized``, ``resource_exhausted``,
+    ``engine_unavailable``...) when it sent one."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def to_pcm16(audio: AudioInput, rate: int, target_rate: int) -> bytes:
@@ -147,7 +153,12 @@ class DuplexClient:
         first = await asyncio.wait_for(self._recv_event(ws), open_timeout_s)
         if not isinstance(first, ev.SessionCreated):
             await ws.close()
-            raise SessionRefused(f"expected session.created, got {first!r}")
+            if isinstance(first, ev.Error):
+                err = first.error
+                raise SessionRefused(
+                    f"the server refused the session: {err.message} ({err.code})", err.code
+                )
+            raise SessionRefused(f"expected session.created, got {type(first).__name__}")
         self.session_id, self.resume_token = first.session.id, first.resume_token
         self.resume_query = first.resume_query  # where a load balancer sends our resume
         self.session = first.session

@@ -56,7 +56,7 @@ def decode_client_event(data: str | bytes) -> AnyClientEvent:
     except msgspec.ValidationError as exc:
         env = _envelope(data)
         event_id = env.event_id if isinstance(env.event_id, str) else None
-        problem = explain(exc)
+        problem = explain(exc, AnyClientEvent)
         if isinstance(env.type, str) and problem.at == "type":
             raise ProtocolError(
                 "unknown_event", f"unknown event type {env.type!r}", param="type", event_id=event_id
@@ -101,10 +101,31 @@ class AudioFormat:
             return "pcm16" if self.rate == 24000 else "pcm16_16k"
         return self.codec
 
+    @property
+    def sample_width(self) -> int:
+        """Bytes per sample: 2 for PCM16, 1 for G.711."""
+        return 2 if self.codec == "pcm16" else 1
+
     def duration_ms(self, nbytes: int) -> float:
         """The length of ``nbytes`` of audio in this format (PCM16: 2 bytes a sample)."""
-        per_sample = 2 if self.codec == "pcm16" else 1
-        return nbytes // per_sample * 1000.0 / self.rate
+        return nbytes // self.sample_width * 1000.0 / self.rate
+
+    def check_frame(self, nbytes: int) -> None:
+        """A binary audio frame must hold whole samples: raises ``invalid_audio_frame``
+        (the frame is dropped, the session goes on) for e.g. 3 bytes of PCM16."""
+        if nbytes % self.sample_width:
+            raise ProtocolError(
+                "invalid_audio_frame",
+                f"a binary audio frame of {nbytes} bytes is not a whole number of samples: "
+                f"the input format {self.wire_name} has {self.sample_width}-byte samples; "
+                "the frame was dropped",
+            )
+
+    @property
+    def wire_name(self) -> str:
+        """``audio/pcm (24000 Hz)``, ``audio/pcmu``... as docs/protocol.md writes it."""
+        wire = self.to_wire()
+        return f"{wire.type} ({self.rate} Hz)" if self.codec == "pcm16" else wire.type
 
     def to_wire(self) -> AudioFormatOut:
         kind: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = {

@@ -25,6 +25,7 @@ class Append:
     event_id: str | None = None
     item_id: str | None = None  # the text item (or tool output item) this is
     tool_output: ToolOutput | None = None
+    stream_ms: float | None = None  # audio: where it starts on the session's input clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,9 @@ class Commit:
     event_id: str | None = None
     item_id: str | None = None  # the user audio item this commit closes
     response: ResponseOptions | None = None  # overrides of the response it asks for
+    #: the turn's W3C trace context: set by the runtime when the session is traced (the
+    #: core never sets it; duplex_server/tracing.py)
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,7 @@ class Speculate:
     event: Literal["input.pause", "input.resume"]
     event_id: str | None = None
     respond: bool = True  # input.pause: the turn's commit will ask for a response
+    traceparent: str | None = None  # input.pause: the turn's trace context (as on Commit)
 
 
 EngineCommand = Append | Commit | Cancel | Update | Touch | CloseSession | Speculate | DeleteItem

@@ -12,6 +12,7 @@ from duplex_contract.audio import OUTPUT_RATE
 from duplex_contract.languages import DEFAULT_LANGUAGE, language_problem
 from duplex_contract.settings import SessionSettings, Tool, ToolChoice
 from duplex_contract.tools import check_schema
+from duplex_contract.voices import VoiceCatalog
 from duplex_server.protocol.codec import PCM16_24K, AudioFormat, parse_format
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.events import (
@@ -70,12 +71,15 @@ class EffectiveSession:
     #: the rate the engine speaks at (server config ``engine.output_sample_rate``; the
     #: output encoder converts it to ``output_format``); not on the wire
     output_rate: int = OUTPUT_RATE
+    #: the voices the engine speaks in (None: not known, any name is passed on); not on
+    #: the wire
+    voices: VoiceCatalog | None = None
 
     def settings(self) -> SessionSettings:
         """What the engine is told of this session (the rest is the server's own)."""
         return SessionSettings(
             instructions=self.instructions,
-            voice=self.voice,
+            voice=self.voices.resolve(self.voice) if self.voices is not None else self.voice,
             output_modalities=self.output_modalities,
             max_output_tokens=self.max_output_tokens,
             temperature=self.temperature,
@@ -282,6 +286,11 @@ def apply_patch(current: EffectiveSession, patch: SessionParam) -> EffectiveSess
         changes["output_format"] = parse_format(out_fmt, field="audio.output.format", output=True)
     voice = patch.voice if audio_out is None else _pick(audio_out.voice, patch.voice)
     if not isinstance(voice, UnsetType):
+        ga = audio_out is not None and not isinstance(audio_out.voice, UnsetType)
+        problem = current.voices.problem(voice) if voice and current.voices else None
+        if problem is not None:
+            field = "audio.output.voice" if ga else "voice"
+            raise ProtocolError("invalid_value", f"{field}: {problem}", param=field)
         changes["voice"] = voice or None
     speed = patch.speed if audio_out is None else _pick(audio_out.speed, patch.speed)
     if not isinstance(speed, UnsetType):

@@ -3,7 +3,8 @@
 Exception tree::
 
     ProtocolError               a client event was refused; the session goes on (recoverable)
-    ├── (code) invalid_json, unknown_event, invalid_event, invalid_audio, invalid_value,
+    ├── (code) invalid_json, unknown_event, invalid_event, invalid_audio,
+    │          invalid_audio_frame, invalid_value,
     │          unsupported, item_not_found, response_cancel_not_active,
     │          conversation_already_has_active_response, input_audio_buffer_commit_empty,
     │          invalid_state, resync_required, ...
@@ -65,6 +66,7 @@ ERROR_CODES: Final = frozenset(
         "unknown_event",
         "invalid_event",
         "invalid_audio",
+        "invalid_audio_frame",
         "invalid_value",
         "unsupported",
         "item_not_found",
@@ -101,11 +103,24 @@ class ProtocolError(Exception):
         self.error_type = error_type
 
 
+#: wire codes that are the server's fault, not the client's: error type ``server_error``
+#: (as over HTTP), every other code is an ``invalid_request_error``
+SERVER_CODES: Final = frozenset({"engine_unavailable", "server_error"})
+
+
 class SessionFatal(ProtocolError):
     """The error ends the socket with ``close_code`` after the error event is sent."""
 
-    def __init__(self, code: str, message: str, *, close_code: int | None = None) -> None:
-        super().__init__(code, message)
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        close_code: int | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        kind = error_type or ("server_error" if code in SERVER_CODES else "invalid_request_error")
+        super().__init__(code, message, error_type=kind)
         self.close_code = close_code if close_code is not None else FATAL_CODES.get(code, 1011)
 
 

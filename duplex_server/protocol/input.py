@@ -23,9 +23,11 @@ _IDLE_KEEP_MS = 1000.0
 
 @dataclass(frozen=True, slots=True)
 class AudioReady:
-    """Audio to append to the engine's input buffer now."""
+    """Audio to append to the engine's input buffer now; ``stream_ms``: where it starts on
+    the session's input clock (``InputTurns.input_ms``)."""
 
     pcm: bytes
+    stream_ms: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +131,7 @@ class InputTurns:
         self._ring.clear()
         self._ring_bytes = 0
         self.uncommitted_ms += input_ms(len(data))
-        return [AudioReady(data)]
+        return [AudioReady(data, self.input_ms - input_ms(len(data)))]
 
     def on_audio(
         self, pcm: bytes, vad: Sequence[VadEvent], td: TurnDetection | None
@@ -141,7 +143,7 @@ class InputTurns:
             if not pcm:
                 return []
             self.uncommitted_ms += chunk_ms
-            return [AudioReady(pcm)]
+            return [AudioReady(pcm, self.input_ms - chunk_ms)]
         # server VAD: idle audio waits in a ring (prefix padding); speech goes to the engine
         self._ring.append(pcm)
         self._ring_bytes += len(pcm)

@@ -678,7 +678,7 @@ class SessionCore:
         for step in steps:
             if isinstance(step, AudioReady):
                 self.usage.appended(input_ms(len(step.pcm)))
-                out.append(Call(Append(self.epoch, audio=step.pcm)))
+                out.append(Call(Append(self.epoch, audio=step.pcm, stream_ms=step.stream_ms)))
             elif isinstance(step, SpeechBegan):
                 self.idle_since_ms = None  # the user speaks: no idle timeout this silence
                 start = int(step.audio_start_ms)

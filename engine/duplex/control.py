@@ -73,6 +73,8 @@ class Effects:
     unspeculate: list[str] = field(default_factory=list)
     heard: list[tuple[str, bytes]] = field(default_factory=list)  # audio for live partials
     input_reset: list[str] = field(default_factory=list)  # the input buffer was taken/cleared
+    # committed turns with audio: (session, the job's audio, where it starts on the input clock)
+    committed: list[tuple[str, bytes, float | None]] = field(default_factory=list)
 
 
 def _err(code: str, message: str) -> ControlError:
@@ -306,6 +308,8 @@ class DuplexControl:
                 "input_backpressure",
                 f"input buffer over {self.config.max_input_bytes} bytes; commit or clear",
             )
+        if call.audio and not session.audio:
+            session.audio_stream_ms = call.stream_ms
         session.audio += call.audio
         if call.audio:
             effects.heard.append((session.session_id, call.audio))
@@ -330,6 +334,7 @@ class DuplexControl:
                 "input_backpressure", f"{self.config.max_pending_turns} turns are already pending"
             )
         audio, text = b"", ""
+        stream_ms = session.audio_stream_ms
         items: tuple[tuple[str | None, str], ...] = ()
         tools: tuple[ToolOutput, ...] = ()
         if not oob:
@@ -348,12 +353,16 @@ class DuplexControl:
                 audio=audio,
                 text=text,
                 respond=call.respond,
+                stream_ms=stream_ms if audio else None,
                 items=items,
                 tool_outputs=tools,
                 audio_item=call.item_id if audio else None,
                 response=call.response if call.respond else None,
+                traceparent=call.traceparent,
             )
         )
+        if audio:
+            effects.committed.append((session.session_id, audio, stream_ms))
         effects.start.append(session.session_id)
         return self._ok(control_id, session)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from duplex_contract.fence import ROUTE_KEY as ROUTE_KEY
@@ -36,6 +37,20 @@ def merge_forward(current: Fence, proposed: Fence) -> Fence:
 def epoch_prefix(session_id: str, epoch: int) -> str:
     """Prefix of every stage request id of one epoch of a session."""
     return f"{session_id}/e{epoch}/"
+
+
+def draft_prefix(session_id: str, epoch: int, n: int) -> str:
+    """Prefix of the stage requests of a session's ``n``-th draft response in ``epoch``
+    (engine/drafts.py)."""
+    return f"{epoch_prefix(session_id, epoch)}draft{n}"
+
+
+_DRAFT_REQUEST = re.compile(r"^[^/]+/e\d+/draft\d+/")
+
+
+def is_draft_request(request_id: str) -> bool:
+    """Is this stage request a draft response's (``sess_x/e3/draft7/llm``)?"""
+    return _DRAFT_REQUEST.match(request_id) is not None
 
 
 def session_prefix(session_id: str) -> str:

@@ -22,12 +22,14 @@ class TurnJob:
     audio: bytes
     text: str
     respond: bool
+    stream_ms: float | None = None  # where ``audio`` starts on the input clock, if known
     heard: bool = False  # set by the orchestrator once the user's words are in the history
     items: tuple[tuple[str | None, str], ...] = ()  # text items: (item id, text)
     tool_outputs: tuple[ToolOutput, ...] = ()  # function_call_output items
     audio_item: str | None = None  # the user audio item of ``audio``
     audio_deleted: bool = False  # the audio item was deleted: its words stay out
     response: ResponseOptions | None = None  # overrides of this job's response
+    traceparent: str | None = None  # the caller's turn span (engine/tracing.py)
 
 
 @dataclass
@@ -47,6 +49,7 @@ class DuplexSession:
     state: SessionState = "open"
     close_reason: str = ""
     audio: bytearray = field(default_factory=bytearray)
+    audio_stream_ms: float | None = None  # where ``audio`` starts on the input clock
     text_parts: list[str] = field(default_factory=list)
     text_items: list[tuple[str | None, str]] = field(default_factory=list)
     tool_outputs: list[ToolOutput] = field(default_factory=list)
@@ -65,6 +68,7 @@ class DuplexSession:
     def take_input(self) -> tuple[bytes, str]:
         audio, text = bytes(self.audio), " ".join(p for p in self.text_parts if p.strip())
         self.audio.clear()
+        self.audio_stream_ms = None
         self.text_parts.clear()
         self.text_items.clear()
         self.tool_outputs.clear()

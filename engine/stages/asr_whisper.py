@@ -51,6 +51,21 @@ LOGPROB_FLOOR = -1.0
 _MAX_WPS = 6.0
 #: The previous turn (16 kHz float audio, its transcript), decoded before an utterance.
 _Context = tuple[npt.NDArray[np.float32], str]
+#: Marks that end a phrase in a transcript (Latin, CJK and Arabic/Devanagari scripts).
+_PHRASE_END = ".,;:!?\u2026\u3002\u3001\uff0c\uff01\uff1f\u061f\u0964"
+
+
+def closed_phrase(text: str) -> str:
+    """A previous turn's transcript as the forced prefix of the next turn's decoding: ended
+    with a phrase mark if Whisper left it open. The VAD cut the two turns at a pause, so a
+    phrase ends there; forced after open words ("ever tried", which Whisper writes for the
+    same audio as "Ever tried." depending on ~50 ms of trailing silence), the decoder
+    glues the next phrase onto the last word ("Everfile old." for "Ever failed.")."""
+    text = text.strip()
+    last = text.rstrip("\"')]\u00bb\u201d\u2019")[-1:]  # a closing quote or bracket after the mark
+    return text + "." if last and last not in _PHRASE_END else text
+
+
 #: A previous turn longer than this is not used as context.
 CONTEXT_SAMPLES = 10 * ASR_RATE
 
@@ -252,7 +267,7 @@ class WhisperAsr(BatchingBackend):
             hint = self.opts.initial_prompt
             previous = tok.encode(" " + hint.strip()) if hint else []
             c = ctx[i]
-            prefix = c[1].strip() if c is not None else ""
+            prefix = closed_phrase(c[1]) if c is not None else ""
             prompts.append(
                 m.get_prompt(tok, previous, without_timestamps=True, prefix=prefix or None)
             )

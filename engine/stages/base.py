@@ -37,6 +37,8 @@ from engine import compute
 from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest
+from engine.stage_figures import DecodeSource, QueueWaitSource, StepSource
+from engine.tracing import EngineTracing
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[Any]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    batch_max: int = 0  # the largest step (requests at once) this job took part in
+    queued_at: float = field(default_factory=time.perf_counter)  # submit time
 
     def deliver(self, item: object) -> None:
         try:
@@ -107,6 +111,14 @@ class WorkerBackend(ABC):
         self._ready: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._restart_task: asyncio.Task[None] | None = None
+        # submit -> start of the request's work, seconds (the pool wires it to /metrics)
+        self.on_wait: Callable[[float], None] | None = None
+
+    def _waited(self, job: _Job) -> None:
+        """``job``'s work starts now (worker thread)."""
+        hook = self.on_wait
+        if hook is not None:
+            hook(time.perf_counter() - job.queued_at)
 
     @classmethod
     def cuda_device_count(cls) -> int:
@@ -227,6 +239,12 @@ class WorkerBackend(ABC):
             job.cancelled.set()
             self._jobs.pop(request.request_id, None)
 
+    def batch_size(self, request_id: str) -> int:
+        """The most requests a step of this replica has run together with ``request_id``
+        (itself included; 0: unknown, or the request is gone)."""
+        job = self._jobs.get(request_id)
+        return 0 if job is None else job.batch_max
+
     async def abort(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
             job = self._jobs.get(rid)
@@ -291,6 +309,8 @@ class ThreadedBackend(WorkerBackend):
         if job.cancelled.is_set():
             _aborted(job)
             return
+        job.batch_max = 1  # one request at a time
+        self._waited(job)
         try:
             with compute.working(self.name):
                 for out in self.run(request, job.cancelled):
@@ -455,6 +475,8 @@ class BatchingBackend(WorkerBackend):
     def _run_step(self, batch: list[BatchSlot]) -> None:
         for slot in batch:
             slot._reset()
+            if slot.steps == 0:  # its first step: its wait ends here
+                self._waited(slot.job)
         try:
             with compute.working(self.name):
                 self.step(batch)
@@ -482,6 +504,7 @@ class BatchingBackend(WorkerBackend):
         for slot in batch:
             slot.steps += 1
             job = slot.job
+            job.batch_max = max(job.batch_max, len(batch))
             if slot._failed is not None:
                 log.error(
                     "stage %s failed request %s: %s",
@@ -511,6 +534,9 @@ class StagePool:
         replicas: Sequence[StageBackend],
         on_latency: Callable[[str, float], None] | None = None,
         on_step: Callable[[str, int], None] | None = None,
+        tracing: EngineTracing | None = None,
+        on_wait: Callable[[str, float], None] | None = None,
+        on_decode: Callable[[str, float, float], None] | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a stage pool needs at least one replica")
@@ -521,10 +547,14 @@ class StagePool:
         self._owner: dict[str, int] = {}
         self._load = [0] * len(self.replicas)
         self._on_latency = on_latency
-        if on_step is not None:
-            for replica in self.replicas:
-                if isinstance(replica, BatchingBackend):
-                    replica.on_step = functools.partial(on_step, name)
+        self._tracing = tracing if tracing is not None and tracing.enabled else None
+        for replica in self.replicas:  # optional figures (engine/stage_figures.py)
+            if on_step is not None and isinstance(replica, StepSource):
+                replica.on_step = functools.partial(on_step, name)
+            if on_wait is not None and isinstance(replica, QueueWaitSource):
+                replica.on_wait = functools.partial(on_wait, name)
+            if on_decode is not None and isinstance(replica, DecodeSource):
+                replica.on_decode = functools.partial(on_decode, name)
 
     async def start(self) -> None:
         await asyncio.gather(*(r.start() for r in self.replicas))
@@ -545,15 +575,35 @@ class StagePool:
         self._load[idx] += 1
         started = time.perf_counter()
         first = True
+        replica = self.replicas[idx]
+        span = None
+        if self._tracing is not None:
+            device = replica.device if isinstance(replica, WorkerBackend) else None
+            span = self._tracing.start_stage(self.name, idx, device, request)
         try:
-            async for out in self.replicas[idx].submit(request):
+            async for out in replica.submit(request):
                 if first and self._on_latency is not None:
                     self._on_latency(self.name, time.perf_counter() - started)
                 first = False
+                if span is not None:
+                    span.output(out)
+                    if isinstance(replica, WorkerBackend):
+                        span.batch_size = max(
+                            span.batch_size, replica.batch_size(request.request_id)
+                        )
                 yield out
+        except BaseException as exc:
+            # (no local keeps the error: its traceback holds this frame, a cycle that would
+            # leave the caller's objects to the cyclic GC)
+            if span is not None:
+                span.end(exc)
+                span = None
+            raise
         finally:
             self._load[idx] -= 1
             self._owner.pop(request.request_id, None)
+            if span is not None:
+                span.end(None)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         await self.abort_located(self.locate(request_ids))

@@ -42,7 +42,7 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -175,6 +175,8 @@ class SnacCodec(BatchingBackend):
         self.decode_calls = 0
         self.rows_decoded = 0
         self.decode_s = 0.0
+        # per step: decoder seconds and seconds of audio emitted (the pool wires it to /metrics)
+        self.on_decode: Callable[[float, float], None] | None = None
 
     @classmethod
     def cuda_device_count(cls) -> int:
@@ -273,11 +275,16 @@ class SnacCodec(BatchingBackend):
             groups.extend(sorted(odd.items()))
         spf = self.layout.samples_per_frame
         done: list[tuple[BatchSlot, Any]] = []  # decode everything first: a raise changes nothing
+        busy = self.decode_s
         for _, rows in groups:
             audio = self.decode([codes for _, codes, _ in rows])
             for (s, _, off), wav in zip(rows, audio, strict=True):
                 w: _Window = s.state
                 done.append((s, wav[(off + w.emit_from) * spf : (off + w.emit_to) * spf]))
+        hook = self.on_decode
+        audio_s = sum(len(wav) for _, wav in done) / self.layout.sample_rate
+        if hook is not None and audio_s > 0:
+            hook(self.decode_s - busy, audio_s)
         for s in empty:
             self._finish(s, np.zeros(0, dtype=np.float32))
         for s, wav in done:

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -48,28 +47,22 @@ from duplex_contract.tools import call_schema
 from engine.edges import Edge
 from engine.errors import ConfigError, StageError
 from engine.messages import ChatMessage, LlmRequest, StageDone, StageOutput, StageRequest, TextOut
+from engine.placement import child_visible_devices, replica_gpus
+from engine.stage_figures import StageEngineFigures
+from engine.stages.supervisor import Supervisor
+from engine.stages.vllm_env import engine_env, option_error, release_zmq
+from engine.stages.vllm_stats import (
+    EngineFigures,
+    engine_core_pid,
+    engine_exit,
+    stat_logger_factory,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-FIELD = "engine.stages.llm.options"
 FinishReason = Literal["stop", "length", "aborted"]
 _END = object()
-# vLLM EngineArgs names (as they appear in its error messages) -> our option names.
-_FIELD_HINTS: tuple[tuple[str, str], ...] = (
-    ("max_model_len", "max_model_len"),
-    ("max-model-len", "max_model_len"),
-    ("gpu_memory_utilization", "gpu_memory_utilization"),
-    ("gpu-memory-utilization", "gpu_memory_utilization"),
-    ("kv_cache_memory", "kv_cache_memory_gib"),
-    ("KV cache", "kv_cache_memory_gib"),
-    ("max_num_seqs", "max_num_seqs"),
-    ("max_num_batched_tokens", "max_num_batched_tokens"),
-    ("tensor_parallel_size", "tensor_parallel_size"),
-    ("device_ids", "device_ids"),
-    ("dtype", "dtype"),
-    ("tokenizer", "tokenizer"),
-)
 
 
 class VllmOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -90,9 +83,8 @@ class VllmOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tensor_parallel_size: Annotated[int, msgspec.Meta(ge=1)] = 1
     # "cuda" / "cpu" must match the installed vLLM build ("auto": whatever it is).
     device: Literal["auto", "cuda", "cpu"] = "auto"
-    device_ids: tuple[int, ...] | None = (
-        None  # GPUs of this replica (indices into CUDA_VISIBLE_DEVICES)
-    )
+    # GPUs of each replica (indices as torch counts them here; one per tensor-parallel rank)
+    device_ids: tuple[int, ...] | None = None
     scheduling_policy: Literal["priority", "fcfs"] = "priority"  # priority: real-time first
     top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0  # used when temperature > 0
     top_k: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: off
@@ -105,6 +97,12 @@ class VllmOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cpu_inproc_executor: bool = True
     start_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 900.0
     warmup: bool = True  # run one 1-token request at start so the first turn is not cold
+    # A dead EngineCore is restarted at most this many times in all (engine/stages/supervisor.py)
+    max_restarts: Annotated[int, msgspec.Meta(ge=0)] = 3
+    restart_backoff_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0  # doubles per failed attempt
+    health_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 0.5  # how often it is probed
+    # vLLM's scheduler figures in /metrics (running/waiting requests, KV cache use, tokens)
+    log_stats: bool = True
 
 
 @dataclass(eq=False)
@@ -121,46 +119,6 @@ class _Job:
             self.loop.call_soon_threadsafe(self.out.put_nowait, item)
         except RuntimeError:  # the orchestrator loop is closed: nobody listens any more
             pass
-
-
-def _option_error(exc: BaseException, field: str = FIELD) -> ConfigError:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    for needle, option in _FIELD_HINTS:
-        if needle in text:
-            return ConfigError(f"{field}.{option}: vLLM refused it: {text}")
-    return ConfigError(f"{field}: vLLM failed to start: {text}")
-
-
-@contextlib.contextmanager
-def _scoped_env(values: dict[str, str]) -> Iterator[None]:
-    """Set variables the environment does not set, for the block only (the spawned
-    EngineCore inherits them; this process keeps its own)."""
-    added = [key for key in values if key not in os.environ]
-    for key in added:
-        os.environ[key] = values[key]
-    try:
-        yield
-    finally:
-        for key in added:
-            os.environ.pop(key, None)
-
-
-def _release_zmq(engine: Any) -> None:
-    """Terminate the ZMQ context of the engine client (vLLM 0.32's ``shutdown`` closes the
-    sockets but leaves the context to the GC, which warns ``Unclosed context``). Its
-    ``zmq.asyncio.Context`` shadows a sync context that owns the handle: close the shadow's
-    sockets, then destroy the owner. Best effort (cleanup)."""
-    try:
-        ctx = getattr(getattr(engine, "engine_core", None), "ctx", None)
-        if ctx is None:
-            return
-        owner = getattr(ctx, "_shadow_obj", None) or ctx
-        for sock in list(getattr(ctx, "_sockets", ())):
-            sock.close(linger=0)
-        if not owner.closed:
-            owner.destroy(linger=0)
-    except Exception:
-        log.exception("releasing the vLLM client's ZMQ context failed")
 
 
 def _looks_like_path(model: str) -> bool:
@@ -185,7 +143,28 @@ class VllmLlm:
         self.device = device  # this replica's placement: auto, cpu or cuda:N
         self.stage = stage or name
         self.field = f"engine.stages.{self.stage}.options"  # named in start-up errors
-        self.restarts = 0
+        # GPUs this replica is pinned to (None: vLLM places itself); checked before any start
+        self.gpus = replica_gpus(
+            device=device,
+            device_ids=options.device_ids,
+            tensor_parallel_size=options.tensor_parallel_size,
+            cuda_count=self.cuda_device_count() if device != "cpu" else 0,
+            where=f"engine.stages.{self.stage}",
+            replica=name,
+        )
+        if self.gpus is not None:
+            self._child_visible()
+        self.supervisor = Supervisor(
+            name,
+            probe=self._engine_dead,
+            fail_requests=self._fail_all,
+            restart=self._restart_engine,
+            max_restarts=options.max_restarts,
+            interval_s=options.health_interval_s,
+            backoff_s=options.restart_backoff_s,
+        )
+        self.figures = EngineFigures()  # vLLM's scheduler stats, for /metrics
+        self._watch: concurrent.futures.Future[None] | None = None
         self.model_path: str | None = None
         self.max_model_len = 0
         self.start_s = 0.0  # engine start-up time (spawn + load + warm-up), measured
@@ -203,6 +182,43 @@ class VllmLlm:
         except ImportError:
             return 0
         return int(torch.cuda.device_count())
+
+    def start_devices(self) -> frozenset[str]:
+        """The GPUs this replica takes while it starts (engine/startup.py orders by them)."""
+        if self.gpus is not None:
+            return frozenset(f"cuda:{i}" for i in self.gpus)
+        if self.device == "auto":  # vLLM places itself: on every GPU there is
+            return frozenset(f"cuda:{i}" for i in range(self.cuda_device_count()))
+        return frozenset()
+
+    def _child_visible(self) -> str:
+        assert self.gpus is not None
+        return child_visible_devices(
+            self.gpus,
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+            where=f"engine.stages.{self.stage}.devices",
+            replica=self.name,
+        )
+
+    @property
+    def restarts(self) -> int:
+        return self.supervisor.restarts
+
+    @property
+    def on_wait(self) -> Callable[[float], None] | None:
+        """Queue time of each finished request in vLLM's scheduler (engine/stage_figures.py)."""
+        return self.figures.on_wait
+
+    @on_wait.setter
+    def on_wait(self, hook: Callable[[float], None] | None) -> None:
+        self.figures.on_wait = hook
+
+    def engine_figures(self) -> StageEngineFigures:
+        return self.figures.snapshot()
+
+    def health(self) -> str | None:
+        """Why this replica is down (its EngineCore died, or restarting), or None."""
+        return self.supervisor.health()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -226,6 +242,8 @@ class VllmLlm:
             await self.close()
             raise
         self.start_s = time.perf_counter() - started
+        assert self._vloop is not None
+        self._watch = asyncio.run_coroutine_threadsafe(self.supervisor.run(), self._vloop)
         log.info(
             "%s: vLLM ready in %.1f s (model %s, max_model_len %d)",
             self.name,
@@ -292,6 +310,8 @@ class VllmLlm:
             "enable_prefix_caching": opts.enable_prefix_caching,
             "tensor_parallel_size": opts.tensor_parallel_size,
             "scheduling_policy": opts.scheduling_policy,
+            # vLLM's own periodic log lines stay off; our stat logger (log_stats) still gets
+            # every step's figures ("logging without default stat loggers")
             "disable_log_stats": True,
             **extra,
         }
@@ -299,17 +319,16 @@ class VllmLlm:
             kwargs["seed"] = opts.seed
         if opts.kv_cache_memory_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(opts.kv_cache_memory_gib * (1 << 30))
-        if opts.device_ids is not None:
-            kwargs["device_ids"] = list(opts.device_ids)
+        loggers = [stat_logger_factory(self.figures)] if opts.log_stats else None
         try:
-            with _scoped_env({**self._cpu_env(platform), **self._placement_env(platform)}):
+            with engine_env(self._cpu_env(platform), self._placement_env(platform)):
                 args = AsyncEngineArgs(**kwargs)
-                self._engine = AsyncLLM.from_engine_args(args)
+                self._engine = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         except ConfigError:
             raise
         except Exception as exc:
             log.exception("%s: vLLM start-up failed", self.name)
-            raise _option_error(exc, self.field) from None
+            raise option_error(exc, self.field) from None
         self._tokenizer = self._engine.get_tokenizer()
         self.max_model_len = int(self._engine.model_config.max_model_len)
         return model
@@ -329,17 +348,16 @@ class VllmLlm:
                 pass
 
     def _placement_env(self, platform: str) -> dict[str, str]:
-        """A replica pinned to ``cuda:N`` sees only that GPU (its EngineCore inherits it)."""
-        kind, _, index = self.device.partition(":")
-        where = f"engine.stages.{self.stage}.devices"
+        """A pinned replica's EngineCore sees only its GPUs (engine/placement.py)."""
+        kind = self.device.partition(":")[0]
         if kind != "auto" and kind != platform:
             raise ConfigError(
-                f"{where}: replica {self.name} is placed on {self.device!r}, but the installed "
-                f"vLLM runs on {platform!r}"
+                f"engine.stages.{self.stage}.devices: replica {self.name} is placed on "
+                f"{self.device!r}, but the installed vLLM runs on {platform!r}"
             )
-        if kind == "cuda" and self.options.tensor_parallel_size == 1:
-            return {"CUDA_VISIBLE_DEVICES": index or "0"}
-        return {}
+        if self.gpus is None:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": self._child_visible()}
 
     def _cpu_env(self, platform: str) -> dict[str, str]:
         if platform != "cpu":
@@ -378,8 +396,46 @@ class VllmLlm:
         self.model_path = model
         return model
 
+    # ------------------------------------------------------------------ health
+    def _engine_dead(self) -> str | None:
+        """Why the running engine is dead (vLLM loop), or None."""
+        engine = self._engine
+        if engine is None or self._closing or not bool(engine.errored):
+            return None
+        return f"vLLM EngineCore died ({engine_exit(engine)})"
+
+    def _request_error(self, exc: Exception) -> StageError:
+        """A request's failure; a dead engine says so in words (``worker_died``)."""
+        if type(exc).__name__ == "EngineDeadError":
+            engine = self._engine
+            how = engine_exit(engine) if engine is not None else "its process is gone"
+            self.supervisor.suspect(f"vLLM EngineCore died ({how})")
+            return StageError(f"{self.name}: vLLM EngineCore died ({how})", code="worker_died")
+        return StageError(f"{self.name}: {type(exc).__name__}: {exc}", code="stage_failed")
+
+    def _fail_all(self, reason: str) -> None:
+        """Fail every request in flight (any thread): their streams end with ``reason``."""
+        for job in list(self._jobs.values()):
+            job.deliver(StageError(reason, code="worker_died"))
+            job.deliver(_END)
+
+    async def _restart_engine(self) -> None:
+        """Replace a dead engine with a new one (vLLM loop)."""
+        await self._shutdown_engine()
+        self.figures.reset_gauges()
+        started = time.perf_counter()
+        await asyncio.wait_for(self._boot(), self.options.start_timeout_s)
+        self.start_s = time.perf_counter() - started
+
+    def engine_pid(self) -> int | None:
+        """The pid of the running EngineCore process (tests kill it)."""
+        return None if self._engine is None else engine_core_pid(self._engine)
+
     async def close(self) -> None:
         self._closing = True
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         for job in list(self._jobs.values()):
             self._end(job, StageDone(request_id=job.request_id, finish_reason="aborted"))
         loop, thread = self._vloop, self._thread
@@ -402,7 +458,7 @@ class VllmLlm:
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
-            _release_zmq(engine)
+            release_zmq(engine)
 
     # ------------------------------------------------------------------ requests
     def _inputs(self, request: LlmRequest) -> tuple[Any, Any, str, int]:
@@ -500,9 +556,8 @@ class VllmLlm:
         except StageError as exc:
             job.deliver(exc)
         except Exception as exc:
-            code = "worker_died" if type(exc).__name__ == "EngineDeadError" else "stage_failed"
             log.exception("%s: request %s failed", self.name, rid)
-            job.deliver(StageError(f"{self.name}: {type(exc).__name__}: {exc}", code=code))
+            job.deliver(self._request_error(exc))
         finally:
             job.deliver(_END)
 
@@ -521,6 +576,9 @@ class VllmLlm:
         return self._produce(request, job)
 
     async def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
+        down = self.supervisor.health()
+        if down is not None and not self._closing:
+            raise StageError(down, code="stage_unavailable")
         if self._closing or self._engine is None or self._vloop is None:
             raise StageError(f"{self.name}: not running", code="stage_failed")
         rid = request.request_id

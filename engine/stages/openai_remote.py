@@ -46,6 +46,7 @@ import msgspec
 import numpy as np
 import soundfile as sf
 
+from duplex_contract.voices import OPENAI_VOICES
 from engine.audio import PcmChunker, StreamResampler
 from engine.edges import Edge
 from engine.errors import ConfigError, StageError
@@ -184,6 +185,10 @@ class OpenAIStage:
     @property
     def where(self) -> str:
         return f"remote {self.kind} stage {self.stage!r} at {self.base_url}"
+
+    def voices(self) -> tuple[str, ...]:
+        """tts: OpenAI's voice names, forwarded (``voice`` first: the default)."""
+        return (self.options.voice, *OPENAI_VOICES)
 
     def health(self) -> str | None:
         """Why this replica is down (its circuit is open), or None."""

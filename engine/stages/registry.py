@@ -26,6 +26,8 @@ BACKENDS: dict[str, str] = {
     # deterministic test stages (any role; see engine/stages/testing.py)
     "test": "engine.stages.testing:TestStage",
     "test-batch": "engine.stages.testing:BatchTestStage",
+    # a simulated GPU: asr, llm, talker or codec timed by a cost model (engine/stages/sim.py)
+    "sim": "engine.stages.sim:SimStage",
     # speech recognition: audio -> text
     "whisper": "engine.stages.asr_whisper:WhisperAsr",
     "pocketsphinx": "engine.stages.asr_pocketsphinx:PocketsphinxAsr",

@@ -7,6 +7,9 @@ so it imports torch and vLLM and is only imported where vLLM runs. A request opt
 next frame position needs (``audio_base + position * codebook_size + code``), plus the end
 ids when the next token starts a frame. Whatever the weights, the talker then samples whole,
 in-range frames and stops only between frames (engine/codec_layout.py).
+
+The mask is engine/stages/talker_mask.py (torch only): one batched kernel sequence per step
+whatever the batch size; this class only turns vLLM's batch updates into its row moves.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
+from engine.stages.talker_mask import FrameMaskRows, Spec, check_spec
+
 KEY = "codec_frames"
 
 
-def frame_spec(params: SamplingParams) -> tuple[int, int, int, tuple[int, ...]] | None:
+def frame_spec(params: SamplingParams) -> Spec | None:
     extra = params.extra_args or {}
     spec = extra.get(KEY)
     if spec is None:
@@ -34,51 +39,33 @@ class CodecFrameLogits(LogitsProcessor):  # type: ignore[misc]
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         try:
             spec = frame_spec(sampling_params)
+            if spec is not None:
+                check_spec(spec)
         except (TypeError, ValueError) as exc:
             raise ValueError(
                 f"extra_args[{KEY!r}]: expected [base, size, frame, [ends]]: {exc}"
             ) from None
-        if spec is not None and (spec[1] < 1 or spec[2] < 1):
-            raise ValueError(f"extra_args[{KEY!r}]: codebook size and frame size must be >= 1")
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        # batch row -> (spec, the request's live list of output token ids)
-        self.rows: dict[int, tuple[tuple[int, int, int, tuple[int, ...]], list[int]]] = {}
+        self.mask = FrameMaskRows()
 
     def is_argmax_invariant(self) -> bool:
         return False
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        # vLLM's order: removed, then added, then moved
         if not batch_update:
             return
         for index in batch_update.removed:
-            self.rows.pop(index, None)
+            self.mask.remove(index)
         for index, params, _, output_ids in batch_update.added:
-            spec = frame_spec(params)
-            if spec is None:
-                self.rows.pop(index, None)
-            else:
-                self.rows[index] = (spec, output_ids)
+            self.mask.add(index, frame_spec(params), output_ids)
         for a, b, direction in batch_update.moved:
-            ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
-            if ra is not None:
-                self.rows[b] = ra
-            if direction == MoveDirectionality.SWAP and rb is not None:
-                self.rows[a] = rb
+            self.mask.move(a, b, swap=direction == MoveDirectionality.SWAP)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.rows:
-            return logits
-        for index, ((base, size, frame, ends), output_ids) in self.rows.items():
-            if index >= logits.shape[0]:
-                continue
-            position = len(output_ids) % frame
-            lo = base + position * size
-            row = logits[index]
-            keep = row[lo : lo + size].clone()
-            end = row[list(ends)].clone() if position == 0 and ends else None
-            row.fill_(float("-inf"))
-            row[lo : lo + size] = keep
-            if end is not None:
-                row[list(ends)] = end
-        return logits
+        return self.mask.apply(logits)
+
+    def apply_per_row(self, logits: torch.Tensor) -> torch.Tensor:
+        """The per-row loop this processor replaced: the reference for tests and the bench."""
+        return self.mask.apply_per_row(logits)

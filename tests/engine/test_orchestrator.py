@@ -472,6 +472,49 @@ def test_a_turn_carries_the_previous_turn_as_context_with_the_gap_between() -> N
     run(main())
 
 
+def test_the_context_waits_for_a_slow_previous_turn_and_times_the_gap_in_audio() -> None:
+    """The context of a turn must not depend on timing (the live transcript of a recording
+    did, on a slow machine): when the previous turn's ASR is still running the next turn
+    waits for its words instead of going without them, and the silence between two turns
+    is read on the session's input clock (``stream_ms``) when the front end gives it, so a
+    microphone stream that stalls (a busy client, a slow network) does not stretch it."""
+
+    async def main() -> None:
+        backends = stages(transcript="some words", asr_delay_s=0.4 * UNIT)
+        engine = await start_engine(backends)
+        try:
+            _sid, f, gen = await open_session(engine)
+            # three different loud tones of 0.5 s at 16 kHz
+            tones = [np.sin(np.arange(8000) / (5 + i)) * 20000 for i in range(3)]
+            audios = [t.astype("<i2").tobytes() for t in tones]
+            # the turns start at 0.0, 0.8 and 3.0 s of input (0.3 and 1.7 s of silence
+            # between them), but turn 2 arrives before turn 1's ASR is done and turn 3
+            # right after turn 2's commit on the wall clock
+            for i, at_ms in enumerate((0.0, 800.0, 3000.0)):
+                await engine.append(f, gen, audio=audios[i], stream_ms=at_ms)
+                if i:  # a pause guess transcribes the turn before its commit
+                    await engine.signal(f, gen, "input.pause", respond=False)
+                f = (await engine.commit(f, gen, respond=False)).accepted_fence or f
+            asr = backends["asr"][0]
+            assert isinstance(asr, TestStage)
+            deadline = time.monotonic() + 10 * UNIT
+            while len([r for r in asr.requests if isinstance(r, AsrRequest)]) < 3:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            reqs = [r for r in asr.requests if isinstance(r, AsrRequest)]
+            assert reqs[0].context_audio == b"" and reqs[0].context_text == ""
+            # turn 2's guess began while turn 1 was in the ASR: it waited for its words
+            assert reqs[1].context_audio == audios[0] and reqs[1].context_text == "some words"
+            assert reqs[1].context_gap_s == pytest.approx(0.3)
+            # 1.7 s of silence by the input clock, though turn 3 followed at once
+            assert reqs[2].context_audio == audios[1] and reqs[2].context_text == "some words"
+            assert reqs[2].context_gap_s == pytest.approx(1.7)
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
 def test_barge_in_keeps_committed_words_that_were_not_heard_yet() -> None:
     async def main() -> None:
         backends = stages(asr_delay_s=0.3, transcript="first half of a question")

@@ -121,8 +121,9 @@ def _turns() -> tuple[InputTurns, list[str]]:
 
 def test_without_turn_detection_audio_goes_straight_to_the_engine() -> None:
     turns, _ = _turns()
-    assert turns.on_audio(MS20, [], None) == [AudioReady(MS20)]
-    assert turns.input_ms == 20.0 and turns.uncommitted_ms == 20.0 and turns.buffered
+    assert turns.on_audio(MS20, [], None) == [AudioReady(MS20, 0.0)]
+    assert turns.on_audio(MS20, [], None) == [AudioReady(MS20, 20.0)]  # on the input clock
+    assert turns.input_ms == 40.0 and turns.uncommitted_ms == 40.0 and turns.buffered
     turns.committed()
     assert not turns.buffered
 
@@ -145,9 +146,12 @@ def test_a_speech_turn_in_steps() -> None:
     steps = turns.on_audio(MS20, [VadStart(onset_ms=1000.0, audio_start_ms=900.0)], td)
     assert steps[0] == SpeechBegan("item_0", 900.0)
     assert isinstance(steps[1], AudioReady) and len(steps[1].pcm) == (1020 - 900) * 32
+    assert steps[1].stream_ms == 900.0  # where it starts on the input clock (the engine
+    # times the silence between two turns with it, not with the wall clock)
     assert steps[2] == Speaking(20.0)
     steps = turns.on_audio(MS20, [VadPause(at_ms=1030.0)], td)
     assert [type(s) for s in steps] == [AudioReady, Paused, Speaking]
+    assert isinstance(steps[0], AudioReady) and steps[0].stream_ms == 1020.0
     steps = turns.on_audio(MS20, [VadResume(at_ms=1050.0)], td)
     assert [type(s) for s in steps] == [Resumed, AudioReady, Speaking]
     steps = turns.on_audio(MS20, [VadStop(audio_end_ms=1070.0)], td)

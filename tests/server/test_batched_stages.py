@@ -48,3 +48,15 @@ def test_sessions_share_batched_steps_over_real_sockets(tmp_path: Path) -> None:
             r'duplex_stage_batch_size_bucket\{le="1.0",stage="llm"\} ([0-9.e+]+)', body
         )
         assert ones is not None and float(ones.group(1)) < counts["llm"], body[-2000:]
+        # every request's wait for its first step, per stage (engine/stage_figures.py)
+        waits = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(
+                r'duplex_stage_queue_wait_seconds_count\{stage="(\w+)"\} ([0-9.e+]+)', body
+            )
+        }
+        assert waits.get("llm", 0) >= 4 and waits.get("tts", 0) >= 4, waits  # text turns: no asr
+        waited = re.search(r'duplex_stage_queue_wait_seconds_sum\{stage="tts"\} ([0-9.e+]+)', body)
+        assert waited is not None and float(waited.group(1)) > 0
+        for stage in ("asr", "llm", "tts"):  # no worker died
+            assert f'duplex_stage_restarts_total{{stage="{stage}"}} 0.0' in body

@@ -92,7 +92,11 @@ class FakeEngine:
         )
 
     async def open(
-        self, config: SessionSettings | None = None, *, route_key: str | None = None
+        self,
+        config: SessionSettings | None = None,
+        *,
+        route_key: str | None = None,
+        traceparent: str | None = None,
     ) -> ControlResult:
         self.calls.append("open")
         self.opened_with = config
@@ -112,6 +116,7 @@ class FakeEngine:
         text: str | None = None,
         item_id: str | None = None,
         tool_output: ToolOutput | None = None,
+        stream_ms: float | None = None,
     ) -> ControlResult:
         self.calls.append(f"append:{text}")
         return self._res(fence)
@@ -124,6 +129,7 @@ class FakeEngine:
         respond: bool = True,
         item_id: str | None = None,
         response: ResponseOptions | None = None,
+        traceparent: str | None = None,
     ) -> ControlResult:
         self.calls.append("commit")
         self.turn += 1
@@ -139,6 +145,7 @@ class FakeEngine:
         update: SessionUpdate | None = None,
         item: ItemRef | None = None,
         respond: bool = True,
+        traceparent: str | None = None,
     ) -> ControlResult:
         self.calls.append(event)
         self.updates.append(update)

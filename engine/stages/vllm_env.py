@@ -1,0 +1,171 @@
+"""Start-up plumbing of the vLLM stages: the environment an EngineCore is spawned with.
+
+vLLM's ``AsyncLLM`` spawns its EngineCore process from inside ``from_engine_args``, and the
+child inherits this process's environment at that moment; there is no per-engine way to
+give it a GPU. So :func:`engine_env` sets the child's variables in ``os.environ`` under one
+**process-wide start lock**, and puts them back (and lets the next engine in) as soon as the
+engine's process exists, or when the block ends, whichever comes first:
+
+* two replicas pinned to ``cuda:0`` and ``cuda:1`` that start together each spawn with their
+  own ``CUDA_VISIBLE_DEVICES`` (one waits for the other's spawn, not for its whole start-up);
+* ``pinned`` variables are always set for the child (the caller has checked them against a
+  preset value, engine/placement.py); ``defaults`` only when the environment lacks them
+  (``OMP_NUM_THREADS`` and ``VLLM_ENABLE_V1_MULTIPROCESSING`` on the CPU build).
+
+While the lock is held this process's own ``os.environ`` shows the child's values; torch in
+this process has read ``CUDA_VISIBLE_DEVICES`` once, when CUDA initialised (the registry's
+``cuda_device_count`` does that before any stage starts), so its devices do not move.
+
+Also here: the mapping of vLLM's start-up errors to the option they name, and the release of
+a vLLM client's ZMQ context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from engine.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: held from setting an EngineCore's environment until its process exists
+START_LOCK = threading.Lock()
+ENGINE_PROCESS_PREFIX = "EngineCore"  # vLLM's name for the engine process (EngineCore_DP0)
+
+# vLLM EngineArgs names (as they appear in its error messages) -> our option names.
+_FIELD_HINTS: tuple[tuple[str, str], ...] = (
+    ("max_model_len", "max_model_len"),
+    ("max-model-len", "max_model_len"),
+    ("gpu_memory_utilization", "gpu_memory_utilization"),
+    ("gpu-memory-utilization", "gpu_memory_utilization"),
+    ("kv_cache_memory", "kv_cache_memory_gib"),
+    ("KV cache", "kv_cache_memory_gib"),
+    ("max_num_seqs", "max_num_seqs"),
+    ("max_num_batched_tokens", "max_num_batched_tokens"),
+    ("tensor_parallel_size", "tensor_parallel_size"),
+    ("dtype", "dtype"),
+    ("tokenizer", "tokenizer"),
+)
+
+
+def option_error(exc: BaseException, field: str) -> ConfigError:
+    """A vLLM start-up failure as a ConfigError naming the option it is about."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    for needle, option in _FIELD_HINTS:
+        if needle in text:
+            return ConfigError(f"{field}.{option}: vLLM refused it: {text}")
+    return ConfigError(f"{field}: vLLM failed to start: {text}")
+
+
+def child_pids() -> set[int]:
+    """Pids of this process's live ``multiprocessing`` children."""
+    return {p.pid for p in multiprocessing.active_children() if p.pid is not None}
+
+
+def engine_spawned(before: set[int]) -> Callable[[], bool]:
+    """A check that turns true once a vLLM engine process not in ``before`` exists."""
+
+    def check() -> bool:
+        return any(
+            p.pid is not None and p.pid not in before and p.name.startswith(ENGINE_PROCESS_PREFIX)
+            for p in multiprocessing.active_children()
+        )
+
+    return check
+
+
+class _Scope:
+    """The variables one engine's spawn needs, set until :meth:`release` (once)."""
+
+    def __init__(self, defaults: dict[str, str], pinned: dict[str, str]) -> None:
+        self._once = threading.Lock()
+        self._released = False
+        self._saved = {key: os.environ.get(key) for key in pinned}
+        self._added = [key for key in defaults if key not in os.environ and key not in pinned]
+        for key in self._added:
+            os.environ[key] = defaults[key]
+        for key, value in pinned.items():
+            os.environ[key] = value
+
+    def release(self) -> None:
+        with self._once:
+            if self._released:
+                return
+            self._released = True
+            for key in self._added:
+                os.environ.pop(key, None)
+            for key, old in self._saved.items():
+                if old is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = old
+            START_LOCK.release()
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+
+@contextlib.contextmanager
+def engine_env(
+    defaults: dict[str, str],
+    pinned: dict[str, str],
+    *,
+    spawned: Callable[[], bool] | None = None,
+    poll_s: float = 0.02,
+) -> Iterator[None]:
+    """Run the block with the environment an engine process must inherit (see the module
+    docstring). ``spawned`` tells when the engine's process exists (default: a new
+    ``EngineCore*`` child of this process); the lock and the variables are released then,
+    or at the end of the block."""
+    START_LOCK.acquire()
+    try:
+        scope = _Scope(defaults, pinned)
+    except BaseException:
+        START_LOCK.release()
+        raise
+    check = spawned or engine_spawned(child_pids())
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(poll_s):
+            try:
+                if check():
+                    scope.release()
+                    return
+            except Exception:  # a broken check must not keep the lock: release at the end
+                log.exception("watching for the vLLM engine process failed")
+                return
+
+    watcher = threading.Thread(target=watch, name="vllm-spawn-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        scope.release()
+
+
+def release_zmq(engine: Any) -> None:
+    """Terminate the ZMQ context of the engine client (vLLM 0.32's ``shutdown`` closes the
+    sockets but leaves the context to the GC, which warns ``Unclosed context``). Its
+    ``zmq.asyncio.Context`` shadows a sync context that owns the handle: close the shadow's
+    sockets, then destroy the owner. Best effort (cleanup)."""
+    try:
+        ctx = getattr(getattr(engine, "engine_core", None), "ctx", None)
+        if ctx is None:
+            return
+        owner = getattr(ctx, "_shadow_obj", None) or ctx
+        for sock in list(getattr(ctx, "_sockets", ())):
+            sock.close(linger=0)
+        if not owner.closed:
+            owner.destroy(linger=0)
+    except Exception:
+        log.exception("releasing the vLLM client's ZMQ context failed")
