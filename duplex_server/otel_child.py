@@ -76,7 +76,7 @@ def run(stream: BinaryIO) -> int:
             if batch.spans:
                 exporter.export([readable_span(r, resource, scopes) for r in batch.spans])
     finally:
-        exporter.shutdown()
+        exporter.shutdown()  # type: ignore[no-untyped-call]
     return 0
 
 
