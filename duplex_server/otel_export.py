@@ -120,23 +120,29 @@ class ChildExportProcessor(SpanProcessor):
         if ctx is None or not ctx.trace_flags.sampled:
             return
         scope = span.instrumentation_scope
+        index = self._scopes.get(scope)
+        if index is None:
+            index = self._add_scope(scope)
+        # a full queue or a closed export skips the encoding (checked again under the lock)
+        full = self._closing or len(self._queue) >= self.max_queue
+        record = None if full else msgspec.Raw(encode_span(span, index))
         with self._lock:
-            if self._closing or len(self._queue) >= self.max_queue:
-                self.dropped += 1
-                return
-            index = self._scopes.get(scope)
-            if index is None:
-                index = self._scopes[scope] = len(self._scopes)
-                if scope is not None:
-                    self._new_scopes.append(scope_of(index, scope))
-        record = msgspec.Raw(encode_span(span, index))
-        with self._lock:
-            if len(self._queue) >= self.max_queue:  # filled meanwhile (another thread)
+            if record is None or self._closing or len(self._queue) >= self.max_queue:
                 self.dropped += 1
                 return
             self._queue.append(record)
             if len(self._queue) == BATCH_SPANS:
                 self._wake.set()
+
+    def _add_scope(self, scope: InstrumentationScope | None) -> int:
+        """``scope``'s index; a new one goes to the child with the next batch."""
+        with self._lock:
+            index = self._scopes.get(scope)
+            if index is None:
+                index = self._scopes[scope] = len(self._scopes)
+                if scope is not None:
+                    self._new_scopes.append(scope_of(index, scope))
+            return index
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Write every span queued so far to the child (it exports them on its own time)."""
@@ -158,14 +164,15 @@ class ChildExportProcessor(SpanProcessor):
                 return
             self._closing = True
         self._wake.set()
+        deadline = time.monotonic() + SHUTDOWN_S
         self._thread.join(SHUTDOWN_S)
         try:
-            self.child.wait(SHUTDOWN_S)
+            self.child.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             log.warning("otel: the export child did not finish in %.0f s: killed", SHUTDOWN_S)
             self.child.kill()
             self.child.wait()
-        self._thread.join(SHUTDOWN_S)
+        self._thread.join()  # a write the kill cut short has returned
         with contextlib.suppress(OSError):
             self._pipe.close()
         self._warn_dropped(force=True)
