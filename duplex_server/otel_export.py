@@ -202,11 +202,12 @@ class ChildExportProcessor(SpanProcessor):
                 if closing:
                     return
         except OSError as exc:  # the child is gone (killed, or failed to start)
-            log.error(
-                "otel: the export child (pid %d) is gone (%s): spans are dropped from now on",
-                self.pid,
-                exc,
-            )
+            if not self._closing:  # (at shutdown: killed after its time, already said)
+                log.error(
+                    "otel: the export child (pid %d) is gone (%s): spans are dropped from now on",
+                    self.pid,
+                    exc,
+                )
             with self._lock:
                 self._broken = self._closing = True
                 self.dropped += len(self._queue) + self._in_flight
