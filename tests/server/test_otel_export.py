@@ -22,7 +22,7 @@ import msgspec
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.trace import (
     Link,
     NonRecordingSpan,
@@ -99,7 +99,22 @@ def test_a_span_rebuilt_from_its_record_encodes_to_the_same_otlp_protobuf() -> N
     local = provider.get_tracer("engine").start_span("bare")
     local.set_status(Status(StatusCode.OK))
     local.end()
-    assert len(keep.spans) == 3
+    # a provider whose limits drop attributes, events and links: the counts survive too
+    limits = SpanLimits(
+        max_span_attributes=2, max_events=1, max_links=1, max_event_attributes=1,
+        max_link_attributes=1,
+    )  # fmt: skip
+    small = TracerProvider(resource=resource, span_limits=limits)
+    small.add_span_processor(keep)
+    links = [Link(linked, {"a": 1, "b": 2}), Link(remote)]
+    over = small.get_tracer("duplex_server", "1.2", schema_url="https://x/1.0").start_span(
+        "over", attributes=attrs, links=links
+    )
+    for i in range(3):
+        over.add_event(f"e{i}", {"x": i, "y": i}, timestamp=1000 + i)
+    over.end()
+    assert len(keep.spans) == 4
+    assert (over.dropped_attributes, over.dropped_events, over.dropped_links) == (4, 2, 1)  # type: ignore[attr-defined]
 
     # the traced side: records and scopes, framed; the child's side: decoded, rebuilt
     scopes: dict[object, int] = {}
