@@ -83,8 +83,9 @@ class ChildExportProcessor(SpanProcessor):
         self._wake = threading.Event()
         self._idle = threading.Condition(self._lock)
         self._in_flight = 0  # spans taken off the queue, not yet written
-        self._closing = False
-        self._broken = False
+        self._closing = False  # shut down or broken: spans that end now are dropped
+        self._broken = False  # the child is gone
+        self._shut_down = False
         self._last_warned = 0.0
         self._dropped_warned = 0
         hello = Hello(
@@ -160,9 +161,9 @@ class ChildExportProcessor(SpanProcessor):
     def shutdown(self) -> None:
         """Send what is queued, close the child's stdin, wait for it to export and exit."""
         with self._lock:
-            if self._closing:
+            if self._shut_down:
                 return
-            self._closing = True
+            self._shut_down = self._closing = True
         self._wake.set()
         deadline = time.monotonic() + SHUTDOWN_S
         self._thread.join(SHUTDOWN_S)
@@ -202,7 +203,7 @@ class ChildExportProcessor(SpanProcessor):
                 if closing:
                     return
         except OSError as exc:  # the child is gone (killed, or failed to start)
-            if not self._closing:  # (at shutdown: killed after its time, already said)
+            if not self._shut_down:  # (at shutdown: killed after its time, already said)
                 log.error(
                     "otel: the export child (pid %d) is gone (%s): spans are dropped from now on",
                     self.pid,

@@ -225,13 +225,15 @@ def test_a_killed_child_makes_spans_drop_without_an_error_for_the_caller(
     with OtlpReceiver.running() as rx:
         tracing = Tracing(OtelConfig(endpoint=rx.url, export_delay_ms=5))
         tracing.export.child.kill()
-        tracing.export.child.wait()
+        # dead (its pipe closed), but not reaped: the shutdown must do that
+        os.waitid(os.P_PID, tracing.export.pid, os.WEXITED | os.WNOWAIT)
         with caplog.at_level(logging.WARNING, logger="duplex_server.otel_export"):
             for i in range(20):
                 tracing.tracer.start_span("s", attributes={"i": i}).end()
                 time.sleep(0.01)
             tracing.shutdown()
     assert tracing.export.dropped == 20 and tracing.export.sent == 0
+    assert tracing.export.child.returncode == -signal.SIGKILL  # reaped by the shutdown
     assert any("is gone" in r.getMessage() for r in caplog.records)
 
 
