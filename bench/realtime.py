@@ -109,6 +109,29 @@ def cpu_seconds(pid: int) -> float:
     return float("nan")
 
 
+def export_children(pid: int) -> list[int]:
+    """The OTLP export children of a server process (``--otel``: duplex_server.otel_child)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+                if b"duplex_server.otel_child" in cmd:
+                    out.append(int(child))
+    return out
+
+
+def otel_spans(addr: str) -> dict[str, float]:
+    """``duplex_otel_spans`` by outcome (sent to the export child, dropped) from /metrics."""
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("duplex_otel_spans_total{"):
+            out[line.split('outcome="')[1].split('"')[0]] = float(line.split()[-1])
+    return out
+
+
 def scrape(addr: str | list[str]) -> dict[float, float]:
     """Cumulative bucket counts of the chunk-overhead histogram (summed over front ends)."""
     out: dict[float, float] = {}
@@ -371,6 +394,8 @@ async def load_step(
     before = scrape(metrics_from)
     t0, own0 = time.perf_counter(), time.process_time()
     cpu0 = sum(cpu_seconds(p) for p in pids)
+    exporters = [c for p in pids for c in export_children(p)]
+    export0 = sum(cpu_seconds(c) for c in exporters)
     clients = []
     for i in range(n):  # ramp: ~200 connects per second
         target = targets[i % len(targets)]
@@ -380,6 +405,10 @@ async def load_step(
     wall = time.perf_counter() - t0
     after = scrape(metrics_from)
     server_cpu_s = sum(cpu_seconds(p) for p in pids) - cpu0
+    export = {}
+    if exporters:  # the export children's CPU is not in the server's
+        export_s = sum(cpu_seconds(c) for c in exporters) - export0
+        export["otel_export_cpu_pct"] = round(100 * export_s / wall, 1)
     return {
         "sessions": n,
         "p50_ms": quantile(before, after, 0.5) * 1000,
@@ -389,6 +418,7 @@ async def load_step(
         "server_cpu_ms_per_session_s": round(1000 * server_cpu_s / (n * seconds), 2),
         "client_cpu_pct": round(100 * (time.process_time() - own0) / wall, 1),
         "loadavg_1m": os.getloadavg()[0],
+        **export,
     }
 
 
@@ -475,8 +505,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"  {n:4d} sessions: chunk overhead p50 {row['p50_ms']:.2f} ms"
                     f" p99 {row['p99_ms']:.2f} ms, ok {row['ok']}, failed {row['failed']},"
                     f" errors {row['errors']}, audio deltas {row['audio']};"
-                    f" cpu server {row['server_cpu_pct']}% client {row['client_cpu_pct']}%,"
-                    f" load {row['loadavg_1m']:.2f}",
+                    f" cpu server {row['server_cpu_pct']}% client {row['client_cpu_pct']}%"
+                    + (
+                        f" otel export child {row['otel_export_cpu_pct']}%"
+                        if "otel_export_cpu_pct" in row
+                        else ""
+                    )
+                    + f", load {row['loadavg_1m']:.2f}",
                     flush=True,
                 )
                 healthy = row["failed"] == 0 and row["errors"] == 0 and row["ok"] == n
@@ -492,9 +527,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             result["max_sessions_realtime"] = best
             result["load_steps"] = table
+            spans = otel_spans(addr) if sink is not None else {}
         if sink is not None:  # the server has stopped: its last spans are flushed
-            result["otel"] = {"exports": sink.requests, "bytes": sink.bytes}
-            print(f"traces: {sink.requests} OTLP exports, {sink.bytes} bytes", flush=True)
+            result["otel"] = {"exports": sink.requests, "bytes": sink.bytes, "spans": spans}
+            print(
+                f"traces: {sink.requests} OTLP exports, {sink.bytes} bytes;"
+                f" spans sent {spans.get('sent', 0):.0f}, dropped {spans.get('dropped', 0):.0f}",
+                flush=True,
+            )
     return result
 
 

@@ -93,6 +93,8 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
     executor = ThreadPoolExecutor(config.server.vad_threads, thread_name_prefix="input-lane")
     voices = speaking_voices(config)
     tracing = Tracing.from_config(config.server.otel)  # None: tracing is off
+    if tracing is not None:
+        metrics.registry.register(tracing.export.collector())
     hub = Hub(config, metrics, executor, voices, tracing)
 
     async def start_engine() -> None:

@@ -68,6 +68,9 @@ class OtelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     headers: dict[str, str] = {}
     #: the most a finished span waits before it is exported (ms)
     export_delay_ms: Annotated[int, msgspec.Meta(ge=1, le=60_000)] = 2000
+    #: the most ended spans waiting to go to the export child; past it spans are dropped
+    #: and counted (``duplex_otel_spans{outcome="dropped"}``), never waited for
+    max_queue: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 4096
 
 
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

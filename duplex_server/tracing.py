@@ -18,8 +18,9 @@ trace; the live session tells it what happens, and it builds the spans:
   engine in another process puts its per-stage-request spans (stage, replica, batch size)
   in this trace.
 
-The spans are exported by the SDK's batch processor on a thread of this process (the
-overhead: docs/protocol.md §13).
+The spans are exported from a child process (duplex_server.otel_export): this process only
+encodes each ended span as a small record and pipes it there, so the OTLP exporter's
+protobuf work never holds this process's GIL (the overhead: docs/protocol.md §13).
 
 With ``server.otel.endpoint`` unset nothing here is built: no provider, no exporter.
 """
@@ -34,11 +35,11 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from duplex_server.config import OtelConfig
+from duplex_server.otel_export import ChildExportProcessor
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Cancel, Commit, EngineCommand, Speculate
 from engine.tracing import traceparent_of
@@ -61,16 +62,18 @@ class Tracing:
     """This process's tracer provider and OTLP/HTTP exporter (``server.otel``)."""
 
     def __init__(self, config: OtelConfig, *, process: str = "server") -> None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
         assert config.endpoint is not None
         resource = Resource.create({"service.name": config.service_name, "duplex.process": process})
         sampler = ParentBased(TraceIdRatioBased(config.sample_ratio))
         self.provider = TracerProvider(resource=resource, sampler=sampler)
-        exporter = OTLPSpanExporter(endpoint=config.endpoint, headers=dict(config.headers))
-        self.provider.add_span_processor(
-            BatchSpanProcessor(exporter, schedule_delay_millis=config.export_delay_ms)
+        self.export = ChildExportProcessor(
+            config.endpoint,
+            dict(config.headers),
+            resource,
+            export_delay_ms=config.export_delay_ms,
+            max_queue=config.max_queue,
         )
+        self.provider.add_span_processor(self.export)
         self.tracer: Tracer = self.provider.get_tracer("duplex_server")
 
     @classmethod
@@ -86,7 +89,7 @@ class Tracing:
         return SessionTrace(self.tracer, route_key)
 
     def shutdown(self) -> None:
-        """Export what is left and stop the exporter."""
+        """Export what is left and stop the export child (blocks: up to ~10 s)."""
         self.provider.shutdown()
 
 

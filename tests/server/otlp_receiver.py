@@ -19,6 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from tests.server.harness import UNIT
+from tests.server.procs import pid_of_client
 
 
 def _value(v: AnyValue) -> Any:
@@ -52,6 +53,15 @@ class OtlpReceiver:
     requests: int = 0  # HTTP requests of any kind received
     spans: list[ReceivedSpan] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: with ``track_peers``: the process that sent each request (read from /proc while its
+    #: connection is open: tests/server/procs.py)
+    track_peers: bool = False
+    peer_pids: list[int | None] = field(default_factory=list)
+    #: while clear, a request waits before it is read (a stalled collector); set by default
+    open_gate: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.open_gate.set()
 
     @classmethod
     def running(cls) -> Any:
@@ -115,8 +125,11 @@ class OtlpReceiver:
 def _handler(rx: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
+            rx.open_gate.wait()
+            pid = pid_of_client(self.client_address[1]) if rx.track_peers else None
             with rx.lock:
                 rx.requests += 1
+                rx.peer_pids.append(pid)
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             if self.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)

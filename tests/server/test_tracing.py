@@ -204,6 +204,7 @@ def test_a_session_sampled_out_sends_nothing(tmp_path: Path) -> None:
         ({"endpoint": "http://127.0.0.1:4318/v1/traces", "sample_ratio": 2}, "sample_ratio"),
         ({"endpoint": "collector:4318"}, "endpoint"),
         ({"endpoint": "http://127.0.0.1:4318/v1/traces", "export_delay_ms": 0}, "export_delay"),
+        ({"endpoint": "http://127.0.0.1:4318/v1/traces", "max_queue": 0}, "max_queue"),
     ],
 )
 def test_a_bad_otel_config_fails_start_up_naming_the_field(
