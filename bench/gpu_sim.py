@@ -331,7 +331,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     ax.axhline(500, color="r", ls="--", lw=1, label="500 ms goal")
     ax.set_xlabel("concurrent spoken sessions")
     ax.set_ylabel("commit -> first audio (ms)")
-    ax.set_title("simulated GPU timings (configs/sim-h200.yaml), per scheduling policy")
+    runs = {len(res.get("runs", [])) or 1 for res in results}
+    each = f"median of {runs.pop()} runs" if len(runs) == 1 else "medians"
+    ax.set_title(f"simulated GPU timings (configs/sim-h200.yaml), {each} per step", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
