@@ -70,7 +70,11 @@ class StreamResampler:
     ``process`` takes any number of bytes (an odd trailing byte is kept for the next call)
     and returns what soxr has ready; ``flush`` drains the filter tail at the end of a stream.
     The output is continuous across calls: no clicks at chunk borders, unlike resampling
-    each chunk alone. Not thread-safe: one instance per stream.
+    each chunk alone. It is also the same however the stream is cut into calls, and the
+    same every time: soxr resamples in float32 and the result is rounded to int16 here
+    (soxr's own int16 output adds random dither, so the same audio came out different in
+    every run and for every append size, and the live transcript with it). Not
+    thread-safe: one instance per stream.
     """
 
     def __init__(self, in_rate: int, out_rate: int) -> None:
@@ -82,7 +86,7 @@ class StreamResampler:
         self._stream: soxr.ResampleStream | None = (
             None
             if in_rate == out_rate
-            else soxr.ResampleStream(in_rate, out_rate, 1, dtype="int16", quality=QUALITY)
+            else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality=QUALITY)
         )
 
     @property
@@ -97,17 +101,17 @@ class StreamResampler:
             self._carry = b""
         if self._stream is None or not data:
             return data
-        out = self._stream.resample_chunk(np.frombuffer(data, dtype="<i2"), last=False)
-        return np.asarray(out, dtype="<i2").tobytes()
+        out = self._stream.resample_chunk(pcm16_to_float32(data), last=False)
+        return float32_to_pcm16(out)
 
     def flush(self) -> bytes:
         """End of stream: return the remaining output and reset for a new stream."""
         self._carry = b""
         if self._stream is None:
             return b""
-        out = self._stream.resample_chunk(np.zeros(0, dtype=np.int16), last=True)
+        out = self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
         self._stream.clear()
-        return np.asarray(out, dtype="<i2").tobytes()
+        return float32_to_pcm16(out)
 
     def reset(self) -> None:
         """Drop buffered state (e.g. after a barge-in flushed the stream)."""
