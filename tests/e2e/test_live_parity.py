@@ -90,21 +90,26 @@ async def _live(addr: str, pcm: bytes, rate: int, chunk_ms: int = 20, speed: flo
         return " ".join(texts[i] for i in order)
 
 
+def _batch(addr: str, name: str, samples: np.ndarray, rate: int) -> str:
+    """``POST /v1/audio/transcriptions`` of these PCM16 samples as a WAV file."""
+    wav = io.BytesIO()
+    soundfile.write(wav, samples, rate, format="WAV", subtype="PCM_16")
+    r = httpx.post(
+        f"http://{addr}/v1/audio/transcriptions",
+        files={"file": (name, wav.getvalue(), "audio/wav")},
+        data={"model": "whisper"},
+        timeout=60 * UNIT,
+    )
+    assert r.status_code == 200, r.text
+    return str(r.json()["text"])
+
+
 def test_streamed_transcripts_are_as_accurate_as_batch() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with running_server(ROOT / "configs" / "cpu.yaml", ready_s=300) as addr:
         for (name, ref), rate in zip(RECORDINGS.items(), (24000, 16000), strict=True):
             data, file_rate = soundfile.read(ROOT / "tests" / "data" / name, dtype="int16")
-            wav = io.BytesIO()
-            soundfile.write(wav, data, file_rate, format="WAV", subtype="PCM_16")
-            r = httpx.post(
-                f"http://{addr}/v1/audio/transcriptions",
-                files={"file": (name, wav.getvalue(), "audio/wav")},
-                data={"model": "whisper"},
-                timeout=60 * UNIT,
-            )
-            assert r.status_code == 200, r.text
-            batch = r.json()["text"]
+            batch = _batch(addr, name, data, file_rate)
             live = asyncio.run(_live(addr, resample_pcm16(data.tobytes(), file_rate, rate), rate))
             assert _wer(ref, live) <= _wer(ref, batch) + 0.02, (name, live, batch)
             assert _wer(ref, live) <= 0.25, (name, live)
@@ -121,16 +126,7 @@ def test_the_live_transcript_does_not_depend_on_the_append_size() -> None:
     data, file_rate = soundfile.read(ROOT / "tests" / "data" / name, dtype="int16")
     pcm = resample_pcm16(data.tobytes(), file_rate, 24000)
     with running_server(ROOT / "configs" / "cpu.yaml", ready_s=300) as addr:
-        wav = io.BytesIO()
-        soundfile.write(wav, np.frombuffer(pcm, "<i2"), 24000, format="WAV", subtype="PCM_16")
-        r = httpx.post(
-            f"http://{addr}/v1/audio/transcriptions",
-            files={"file": (name, wav.getvalue(), "audio/wav")},
-            data={"model": "whisper"},
-            timeout=60 * UNIT,
-        )
-        assert r.status_code == 200, r.text
-        batch = r.json()["text"]
+        batch = _batch(addr, name, np.frombuffer(pcm, "<i2"), 24000)
         lives = {ms: asyncio.run(_live(addr, pcm, 24000, ms, speed=4.0)) for ms in (10, 100, 200)}
     assert len(set(lives.values())) == 1, lives
     live = lives[10]

@@ -45,14 +45,21 @@ def _health(addr: str) -> tuple[int, dict[str, object]]:
         return err.code, json.loads(err.read())
 
 
-def _engine_core_pid() -> int:
-    cores = [
-        p for p in multiprocessing.active_children() if p.name.startswith("EngineCore") and p.pid
-    ]
+def _engine_cores() -> set[int]:
+    """The pids of this process's vLLM EngineCore children (other tests' engines, kept by
+    session-scoped fixtures, are among them)."""
+    return {
+        p.pid
+        for p in multiprocessing.active_children()
+        if p.name.startswith("EngineCore") and p.pid is not None
+    }
+
+
+def _engine_core_pid(before: set[int]) -> int:
+    """The EngineCore started since ``before`` (this test's server's)."""
+    cores = _engine_cores() - before
     assert len(cores) == 1, cores
-    pid = cores[0].pid
-    assert pid is not None
-    return pid
+    return cores.pop()
 
 
 def _metric(body: str, name: str, labels: str) -> float:
@@ -69,6 +76,7 @@ def test_killed_engine_core_fails_its_turn_reports_503_restarts_and_the_session_
     raw = yaml.safe_load(config.read_text())
     raw["engine"]["stages"]["llm"] = LLM  # replaced, not merged with the test stage's options
     config.write_text(yaml.safe_dump(raw))
+    before = _engine_cores()
     with running_server(config, ready_s=300) as addr:
         assert _health(addr)[0] == 200
         body = http_text(addr, "/metrics")
@@ -82,7 +90,7 @@ def test_killed_engine_core_fails_its_turn_reports_503_restarts_and_the_session_
                 await c.send(text_item("Write a long story about a dragon and a knight."))
                 await c.send({"type": "response.create"})
                 await c.until("response.output_text.delta", 120)  # it is generating
-                os.kill(_engine_core_pid(), signal.SIGKILL)
+                os.kill(_engine_core_pid(before), signal.SIGKILL)
                 killed = time.monotonic()
                 done = await c.until("response.done", 60)
                 response = done["response"]
