@@ -202,7 +202,7 @@ def _check(path: str) -> int:
     print("stages:")
     for name, replicas in graph.replicas.items():
         info = graph.stages[name]
-        places = ", ".join(str(getattr(r, "device", "cpu")) for r in replicas)
+        places = ", ".join(r.device for r in replicas)
         print(f"  {name}: {info.backend} ({info.io}), replicas on: {places}")
     print("routes:")
     for name, route in graph.routes.items():

@@ -61,7 +61,8 @@ from engine.messages import (
 from engine.pipeline import LlmResult, Pipeline, SpokenChunk
 from engine.scheduling import Scheduler, make_scheduler
 from engine.speculation import SpeculativeAsr
-from engine.stages.base import StageBackend, StagePool
+from engine.stages.base import HealthSource, StageBackend
+from engine.stages.pool import StagePool
 from engine.startup import start_pools
 from engine.tasks import cancelling, reap
 from engine.tool_calls import CallStream, finish_call
@@ -348,8 +349,7 @@ class Orchestrator:
         down: dict[str, str] = {}
         for name, pool in self.pools.items():
             for replica in pool.replicas:
-                health = getattr(replica, "health", None)
-                why = health() if health is not None else None
+                why = replica.health() if isinstance(replica, HealthSource) else None
                 if why:
                     down[name] = why
         return down

@@ -48,7 +48,8 @@ from engine.messages import (
     TtsRequest,
 )
 from engine.scheduling import Scheduler, make_scheduler
-from engine.stages.base import StagePool
+from engine.stages.base import ChunkerSource
+from engine.stages.pool import StagePool
 
 __all__ = ["LlmResult", "Pipeline", "SpokenChunk"]
 
@@ -101,8 +102,8 @@ class Pipeline:
         return self.graph.route(name)
 
     def _chunker(self, stage: StageInfo) -> Chunker:
-        make = getattr(self.pools[stage.name].replicas[0], "make_chunker", None)
-        chunker: Chunker | None = make() if make is not None else None
+        replica = self.pools[stage.name].replicas[0]
+        chunker = replica.make_chunker() if isinstance(replica, ChunkerSource) else None
         return chunker or default_chunker(stage.consumes, self.config.segmenter)
 
     async def _run(

@@ -24,7 +24,7 @@ from engine.audio import resample_pcm16
 from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import AsrRequest, StageDone, StageOutput, StageRequest, TranscriptOut
-from engine.stages.base import ThreadedBackend
+from engine.stages.workers import ThreadedBackend
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import AsrRequest, StageDone, StageRequest, TranscriptOut
 from engine.models import whisper_base_dir
-from engine.stages.base import BatchingBackend, BatchSlot
+from engine.stages.batching import BatchingBackend, BatchSlot
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ from engine.edges import Edge
 from engine.errors import ConfigError, StageError
 from engine.messages import AudioOut, StageDone, StageOutput, StageRequest, TokensOut, TokensRequest
 from engine.snac_model import EXACT_MARGIN_FRAMES, SNAC_24KHZ, build_snac, decode_rows
-from engine.stages.base import BatchingBackend, BatchSlot
+from engine.stages.batching import BatchingBackend, BatchSlot
 
 log = logging.getLogger(__name__)
 

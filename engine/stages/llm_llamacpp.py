@@ -53,7 +53,7 @@ from engine.messages import (
     Tool,
 )
 from engine.models import smollm2_gguf
-from engine.stages.base import ThreadedBackend
+from engine.stages.workers import ThreadedBackend
 
 log = logging.getLogger(__name__)
 

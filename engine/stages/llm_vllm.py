@@ -205,6 +205,11 @@ class VllmLlm:
         return self.supervisor.restarts
 
     @property
+    def capacity(self) -> int:
+        """Request slots (engine/scheduling.py): sequences per batch."""
+        return self.options.max_num_seqs
+
+    @property
     def on_wait(self) -> Callable[[float], None] | None:
         """Queue time of each finished request in vLLM's scheduler (engine/stage_figures.py)."""
         return self.figures.on_wait

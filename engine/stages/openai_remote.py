@@ -153,6 +153,8 @@ class OpenAIStage:
     """The StageBackend protocol over an OpenAI-compatible HTTP server."""
 
     Options: ClassVar[type[OpenAIOptions]] = OpenAIOptions
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})  # the model runs remotely
+    keeps_auto: ClassVar[bool] = False
 
     def __init__(
         self, options: OpenAIOptions, name: str, *, device: str = "cpu", stage: str | None = None
@@ -181,6 +183,10 @@ class OpenAIStage:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._aborting: set[str] = set()
         self.aborted = 0  # requests closed by an abort (their streams cut)
+
+    @classmethod
+    def cuda_device_count(cls) -> int:
+        return 0
 
     @property
     def where(self) -> str:

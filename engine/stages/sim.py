@@ -159,6 +159,8 @@ class SimStage:
 
     Options: ClassVar[type[SimOptions]] = SimOptions
     device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    keeps_auto: ClassVar[bool] = False
+    restarts: int = 0  # nothing to restart: it is a cost model on the loop
 
     def __init__(
         self, options: SimOptions, name: str, *, device: str = "cpu", stage: str | None = None

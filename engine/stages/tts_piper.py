@@ -27,7 +27,7 @@ from engine.edges import Edge
 from engine.errors import StageError
 from engine.messages import AudioOut, StageDone, StageOutput, StageRequest, TtsRequest
 from engine.models import cache_dir, piper_voice
-from engine.stages.base import ThreadedBackend
+from engine.stages.workers import ThreadedBackend
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from engine.messages import (
     TextOut,
     TtsRequest,
 )
-from engine.stages.base import BatchSlot
+from engine.stages.batching import BatchSlot
 from engine.stages.testing import BatchTestStage, TestStage, TestStageOptions, frame_pcm, word_frame
 from tests.engine.conftest import UNIT, collect, open_engine, run
 from tests.engine.test_orchestrator import text_turn

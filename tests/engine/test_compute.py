@@ -12,7 +12,8 @@ import msgspec
 from engine import compute
 from engine.edges import Edge
 from engine.messages import StageDone, StageOutput, StageRequest, TextOut
-from engine.stages.base import BatchingBackend, BatchSlot, ThreadedBackend
+from engine.stages.batching import BatchingBackend, BatchSlot
+from engine.stages.workers import ThreadedBackend
 
 
 def test_working_counts_nested_units_and_others_busy_excludes_itself() -> None:

@@ -21,7 +21,8 @@ from engine.messages import (
     TextOut,
     TtsRequest,
 )
-from engine.stages.base import StagePool, ThreadedBackend, WorkerCrash
+from engine.stages.pool import StagePool
+from engine.stages.workers import ThreadedBackend, WorkerCrash
 from tests.engine.conftest import run
 
 

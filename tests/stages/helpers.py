@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.messages import AudioOut, StageDone, StageOutput, StageRequest, TextOut
-from engine.stages.base import WorkerBackend
+from engine.stages.workers import WorkerBackend
 
 BECKETT_REF = "Ever tried. Ever failed. No matter. Try again. Fail again. Fail better."
 
