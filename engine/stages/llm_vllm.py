@@ -341,6 +341,7 @@ class VllmLlm:
     async def _boot(self) -> None:
         """Spawn the engine and warm it up (vLLM loop; blocks only its thread)."""
         model = await self._start_engine({})
+        # (probes of vLLM's own objects, which differ between its versions; not a backend's)
         if getattr(self._tokenizer, "chat_template", None) is None:
             raise ConfigError(f"{self.field}.model: {model} has no chat template")
         if self.options.warmup:
@@ -489,7 +490,7 @@ class VllmLlm:
             **extra,
         )
         prompt = TokensPrompt(prompt_token_ids=ids)
-        renderer = getattr(self._engine, "renderer", None)
+        renderer = getattr(self._engine, "renderer", None)  # (vLLM's object: versions differ)
         if renderer is not None and hasattr(renderer, "render_cmpl"):
             # vLLM >= 0.3x: pre-rendered engine input (raw prompts are deprecated there).
             (engine_input,) = renderer.render_cmpl([prompt], renderer.default_cmpl_tok_params)
