@@ -516,8 +516,7 @@ class AsyncEngine:
             output_queue_depth=self._out.sync_q.qsize() if self._out is not None else 0,
             pending_calls=len(self._waiters),
             stage_restarts={
-                name: sum(r.restarts for r in pool.replicas)
-                for name, pool in orch.pools.items()
+                name: sum(r.restarts for r in pool.replicas) for name, pool in orch.pools.items()
             },
             stages_down=orch.stages_down(),
             session_bytes=dict(orch.counters.session_bytes),
