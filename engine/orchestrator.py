@@ -19,9 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 import janus
 
-from duplex_contract.events import FunctionCallDelta
+from duplex_contract.control import AppendCall, CloseCall, CommitCall, OpenCall, SignalCall
+from duplex_contract.errors import EngineDeadError, EngineError, StageError
+from duplex_contract.events import (
+    AudioChunk,
+    ErrorInfo,
+    FunctionCallDelta,
+    ResponseDone,
+    ResponseStarted,
+    SessionEvent,
+    TextDelta,
+    UserTranscript,
+)
 from duplex_contract.languages import DEFAULT_LANGUAGE, ENGLISH_ONLY
-from duplex_contract.tools import ToolCall
+from duplex_contract.tools import ResponseOptions, ToolCall
 from engine import heap
 from engine.batch_jobs import serve_batch
 from engine.config import EngineConfig
@@ -31,32 +42,18 @@ from engine.drafts import Draft, ResponsePlan, plan_diff, response_plan
 from engine.duplex.control import Cancel, DuplexControl, Effects
 from engine.duplex.fence import epoch_prefix, session_prefix
 from engine.duplex.session import DuplexSession, TurnJob
-from engine.errors import EngineDeadError, EngineError, StageError
 from engine.graph import Graph, build_graph
 from engine.messages import (
     AbortRequest,
-    AppendCall,
-    AudioChunk,
-    CloseCall,
-    CommitCall,
     ControlRequest,
     DetachRequest,
     EngineFatal,
     EngineOutput,
     EngineRequest,
-    ErrorInfo,
     GenerateRequest,
-    OpenCall,
     Priority,
-    ResponseDone,
-    ResponseOptions,
-    ResponseStarted,
-    SessionEvent,
     SessionOutput,
     ShutdownRequest,
-    SignalCall,
-    TextDelta,
-    UserTranscript,
 )
 from engine.pipeline import LlmResult, Pipeline, SpokenChunk
 from engine.scheduling import Scheduler, make_scheduler
@@ -274,7 +271,7 @@ class Orchestrator:
         return kept
 
     def _reply_raw(self, control_id: int, sid: str, err: ErrorInfo) -> None:
-        from engine.messages import ControlResult
+        from duplex_contract.control import ControlResult
 
         self._rpc.put_nowait(
             ControlResult(control_id=control_id, ok=False, session_id=sid, error=err)

@@ -33,9 +33,9 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import msgspec
 
+from duplex_contract.errors import StageError
 from engine import compute
 from engine.edges import Edge
-from engine.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest
 from engine.stage_figures import DecodeSource, QueueWaitSource, StepSource
 from engine.tracing import EngineTracing

@@ -18,8 +18,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from duplex_contract.errors import ConfigError
 from engine.config import StageConfig, convert
-from engine.errors import ConfigError
 from engine.stages.base import StageBackend
 
 BACKENDS: dict[str, str] = {
