@@ -70,12 +70,12 @@ wscat: $(NPM_STAMP)
 	  $(if $(DUPLEX_API_KEY),-H "Authorization: Bearer $(DUPLEX_API_KEY)")
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check duplex_contract duplex_server engine clients bench tests tools
-	$(VENV)/bin/ruff format --check duplex_contract duplex_server engine clients bench tests tools
+	$(VENV)/bin/ruff check audio_kit duplex_contract duplex_server engine clients bench tests tools
+	$(VENV)/bin/ruff format --check audio_kit duplex_contract duplex_server engine clients bench tests tools
 	$(PY) -m tools.import_boundary
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy --strict duplex_contract duplex_server engine clients tools
+	$(VENV)/bin/mypy --strict audio_kit duplex_contract duplex_server engine clients tools
 
 # one engine process, WORKERS front ends and HAProxy (docs/scale.md)
 serve-scaled: $(STAMP) $(HAPROXY_STAMP)

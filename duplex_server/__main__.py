@@ -18,6 +18,7 @@ import sys
 import msgspec
 import uvicorn
 
+from duplex_contract.errors import ConfigError
 from duplex_server import listen, logs
 from duplex_server.app import create_app
 from duplex_server.config import ServerConfig, load_app_config
@@ -25,7 +26,6 @@ from duplex_server.scale import haproxy_config, serve_workers
 from duplex_server.tracing import Tracing
 from duplex_server.ws_protocol import BufferedReadsProtocol
 from engine.config import convert
-from engine.errors import ConfigError
 from engine.graph import build_graph
 from engine.remote import parse_address, serve_engine
 

@@ -11,7 +11,7 @@ reported as played per item, so that a barge-in truncates the conversation to wh
 caller heard (``conversation.item.truncate`` through the session core, as a client would).
 
 :class:`InputFeed` takes the transport's decoded PCM16, runs echo control
-(:mod:`duplex_server.echo`) when the session asks for it, and hands the session its audio
+(:mod:`audio_kit.echo`) when the session asks for it, and hands the session its audio
 in the session's input format.
 """
 
@@ -27,16 +27,16 @@ import msgspec
 import numpy as np
 import soxr
 
+from audio_kit.echo import RATE as ECHO_RATE
+from audio_kit.echo import EchoControl
+from audio_kit.g711 import g711_to_pcm16, pcm16_to_g711
+from audio_kit.pcm import StreamResampler
 from duplex_server.attach import Outbox, Outgoing
-from duplex_server.echo import RATE as ECHO_RATE
-from duplex_server.echo import EchoControl
 from duplex_server.hub import Hub
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.codec import g711_to_pcm16, pcm16_to_g711
 from duplex_server.protocol.config import EffectiveSession, apply_patch
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal
 from duplex_server.session_runtime import LiveSession
-from engine.audio import StreamResampler
 
 log = logging.getLogger(__name__)
 

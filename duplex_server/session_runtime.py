@@ -28,6 +28,7 @@ from typing import Literal, Protocol
 import msgspec
 
 from duplex_contract.audio import OUTPUT_RATE
+from duplex_contract.control import Activity, ControlResult, PlaybackMark, SignalEvent
 from duplex_contract.errors import EngineDeadError, EngineError
 from duplex_contract.events import AudioChunk, SessionEvent
 from duplex_contract.fence import Fence
@@ -70,7 +71,6 @@ from duplex_server.protocol.session import SessionCore
 from duplex_server.protocol.vad import VadEvent
 from duplex_server.tracing import SessionTrace, Tracing
 from duplex_server.turns import InputLane, InputScheduler
-from engine.messages import Activity, ControlResult, PlaybackMark, SignalEvent
 
 log = logging.getLogger(__name__)
 

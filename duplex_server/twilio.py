@@ -31,12 +31,12 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from audio_kit.g711 import g711_to_pcm16
 from duplex_contract.errors import EngineError
 from duplex_server.auth import admit, key_matches
 from duplex_server.hub import Hub
 from duplex_server.media import MediaAttachment, check_session_patch, merge_patch
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.codec import g711_to_pcm16
 from duplex_server.protocol.dtmf import DIGITS
 from duplex_server.protocol.errors import CloseCode, ProtocolError, to_wire_error
 from duplex_server.twilio_signature import candidate_urls, verify

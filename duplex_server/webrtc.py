@@ -46,12 +46,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from audio_kit.pcm import StreamResampler
 from duplex_contract.errors import EngineError
 from duplex_server.hub import Hub
 from duplex_server.media import MediaAttachment, check_session_patch
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
-from engine.audio import StreamResampler
 
 log = logging.getLogger(__name__)
 

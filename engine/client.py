@@ -21,40 +21,36 @@ from typing import Any, Protocol
 import janus
 from opentelemetry.trace import Tracer
 
-from engine.config import EngineConfig
-from engine.errors import ControlError, EngineDeadError, EngineError
-from engine.messages import (
-    AbortRequest,
+from duplex_contract.batch import BatchDone, BatchItem, BatchJob
+from duplex_contract.control import (
     Activity,
     AppendCall,
-    BatchDone,
-    BatchItem,
-    BatchJob,
-    BatchOutput,
     CloseCall,
     CommitCall,
     ControlCall,
-    ControlRequest,
     ControlResult,
+    OpenCall,
+    PlaybackMark,
+    ResumeCall,
+    SignalCall,
+    SignalEvent,
+    TouchCall,
+)
+from duplex_contract.errors import ControlError, EngineDeadError, EngineError
+from duplex_contract.events import SessionEvent, SessionLifecycle
+from duplex_contract.fence import Fence
+from duplex_contract.settings import SessionSettings, SessionUpdate
+from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
+from engine.config import EngineConfig
+from engine.messages import (
+    AbortRequest,
+    BatchOutput,
+    ControlRequest,
     EngineFatal,
     EngineOutput,
     EngineRequest,
-    Fence,
     GenerateRequest,
-    ItemRef,
-    OpenCall,
-    PlaybackMark,
-    ResponseOptions,
-    ResumeCall,
-    SessionConfig,
-    SessionEvent,
-    SessionLifecycle,
-    SessionUpdate,
     ShutdownRequest,
-    SignalCall,
-    SignalEvent,
-    ToolOutput,
-    TouchCall,
 )
 from engine.orchestrator import Orchestrator
 from engine.speculation import SpeculativeAsr
@@ -336,13 +332,13 @@ class AsyncEngine:
 
     async def open(
         self,
-        config: SessionConfig | None = None,
+        config: SessionSettings | None = None,
         *,
         route_key: str | None = None,
         traceparent: str | None = None,
     ) -> ControlResult:
         call = OpenCall(
-            config=config or SessionConfig(), route_key=route_key, traceparent=traceparent
+            config=config or SessionSettings(), route_key=route_key, traceparent=traceparent
         )
         res = await self.call(call)
         assert res.session_id is not None

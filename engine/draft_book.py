@@ -14,10 +14,11 @@ import itertools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from duplex_contract.errors import StageError
+from duplex_contract.fence import Fence
+from duplex_contract.tools import ResponseOptions
 from engine.drafts import Draft, ResponsePlan, response_plan
 from engine.duplex.fence import draft_prefix
-from engine.errors import StageError
-from engine.messages import Fence, ResponseOptions
 from engine.pipeline import LlmResult
 from engine.tasks import cancelling, reap
 

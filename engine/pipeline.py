@@ -27,24 +27,21 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from duplex_contract.audio import duration_ms
+from duplex_contract.batch import AudioOut, ChatMessage, TextOut, TranscriptOut
+from duplex_contract.errors import StageError
+from duplex_contract.settings import Tool
 from engine.chunkers import Chunk, Chunker, default_chunker
 from engine.config import EngineConfig
 from engine.edges import Edge
-from engine.errors import StageError
 from engine.graph import Graph, Route, StageInfo
 from engine.messages import (
     AsrRequest,
-    AudioOut,
-    ChatMessage,
     LlmRequest,
     Priority,
     StageDone,
     StageOutput,
     StageRequest,
-    TextOut,
     TokensRequest,
-    Tool,
-    TranscriptOut,
     TtsRequest,
 )
 from engine.scheduling import Scheduler, make_scheduler

@@ -41,21 +41,18 @@ from typing import Any
 import msgspec
 from opentelemetry.trace import Tracer
 
+from duplex_contract.control import ControlResult, OpenCall, ResumeCall
+from duplex_contract.errors import ConfigError, EngineDeadError, EngineError
+from duplex_contract.events import ErrorInfo, Msg
 from engine.client import AsyncEngine, EngineStats
 from engine.config import EngineConfig
-from engine.errors import ConfigError, EngineDeadError, EngineError
 from engine.messages import (
     AbortRequest,
     BatchOutput,
     ControlRequest,
-    ControlResult,
     DetachRequest,
     EngineFatal,
-    ErrorInfo,
     GenerateRequest,
-    Msg,
-    OpenCall,
-    ResumeCall,
     SessionOutput,
 )
 from engine.stages.base import StageBackend

@@ -38,9 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.audio import quiet_after, quiet_level
-from engine.errors import StageError
-from engine.messages import Fence, Priority
+from audio_kit.pcm import quiet_after, quiet_level
+from duplex_contract.errors import StageError
+from duplex_contract.fence import Fence
+from engine.messages import Priority
 from engine.pipeline import Pipeline
 from engine.tasks import cancelling
 

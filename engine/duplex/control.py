@@ -19,28 +19,27 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from duplex_contract.audio import INPUT_RATE
-from engine.config import DuplexRuntimeConfig
-from engine.duplex.fence import ROUTE_KEY, initial_fence, merge_forward, new_session_id
-from engine.duplex.lease import Lease
-from engine.duplex.session import DuplexSession, TurnJob, digest_of
-from engine.errors import ControlError
-from engine.history import ConversationHistory
-from engine.messages import (
+from duplex_contract.control import (
     AppendCall,
     CloseCall,
     CommitCall,
     ControlCall,
     ControlResult,
-    ErrorInfo,
-    Fence,
     OpenCall,
     ResumeCall,
-    SessionLifecycle,
-    SessionOutput,
     SignalCall,
-    ToolOutput,
     TouchCall,
 )
+from duplex_contract.errors import ControlError
+from duplex_contract.events import ErrorInfo, SessionLifecycle
+from duplex_contract.fence import Fence
+from duplex_contract.tools import ToolOutput
+from engine.config import DuplexRuntimeConfig
+from engine.duplex.fence import ROUTE_KEY, initial_fence, merge_forward, new_session_id
+from engine.duplex.lease import Lease
+from engine.duplex.session import DuplexSession, TurnJob, digest_of
+from engine.history import ConversationHistory
+from engine.messages import SessionOutput
 
 log = logging.getLogger(__name__)
 

@@ -43,10 +43,11 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
+from duplex_contract.batch import ChatMessage, TextOut
+from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.tools import call_schema
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
-from engine.messages import ChatMessage, LlmRequest, StageDone, StageOutput, StageRequest, TextOut
+from engine.messages import LlmRequest, StageDone, StageOutput, StageRequest
 from engine.placement import child_visible_devices, replica_gpus
 from engine.stage_figures import StageEngineFigures
 from engine.stages.supervisor import Supervisor

@@ -46,21 +46,12 @@ import msgspec
 import numpy as np
 import soundfile as sf
 
+from audio_kit.pcm import PcmChunker, StreamResampler
+from duplex_contract.batch import AudioOut, TextOut, TranscriptOut
+from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.voices import OPENAI_VOICES
-from engine.audio import PcmChunker, StreamResampler
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
-from engine.messages import (
-    AsrRequest,
-    AudioOut,
-    LlmRequest,
-    StageDone,
-    StageOutput,
-    StageRequest,
-    TextOut,
-    TranscriptOut,
-    TtsRequest,
-)
+from engine.messages import AsrRequest, LlmRequest, StageDone, StageOutput, StageRequest, TtsRequest
 
 log = logging.getLogger(__name__)
 

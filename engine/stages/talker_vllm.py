@@ -35,9 +35,9 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
 from engine.messages import StageDone, StageRequest, TokensOut, TtsRequest
 from engine.stages.llm_vllm import (
     _END,

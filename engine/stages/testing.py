@@ -25,21 +25,19 @@ import msgspec
 import numpy as np
 
 from duplex_contract.audio import duration_ms
+from duplex_contract.batch import AudioOut, TextOut, TranscriptOut
+from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.tools import TOOL_RESULT_MARK
 from engine.chunkers import Chunker, WindowChunker, WindowOptions
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
 from engine.messages import (
     AsrRequest,
-    AudioOut,
     LlmRequest,
     StageDone,
     StageOutput,
     StageRequest,
-    TextOut,
     TokensOut,
     TokensRequest,
-    TranscriptOut,
     TtsRequest,
 )
 from engine.stages.batching import BatchingBackend, BatchSlot

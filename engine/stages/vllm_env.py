@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.errors import ConfigError
+from duplex_contract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from engine.audio import resample_pcm16
+from audio_kit.pcm import resample_pcm16
 from tests.server.harness import ROOT, UNIT, Client, running_server, silence
 
 pytestmark = pytest.mark.models

@@ -10,27 +10,28 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from engine.client import AsyncEngine
-from engine.errors import ControlError, EngineDeadError, StageError
-from engine.messages import (
-    AsrRequest,
-    AudioChunk,
+from duplex_contract.batch import (
     ChatJob,
     ChatMessage,
-    Fence,
-    OpenCall,
-    Priority,
-    ResponseDone,
-    ResponseStarted,
-    SessionConfig,
-    SessionEvent,
-    SessionLifecycle,
     SpeechJob,
     TextOut,
     TranscribeJob,
     TranscriptOut,
+)
+from duplex_contract.control import OpenCall
+from duplex_contract.errors import ControlError, EngineDeadError, StageError
+from duplex_contract.events import (
+    AudioChunk,
+    ResponseDone,
+    ResponseStarted,
+    SessionEvent,
+    SessionLifecycle,
     UserTranscript,
 )
+from duplex_contract.fence import Fence
+from duplex_contract.settings import SessionSettings
+from engine.client import AsyncEngine
+from engine.messages import AsrRequest, Priority
 from engine.stages.testing import TestStage, TestStageOptions
 from tests.engine.conftest import UNIT, collect, run, stages, start_engine
 
@@ -50,7 +51,7 @@ async def open_session(engine: AsyncEngine) -> tuple[str, Fence, int]:
 
 
 async def text_turn(engine: AsyncEngine, text: str = "hello") -> tuple[str, Fence, int]:
-    res = await engine.open(SessionConfig(output_modalities=("audio",)))
+    res = await engine.open(SessionSettings(output_modalities=("audio",)))
     assert res.session_id and res.accepted_fence
     await engine.append(res.accepted_fence, 1, text=text)
     res2 = await engine.commit(res.accepted_fence, 1)

@@ -21,7 +21,7 @@ import numpy as np
 import websockets
 from starlette.websockets import WebSocketState
 
-from duplex_server.protocol.codec import g711_to_pcm16, pcm16_to_g711
+from audio_kit.g711 import g711_to_pcm16, pcm16_to_g711
 from tests.server.harness import UNIT
 
 RATE = 8000
