@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Final
 
+from duplex_contract.errors import ConfigError, StageError
 from engine.config import EngineConfig
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
 from engine.stages.base import StageBackend, missing_members
 from engine.stages.registry import build_replicas
 

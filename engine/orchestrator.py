@@ -18,28 +18,24 @@ from typing import Any
 
 import janus
 
+from duplex_contract.control import AppendCall, CloseCall, CommitCall, OpenCall, SignalCall
+from duplex_contract.errors import EngineDeadError
+from duplex_contract.events import ErrorInfo
 from duplex_contract.languages import ENGLISH_ONLY
 from engine import heap
 from engine.batch_jobs import serve_batch
 from engine.draft_book import DraftBook
 from engine.duplex.control import Effects
 from engine.duplex.fence import session_prefix
-from engine.errors import EngineDeadError
 from engine.graph import build_graph
 from engine.messages import (
     AbortRequest,
-    AppendCall,
-    CloseCall,
-    CommitCall,
     ControlRequest,
     DetachRequest,
     EngineFatal,
     EngineRequest,
-    ErrorInfo,
     GenerateRequest,
-    OpenCall,
     ShutdownRequest,
-    SignalCall,
 )
 from engine.orchestrator_turns import OrchestratorTurns
 from engine.pipeline import Pipeline
@@ -214,7 +210,7 @@ class Orchestrator(OrchestratorTurns):
         return kept
 
     def _reply_raw(self, control_id: int, sid: str, err: ErrorInfo) -> None:
-        from engine.messages import ControlResult
+        from duplex_contract.control import ControlResult
 
         self._rpc.put_nowait(
             ControlResult(control_id=control_id, ok=False, session_id=sid, error=err)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import janus
 
+from duplex_contract.events import SessionEvent, UserTranscript
 from duplex_contract.languages import DEFAULT_LANGUAGE
 from engine.config import EngineConfig
 from engine.counters import Counters
@@ -19,13 +20,7 @@ from engine.drafts import Draft
 from engine.duplex.control import DuplexControl
 from engine.duplex.session import TurnJob
 from engine.graph import Graph
-from engine.messages import (
-    EngineOutput,
-    EngineRequest,
-    SessionEvent,
-    SessionOutput,
-    UserTranscript,
-)
+from engine.messages import EngineOutput, EngineRequest, SessionOutput
 from engine.pipeline import Pipeline
 from engine.scheduling import Scheduler
 from engine.speculation import SpeculativeAsr

@@ -10,23 +10,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from duplex_contract.events import FunctionCallDelta
-from duplex_contract.tools import ToolCall
-from engine.drafts import Draft, ResponsePlan, plan_diff, response_plan
-from engine.duplex.control import Cancel
-from engine.duplex.fence import epoch_prefix
-from engine.duplex.session import DuplexSession, TurnJob
-from engine.errors import EngineError, StageError
-from engine.messages import (
+from duplex_contract.errors import EngineError, StageError
+from duplex_contract.events import (
     AudioChunk,
     ErrorInfo,
-    Priority,
+    FunctionCallDelta,
     ResponseDone,
-    ResponseOptions,
     ResponseStarted,
     TextDelta,
     UserTranscript,
 )
+from duplex_contract.tools import ResponseOptions, ToolCall
+from engine.drafts import Draft, ResponsePlan, plan_diff, response_plan
+from engine.duplex.control import Cancel
+from engine.duplex.fence import epoch_prefix
+from engine.duplex.session import DuplexSession, TurnJob
+from engine.messages import Priority
 from engine.orchestrator_core import OrchestratorCore, _Runner
 from engine.pipeline import LlmResult, SpokenChunk
 from engine.tasks import cancelling

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from engine.errors import ConfigError
+from duplex_contract.errors import ConfigError
 from engine.stages.base import StageBackend
 from engine.stages.pool import StagePool
 

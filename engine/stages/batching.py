@@ -10,8 +10,8 @@ from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from duplex_contract.errors import StageError
 from engine import compute
-from engine.errors import StageError
 from engine.messages import StageOutput, StageRequest
 from engine.stages.workers import _END, WorkerBackend, WorkerCrash, _aborted, _Job
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import importlib
 
+from duplex_contract.errors import ConfigError
 from engine.config import StageConfig, convert
-from engine.errors import ConfigError
 from engine.stages.base import StageBackend, StageBackendClass, missing_members
 
 BACKENDS: dict[str, str] = {

@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from duplex_contract.errors import StageError
 from engine import compute
 from engine.edges import Edge
-from engine.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest
 
 log = logging.getLogger(__name__)

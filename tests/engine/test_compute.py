@@ -9,9 +9,10 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from duplex_contract.batch import TextOut
 from engine import compute
 from engine.edges import Edge
-from engine.messages import StageDone, StageOutput, StageRequest, TextOut
+from engine.messages import StageDone, StageOutput, StageRequest
 from engine.stages.batching import BatchingBackend, BatchSlot
 from engine.stages.workers import ThreadedBackend
 

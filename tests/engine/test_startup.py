@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from duplex_contract.errors import ConfigError, StageError
 from engine.client import AsyncEngine
-from engine.errors import ConfigError, StageError
 from engine.stages.base import StageBackend
 from engine.stages.pool import StagePool
 from engine.stages.testing import TestStage, TestStageOptions

@@ -18,9 +18,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from duplex_contract.errors import ConfigError
 from engine.config import StageConfig, engine_config
 from engine.edges import Edge
-from engine.errors import ConfigError
 from engine.graph import build_graph, stage_info
 from engine.stage_figures import (
     DecodeSource,
