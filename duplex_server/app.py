@@ -33,7 +33,7 @@ from duplex_server.realtime import realtime_endpoint
 from duplex_server.tracing import Tracing
 from duplex_server.twilio import twilio_endpoint
 from engine.client import AsyncEngine
-from engine.remote import RemoteEngine
+from engine.remote_client import RemoteEngine
 from engine.voices import voices_of
 
 log = logging.getLogger(__name__)

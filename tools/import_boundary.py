@@ -6,7 +6,8 @@
     duplex_client             the SDK: itself, the protocol core and duplex_contract
     duplex_server (the rest)  itself, duplex_contract, audio_kit and the engine's public
                               API only: ENGINE_PUBLIC (engine.client, engine.config,
-                              engine.remote, engine.graph, engine.voices); never a stage,
+                              engine.remote, engine.remote_client, engine.graph,
+                              engine.voices); never a stage,
                               engine.messages, engine.orchestrator or engine.pipeline
     engine/stages             anything but the control side: no control call
                               (duplex_contract.control), no session event (the members of
@@ -31,8 +32,17 @@ from pathlib import Path
 
 FIRST_PARTY = ("audio_kit", "duplex_contract", "duplex_server", "duplex_client", "engine")
 
-#: the engine modules the server may import: its client API
-ENGINE_PUBLIC = ("engine.client", "engine.config", "engine.remote", "engine.graph", "engine.voices")
+#: the engine modules the server may import: its client API (engine.remote_client is the
+#: front end's RemoteEngine, the AsyncEngine API over a socket; its frames, engine.remote_wire,
+#: are not public)
+ENGINE_PUBLIC = (
+    "engine.client",
+    "engine.config",
+    "engine.remote",
+    "engine.remote_client",
+    "engine.graph",
+    "engine.voices",
+)
 
 #: the session events (duplex_contract.events.SessionEvent's members)
 SESSION_EVENTS = tuple(

@@ -16,7 +16,8 @@ import pytest
 from duplex_contract.events import SessionEvent
 from engine.client import AsyncEngine
 from engine.config import EngineConfig, load_engine_config
-from engine.remote import EngineServer, RemoteEngine
+from engine.remote import EngineServer
+from engine.remote_client import RemoteEngine
 from engine.stages.base import StageBackend
 from engine.stages.testing import TestStage, TestStageOptions
 
