@@ -25,7 +25,7 @@ from engine.tasks import cancelling, reap
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.counters import Counters
-    from engine.duplex.control import Effects
+    from engine.duplex.effects import Effects
     from engine.duplex.session import DuplexSession
     from engine.pipeline import Pipeline
     from engine.scheduling import Scheduler

@@ -25,7 +25,7 @@ from duplex_contract.languages import ENGLISH_ONLY
 from engine import heap
 from engine.batch_jobs import serve_batch
 from engine.draft_book import DraftBook
-from engine.duplex.control import Effects
+from engine.duplex.effects import Effects
 from engine.duplex.fence import session_prefix
 from engine.graph import build_graph
 from engine.messages import (

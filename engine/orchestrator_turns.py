@@ -22,7 +22,7 @@ from duplex_contract.events import (
 )
 from duplex_contract.tools import ResponseOptions, ToolCall
 from engine.drafts import Draft, ResponsePlan, plan_diff, response_plan
-from engine.duplex.control import Cancel
+from engine.duplex.effects import Cancel
 from engine.duplex.fence import epoch_prefix
 from engine.duplex.session import DuplexSession, TurnJob
 from engine.messages import Priority

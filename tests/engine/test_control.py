@@ -20,7 +20,8 @@ from duplex_contract.events import SessionLifecycle
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionUpdate
 from engine.config import DuplexRuntimeConfig
-from engine.duplex.control import DuplexControl, Effects
+from engine.duplex.control import DuplexControl
+from engine.duplex.effects import Effects
 
 
 class Harness:
