@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 import soxr
 
-from duplex_server.attach import Outbox, Outgoing
+from duplex_server.attach import Outgoing
 from duplex_server.echo import RATE as ECHO_RATE
 from duplex_server.echo import EchoControl
 from duplex_server.hub import Hub
@@ -36,6 +36,7 @@ from duplex_server.protocol.codec import g711_to_pcm16, pcm16_to_g711
 from duplex_server.protocol.config import EffectiveSession, apply_patch
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal
 from duplex_server.session_runtime import LiveSession
+from duplex_server.writer import QueuedWriter
 from engine.audio import StreamResampler
 
 log = logging.getLogger(__name__)
@@ -60,21 +61,15 @@ def merge_patch(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class MediaAttachment:
+class MediaAttachment(QueuedWriter):
     """Base of the media transports; subclasses write audio, events and the hang-up."""
 
     #: metrics and log label
     kind = "media"
 
     def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self.outbox = Outbox(hub.config.server.output_buffer_bytes)
-        self.session: LiveSession | None = None
+        super().__init__(hub)
         self.feed: InputFeed | None = None
-        self._close: tuple[int, str] | None = None
-        self._writer_task: asyncio.Task[None] | None = None
-        self._stalled = False
-        self.send_since: float | None = None
         #: audio sent per item (ms, end of the last chunk) and what the far end played
         self.sent_ms: dict[str, float] = {}
         self.played_ms: dict[str, float] = {}
@@ -83,37 +78,10 @@ class MediaAttachment:
         self.ended = asyncio.Event()
 
     # ------------------------------------------------------------------ Attachment
-    def send_event(self, item: Outgoing) -> bool:
-        return self.outbox.put(item) or self._close is not None
-
-    def send_stamped(self, data: bytes) -> None:
-        self.outbox.put_raw(data)
-
-    def purge_audio(self, below_epoch: int) -> int:
-        return self.outbox.purge_audio(below_epoch)
-
-    def take_unsent(self) -> list[Outgoing]:
-        return self.outbox.drain()
-
-    def close(self, code: int, reason: str) -> None:
-        if self._close is None:
-            self._close = (code, reason)
-        self.outbox.wake.set()
-
     def replaced(self, data: bytes) -> None:  # media transports are never resumed onto
         self.session = None
         self.outbox.drain()
         self.close(CloseCode.NORMAL, "replaced")
-
-    @property
-    def queued_bytes(self) -> int:
-        return self.outbox.nbytes
-
-    def send_stalled(self) -> None:
-        task = self._writer_task
-        if task is not None and not task.done() and not self._stalled:
-            self._stalled = True
-            task.cancel()
 
     # ------------------------------------------------------------------ to implement
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
@@ -203,64 +171,41 @@ class MediaAttachment:
             }
             self.session.receive_text(json.dumps(truncate))
 
-    # ------------------------------------------------------------------ writer
-    async def run_writer(self) -> None:
-        self.hub.ensure_watchdog()
-        self._writer_task = asyncio.current_task()
-        try:
-            await self._write_loop()
-        except asyncio.CancelledError:
-            if not self._stalled:
-                raise  # (before any local for the task: the error keeps this frame)
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()  # cancelled by the send watchdog: the client reads too slowly
-            if self.session is not None:
-                self.session.too_slow()
-            code, reason = self._close or (CloseCode.POLICY, "client_too_slow")
-            await self.hang_up(code, reason)
-        finally:
-            # (this task kept in self while its error keeps this frame would be a cycle)
-            self._writer_task = None
-            self.ended.set()
+    # ------------------------------------------------------------------ QueuedWriter
+    async def deliver(self, item: Outgoing, session: LiveSession | None) -> bool:
+        """Audio deltas go to the media (never stamped), other events are stamped and
+        handed to ``write_event``; bytes stamped elsewhere go to ``write_raw``."""
+        if session is None or item.event is None:
+            if item.raw is not None:
+                await self.write_raw(item.raw)
+            return False
+        event = item.event
+        if isinstance(event, ev.AudioDelta):
+            if item.epoch is not None and item.epoch < session.core.epoch:
+                session.metrics.stale_dropped.labels("writer").inc()
+                return False
+            pcm, rate = self._decode(session, event)
+            self.audio_item, self.audio_response = event.item_id, event.response_id
+            self.sent_ms[event.item_id] = event.audio_start_ms + event.duration_ms
+            self.played_ms.setdefault(event.item_id, 0.0)
+            await self.write_audio(event, pcm, rate)
+            return True
+        data = session.next_frame(item)
+        if data is None:
+            return False
+        await self.write_event(event, data)
+        await self._observe(event)
+        return True
 
-    async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            item = self.outbox.pop()
-            if item is None:
-                if self._close is not None:
-                    break
-                await self.outbox.wake.wait()
-                continue
-            session = self.session
-            if session is None or item.event is None:
-                if item.raw is not None:
-                    await self.write_raw(item.raw)
-                continue
-            event = item.event
-            self.send_since = loop.time()
-            try:
-                if isinstance(event, ev.AudioDelta):
-                    if item.epoch is not None and item.epoch < session.core.epoch:
-                        session.metrics.stale_dropped.labels("writer").inc()
-                        continue
-                    pcm, rate = self._decode(session, event)
-                    self.audio_item, self.audio_response = event.item_id, event.response_id
-                    self.sent_ms[event.item_id] = event.audio_start_ms + event.duration_ms
-                    self.played_ms.setdefault(event.item_id, 0.0)
-                    await self.write_audio(event, pcm, rate)
-                else:
-                    data = session.next_frame(item)
-                    if data is None:
-                        continue
-                    await self.write_event(event, data)
-                    await self._observe(event)
-            finally:
-                self.send_since = None
-            session.sent(item)
-        code, reason = self._close or (CloseCode.NORMAL, "")
+    async def finish(self, code: int, reason: str) -> None:
         await self.hang_up(code, reason)
+
+    async def stalled(self) -> None:
+        code, reason = self.closing or (CloseCode.POLICY, "client_too_slow")
+        await self.hang_up(code, reason)
+
+    def writer_done(self) -> None:
+        self.ended.set()
 
     async def _observe(self, event: ev.ServerEvent) -> None:
         """Barge-in decisions the transport carries out on its media."""

@@ -22,69 +22,34 @@ import logging
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex_contract.errors import EngineError
-from duplex_server.attach import Outbox, Outgoing
+from duplex_server.attach import Outgoing
 from duplex_server.auth import admit
 from duplex_server.hub import Hub
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import decode_client_event, encode_server_event
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
 from duplex_server.session_runtime import LiveSession
+from duplex_server.writer import QueuedWriter
 
 log = logging.getLogger(__name__)
 
 
-class SocketAttachment:
+class SocketAttachment(QueuedWriter):
     """One WebSocket; attached to at most one live session at a time."""
 
     def __init__(self, hub: Hub, ws: WebSocket) -> None:
-        self.hub, self.ws = hub, ws
-        self.outbox = Outbox(hub.config.server.output_buffer_bytes)
-        self.session: LiveSession | None = None
-        self._close: tuple[int, str] | None = None
+        super().__init__(hub)
+        self.ws = ws
         self._tasks: list[asyncio.Task[None]] = []
-        self._writer_task: asyncio.Task[None] | None = None
-        self._stalled = False
-        #: loop time when the frame being written started (None: not in a send)
-        self.send_since: float | None = None
         #: the close code the client sent (1006: the connection dropped without one)
         self.peer_close_code: int | None = None
 
     # ------------------------------------------------------------------ Attachment
-    def send_event(self, item: Outgoing) -> bool:
-        # a socket already closing drops what does not fit; it is not a slow client
-        return self.outbox.put(item) or self._close is not None
-
-    def send_stamped(self, data: bytes) -> None:
-        self.outbox.put_raw(data)
-
-    def purge_audio(self, below_epoch: int) -> int:
-        return self.outbox.purge_audio(below_epoch)
-
-    def take_unsent(self) -> list[Outgoing]:
-        return self.outbox.drain()
-
-    def close(self, code: int, reason: str) -> None:
-        if self._close is None:
-            self._close = (code, reason)
-        self.outbox.wake.set()
-
     def replaced(self, data: bytes) -> None:
         self.session = None  # later frames of this socket are refused silently
         self.outbox.drain()
         self.outbox.put_raw(data)
         self.close(CloseCode.NORMAL, "replaced")
-
-    @property
-    def queued_bytes(self) -> int:
-        return self.outbox.nbytes
-
-    # ------------------------------------------------------------------ slow client
-    def send_stalled(self) -> None:
-        """The watchdog saw a send outlast ``send_timeout_s``: stop the writer (too slow)."""
-        task = self._writer_task
-        if task is not None and not task.done() and not self._stalled:
-            self._stalled = True
-            task.cancel()
 
     def fatal(self, exc: ProtocolError) -> None:
         """An error before (or without) a session: sent, then the socket closes."""
@@ -146,42 +111,23 @@ class SocketAttachment:
 
     async def _writer(self) -> None:
         try:
-            await self._write_loop()
+            await self.run_writer()
         except WebSocketDisconnect:
             pass  # the client went away mid-send: nothing more to write (it can resume)
-        except asyncio.CancelledError:
-            if not self._stalled:
-                raise  # (before any local for the task: the error keeps this frame)
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()  # cancelled by the send watchdog: the client reads too slowly
-            if self.session is not None:
-                self.session.too_slow()
-        finally:
-            self._stop()
 
-    async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            item = self.outbox.pop()
-            if item is None:
-                if self._close is not None:
-                    break
-                await self.outbox.wake.wait()
-                continue
-            session = self.session
-            data = item.raw if session is None else session.next_frame(item)
-            if data is None:
-                continue  # stale audio, or an event for a session no longer attached
-            self.send_since = loop.time()  # the watchdog enforces send_timeout_s
-            try:
-                await self.ws.send_text(data.decode())
-            finally:
-                self.send_since = None
-            if session is not None and item.event is not None:
-                session.sent(item)
-        code, reason = self._close or (CloseCode.NORMAL, "")
+    # ------------------------------------------------------------------ QueuedWriter
+    async def deliver(self, item: Outgoing, session: LiveSession | None) -> bool:
+        data = item.raw if session is None else session.next_frame(item)
+        if data is None:
+            return False  # stale audio, or an event for a session no longer attached
+        await self.ws.send_text(data.decode())
+        return True
+
+    async def finish(self, code: int, reason: str) -> None:
         await self.ws.close(code, reason)
+
+    def writer_done(self) -> None:
+        self._stop()
 
 
 async def realtime_endpoint(ws: WebSocket) -> None:
