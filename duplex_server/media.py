@@ -2,13 +2,18 @@
 audio leaves as media rather than as JSON, and the input path into the session.
 
 :class:`MediaAttachment` implements the session's :class:`~duplex_server.attach.Attachment`
-and the hub's transport interface the way the WebSocket transport does (a bounded
-:class:`~duplex_server.attach.Outbox`, one writer task, the hub's send watchdog, the same
-slow-client policy), but its writer routes each event: audio deltas go to the transport's
-media (``write_audio``, never stamped: they are not events on the wire), every other event
-is stamped and journaled as usual and handed to ``write_event``. It keeps what the far end
-reported as played per item, so that a barge-in truncates the conversation to what the
-caller heard (``conversation.item.truncate`` through the session core, as a client would).
+and the hub's transport interface with the writer every transport uses
+(:class:`~duplex_server.writer.QueuedWriter`: a bounded outbox, one writer task, the hub's
+send watchdog, the same slow-client policy); its delivery routes each event: audio deltas
+go to the transport's media (``write_audio``, never stamped: they are not events on the
+wire), every other event is stamped and journaled as usual and handed to ``write_event``.
+It keeps what the far end reported as played per item, so that a barge-in truncates the
+conversation to what the caller heard (``conversation.item.truncate`` through the session
+core, as a client would). Barge-in is decided by the session core only, by its guards
+(:mod:`duplex_server.protocol.input`): on a response in progress, and on reply audio the
+far end still plays after its response ended (:mod:`duplex_server.protocol.playout`: the
+attachment reports it through :meth:`MediaAttachment.playing`); the transport carries out
+the ``output_audio_buffer.cleared`` that results.
 
 :class:`InputFeed` takes the transport's decoded PCM16, runs echo control
 (:mod:`duplex_server.echo`) when the session asks for it, and hands the session its audio
@@ -128,6 +133,7 @@ class MediaAttachment(QueuedWriter):
             )
         session = await hub.sessions.open(self, hub.capabilities(), beta=False)
         self.session = session
+        session.core.talk_over.attach(self)
         self.feed = InputFeed(session)
         if patch:
             session.receive_text(json.dumps({"type": "session.update", "session": patch}))
@@ -151,6 +157,11 @@ class MediaAttachment(QueuedWriter):
     def playout_pending(self) -> bool:
         item = self.audio_item
         return item is not None and self.played_ms.get(item, 0.0) < self.sent_ms.get(item, 0.0)
+
+    def playing(self) -> str | None:
+        """The response whose audio the far end still plays (the session core's
+        :class:`~duplex_server.protocol.playout.FarEnd`: talking over it clears it)."""
+        return self.audio_response if self.playout_pending else None
 
     async def barge_in(self) -> None:
         """Flush what the far end has not played and truncate the item to what it heard."""
@@ -208,19 +219,11 @@ class MediaAttachment(QueuedWriter):
         self.ended.set()
 
     async def _observe(self, event: ev.ServerEvent) -> None:
-        """Barge-in decisions the transport carries out on its media."""
-        session = self.session
+        """Barge-in decisions (the session core's) the transport carries out on its media."""
         if isinstance(event, ev.OutputAudioCleared):
             await self.barge_in()
         elif isinstance(event, ev.AudioDone):
             self.audio_done(event.response_id)
-        elif isinstance(event, ev.SpeechStarted) and session is not None:
-            # the response is over but its audio still plays: the caller talks over it;
-            # the cleared event comes back here (above) and flushes, in order
-            td = session.core.config.turn_detection
-            interrupt = td is not None and td.interrupt_response
-            if interrupt and not session.core.response_active and self.playout_pending:
-                session.emit(ev.OutputAudioCleared(response_id=self.audio_response))
 
     @staticmethod
     def _decode(session: LiveSession, event: ev.AudioDelta) -> tuple[bytes, int]:

@@ -66,6 +66,7 @@ class TwilioAttachment(MediaAttachment):
         self.clears_sent = 0
         self._cleared: set[str] = set()  # items cleared: their late marks are ignored
         self._mark_pos: dict[str, int] = {}  # mark name -> playout position (echo control)
+        self._sent_end: dict[str, float] = {}  # item -> ms of its audio sent (samples)
         #: the handshake's own credentials were enough (else customParameters.api_key)
         self.admitted = False
 
@@ -76,8 +77,15 @@ class TwilioAttachment(MediaAttachment):
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
         sid = self.stream_sid
         await self._send(wire.SendMedia(streamSid=sid, media=wire.OutMedia(event.delta)))
-        end_ms = round(event.audio_start_ms + event.duration_ms)
-        name = f"{event.item_id}:{end_ms}"
+        # the mark names where this chunk ends in the item's audio as sent (samples, not
+        # the engine's ms: the resampler to 8 kHz holds some back, unevenly), so that its
+        # echo never claims more than the caller heard; playout is pending until it echoes
+        item = event.item_id
+        end = self._sent_end.get(item, 0.0) + len(pcm) / (2 * rate) * 1000
+        self._sent_end[item] = end
+        end_ms = round(end)
+        self.sent_ms[item] = float(end_ms)
+        name = f"{item}:{end_ms}"
         if self.feed is not None:
             pos = self.feed.reference(pcm, rate)
             if pos:
