@@ -32,6 +32,7 @@ import msgspec
 import numpy as np
 import soxr
 
+from duplex_server import handshake
 from duplex_server.attach import Outgoing
 from duplex_server.echo import RATE as ECHO_RATE
 from duplex_server.echo import EchoControl
@@ -39,7 +40,7 @@ from duplex_server.hub import Hub
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import g711_to_pcm16, pcm16_to_g711
 from duplex_server.protocol.config import EffectiveSession, apply_patch
-from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal
+from duplex_server.protocol.errors import CloseCode, ProtocolError
 from duplex_server.session_runtime import LiveSession
 from duplex_server.writer import QueuedWriter
 from engine.audio import StreamResampler
@@ -111,33 +112,20 @@ class MediaAttachment(QueuedWriter):
 
     # ------------------------------------------------------------------ session
     def register(self) -> None:
-        self.hub.sockets.add(self)
-        self.hub.metrics.connections.labels("open").inc()
+        handshake.connected(self.hub, self)
 
     def unregister(self) -> None:
-        hub = self.hub
-        hub.sockets.discard(self)
-        if not hub.sockets:
-            hub.no_connections.set()
-        hub.metrics.connections.labels("open").dec()
+        handshake.disconnected(self.hub, self)
         if self.session is not None:
             self.session.detach(self)
 
     async def open_session(self, patch: dict[str, Any]) -> LiveSession:
         """Open a session for this transport and apply ``patch`` (a session.update)."""
-        hub = self.hub
-        engine = hub.sessions.engine
-        if hub.closing or engine is None or not engine.ready:
-            raise SessionFatal(
-                "engine_unavailable", "the engine is not ready", close_code=CloseCode.TRY_AGAIN
-            )
-        session = await hub.sessions.open(self, hub.capabilities(), beta=False)
+        session = await handshake.open_session(self.hub, self, patch=patch)
         self.session = session
         session.core.talk_over.attach(self)
         self.feed = InputFeed(session)
-        if patch:
-            session.receive_text(json.dumps({"type": "session.update", "session": patch}))
-        hub.metrics.connection_outcomes.labels(f"{self.kind}_opened").inc()
+        handshake.outcome(self.hub, f"{self.kind}_opened")
         return session
 
     def end_session(self, reason: str = "client") -> None:

@@ -22,8 +22,8 @@ import logging
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex_contract.errors import EngineError
+from duplex_server import handshake
 from duplex_server.attach import Outgoing
-from duplex_server.auth import admit
 from duplex_server.hub import Hub
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import decode_client_event, encode_server_event
@@ -132,23 +132,17 @@ class SocketAttachment(QueuedWriter):
 
 async def realtime_endpoint(ws: WebSocket) -> None:
     hub: Hub = ws.app.state.hub
-    s = hub.config.server
-    offered = ws.scope.get("subprotocols", [])
-    adm = admit(ws.headers, offered, keys=hub.keys, allowed_origins=s.allowed_origins)
+    adm = handshake.admit_socket(hub, ws.headers, ws.scope.get("subprotocols", []))
     await ws.accept(subprotocol=adm.subprotocol)
     sock = SocketAttachment(hub, ws)
-    hub.sockets.add(sock)
-    hub.metrics.connections.labels("open").inc()
+    handshake.connected(hub, sock)
     try:
         outcome = await _handshake(hub, sock, adm.ok, adm.code, adm.message)
-        hub.metrics.connection_outcomes.labels(outcome).inc()
+        handshake.outcome(hub, outcome)
         if outcome != "disconnected":
             await sock.serve()
     finally:
-        hub.sockets.discard(sock)
-        if not hub.sockets:
-            hub.no_connections.set()
-        hub.metrics.connections.labels("open").dec()
+        handshake.disconnected(hub, sock)
         if sock.session is not None:
             if sock.peer_close_code == CloseCode.NORMAL:
                 sock.session.peer_closed(sock)  # a clean close ends the session (§6)
@@ -161,20 +155,17 @@ async def realtime_endpoint(ws: WebSocket) -> None:
 
 
 async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg: str) -> str:
-    """Admit, then open a new session or resume one. Returns the outcome label."""
+    """Admitted, then open a new session or resume one (:mod:`duplex_server.handshake`).
+    Returns the outcome label."""
     ws = sock.ws
     try:
         if not ok:
             raise SessionFatal(code, msg)
-        engine = hub.sessions.engine
-        if hub.closing or engine is None or not engine.ready:
-            raise SessionFatal(
-                "engine_unavailable", "the engine is not ready", close_code=CloseCode.TRY_AGAIN
-            )
+        handshake.require_engine(hub)
         if ws.query_params.get("intent") != "resume":
             beta = "realtime=v1" in ws.headers.get("openai-beta", "")
             beta = beta or ws.query_params.get("event_names") == "beta"
-            sock.session = await hub.sessions.open(sock, hub.capabilities(), beta=beta)
+            sock.session = await handshake.open_session(hub, sock, beta=beta)
             return "opened"
         first = await asyncio.wait_for(ws.receive(), hub.config.server.resume_wait_s)
         if first["type"] == "websocket.disconnect":
@@ -187,7 +178,7 @@ async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg:
         event = decode_client_event(text)
         if not isinstance(event, ev.SessionResume):
             raise SessionFatal("invalid_state", "expected session.resume", close_code=1008)
-        sock.session = await hub.sessions.resume(sock, event)
+        sock.session = await handshake.resume_session(hub, sock, event)
         return "resumed"
     except WebSocketDisconnect:
         return "disconnected"
@@ -195,8 +186,7 @@ async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg:
         sock.fatal(SessionFatal("resume_timeout", "no session.resume in time"))
         return "resume_timeout"
     except (ProtocolError, EngineError) as exc:
-        detail, close = to_wire_error(exc)
-        close = close or CloseCode.POLICY
+        detail, close = handshake.refusal(exc)
         sock.fatal(
             SessionFatal(detail.code, detail.message, close_code=close, error_type=detail.type)
         )

@@ -31,14 +31,15 @@ import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex_contract.errors import EngineError
+from duplex_server import handshake
 from duplex_server import twilio_wire as wire
-from duplex_server.auth import admit, key_matches
+from duplex_server.auth import key_matches
 from duplex_server.hub import Hub
 from duplex_server.media import MediaAttachment, check_session_patch, merge_patch
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import g711_to_pcm16
 from duplex_server.protocol.dtmf import DIGITS
-from duplex_server.protocol.errors import CloseCode, ProtocolError, to_wire_error
+from duplex_server.protocol.errors import CloseCode, ProtocolError
 from duplex_server.twilio_signature import candidate_urls, verify
 from duplex_server.twilio_wire import Malformed
 
@@ -205,13 +206,13 @@ class TwilioAttachment(MediaAttachment):
             await self.open_session(patch)
         except json.JSONDecodeError as exc:
             log.warning("twilio %s: customParameters.session is not JSON: %s", self.stream_sid, exc)
-            self.hub.metrics.connection_outcomes.labels("invalid_value").inc()
+            handshake.outcome(self.hub, "invalid_value")
             self.close(CloseCode.POLICY, "invalid_value")
             return False
         except (ProtocolError, EngineError) as exc:
-            detail, _ = to_wire_error(exc)
+            detail, _ = handshake.refusal(exc)
             log.warning("twilio %s: call refused: %s", self.stream_sid, detail.message)
-            self.hub.metrics.connection_outcomes.labels(detail.code).inc()
+            handshake.outcome(self.hub, detail.code)
             self.close(CloseCode.POLICY, detail.code)
             return False
         return True
@@ -254,7 +255,7 @@ def _admit(ws: WebSocket, hub: Hub) -> tuple[bool, str, str]:
     ``customParameters``. Signing on: a valid ``X-Twilio-Signature`` admits; a bad one is
     refused; a missing one is refused unless the API-key fallback is on and keys exist."""
     s = hub.config.server
-    adm = admit(ws.headers, [], keys=hub.keys, allowed_origins=s.allowed_origins)
+    adm = handshake.admit_socket(hub, ws.headers, [])
     if not adm.ok and adm.code != "unauthorized":
         return False, adm.code, adm.message
     token = s.twilio.token()
@@ -285,7 +286,7 @@ async def twilio_endpoint(ws: WebSocket) -> None:
     att.admitted = admitted
     if refused:
         log.warning("twilio: refused: %s", why)
-        hub.metrics.connection_outcomes.labels(refused).inc()
+        handshake.outcome(hub, refused)
         await ws.close(CloseCode.POLICY, refused)
         return
     att.register()
