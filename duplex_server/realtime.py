@@ -2,16 +2,19 @@
 
 One :class:`SocketAttachment` per socket implements the session's
 :class:`~duplex_server.attach.Attachment` interface and runs one TaskGroup with two tasks:
-``reader`` (frames -> session) and ``writer`` (outbound queue -> socket; the session stamps
-and journals each event as it is written). Opening, resuming and taking a session over are
-decided by the session core (:mod:`duplex_server.session_runtime`).
+``reader`` (frames -> session) and ``writer`` (the writer every transport uses,
+:class:`~duplex_server.writer.QueuedWriter`: outbound queue -> socket; the session stamps
+and journals each event as it is written). Admission, opening and resuming go through
+:mod:`duplex_server.handshake`; opening, resuming and taking a session over are decided by
+the session core (:mod:`duplex_server.session_runtime`).
 
-Slow-client policy: each socket has a bounded outbound queue (``output_buffer_bytes``) and
-a per-frame send timeout (``send_timeout_s``). A client that overflows the queue or stalls a
-send loses its session (the hub's watchdog checks every writer's send in progress, so no
-timer is armed per frame): the session core drops the queue, sends ``error{code: client_too_slow}``
-and ``session.closed`` best-effort, closes the engine session, and the socket closes with
-1008. Server memory never grows without bound because of one client.
+Slow-client policy (the writer's, the same on every transport): each socket has a bounded
+outbound queue (``output_buffer_bytes``) and a per-frame send timeout (``send_timeout_s``).
+A client that overflows the queue or stalls a send loses its session (the hub's watchdog
+checks every writer's send in progress, so no timer is armed per frame): the session core
+drops the queue, sends ``error{code: client_too_slow}`` and ``session.closed`` best-effort,
+closes the engine session, and the socket closes with 1008. Server memory never grows
+without bound because of one client.
 """
 
 from __future__ import annotations
