@@ -188,10 +188,10 @@ class TwilioAttachment(MediaAttachment):
             raise Malformed("a second start", "start")
         start = msg.body
         self.stream_sid = msg.stream_sid
-        fmt = start.mediaFormat
+        fmt = start.media_format
         if fmt.encoding != wire.ENCODING or fmt.sampleRate != TWILIO_RATE:
             raise Malformed(f"unsupported mediaFormat {msgspec.to_builtins(fmt)}", "start")
-        params = start.customParameters
+        params = start.parameters
         try:
             if not self._authorized(params):
                 raise ProtocolError("unauthorized", "missing or invalid API key")

@@ -52,13 +52,25 @@ class MediaFormat(_Body, frozen=True):
     channels: int = 1
 
 
+_TWILIO_FORMAT = MediaFormat()
+
+
 class StartBody(_Body, frozen=True):
     streamSid: str = ""
     accountSid: str = ""
     callSid: str = ""
     tracks: list[str] = []
-    mediaFormat: MediaFormat = MediaFormat()
-    customParameters: dict[str, str] = {}
+    mediaFormat: MediaFormat | None = None  # None: Twilio's one format
+    customParameters: dict[str, str] | None = None
+
+    @property
+    def media_format(self) -> MediaFormat:
+        return self.mediaFormat or _TWILIO_FORMAT
+
+    @property
+    def parameters(self) -> dict[str, str]:
+        """The TwiML ``<Parameter>`` values (none: empty)."""
+        return self.customParameters or {}
 
 
 class MediaBody(_Body, frozen=True):

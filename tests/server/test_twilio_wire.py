@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import websockets
 
 from duplex_server import twilio_wire as wire
 from tests.server.harness import http_text, running_server, write_config
@@ -21,7 +22,7 @@ from tests.server.twilio_sim import TwilioSim, tone8k
 SID = "MZ18ad3ab5a668481ce02b83e7395059f0"
 
 #: Twilio's own examples (Media Streams "WebSocket messages" reference), trimmed of nothing
-START = {
+START: dict[str, Any] = {
     "event": "start",
     "sequenceNumber": "1",
     "start": {
@@ -47,8 +48,8 @@ def test_twilios_messages_decode_to_typed_structs() -> None:
     start = wire.decode(_text(START))
     assert isinstance(start, wire.Start)
     assert start.stream_sid == SID and start.body.callSid == "CA123"
-    assert start.body.mediaFormat == wire.MediaFormat("audio/x-mulaw", 8000, 1)
-    assert start.body.customParameters["api_key"] == "sk-1"
+    assert start.body.media_format == wire.MediaFormat("audio/x-mulaw", 8000, 1)
+    assert start.body.parameters["api_key"] == "sk-1"
 
     ulaw = bytes(range(160))
     media = wire.decode(
@@ -84,16 +85,26 @@ def test_twilios_messages_decode_to_typed_structs() -> None:
 
 
 def test_start_defaults_and_lenient_numbers() -> None:
-    """A start without mediaFormat means Twilio's one format; the stream id may ride the
-    message instead of its body; a sample rate sent as a string is still a number."""
+    """A start without mediaFormat (or with null) means Twilio's one format; the stream id
+    may ride the message instead of its body; a sample rate sent as a string is still a
+    number; a format the server cannot take decodes (twilio.py refuses it with a reason)."""
     msg = wire.decode(_text({"event": "start", "streamSid": "MZ1", "start": {}}))
     assert isinstance(msg, wire.Start)
     assert msg.stream_sid == "MZ1"
-    assert msg.body.mediaFormat.encoding == wire.ENCODING
-    assert msg.body.mediaFormat.sampleRate == wire.RATE
-    assert msg.body.customParameters == {}
+    assert msg.body.media_format.encoding == wire.ENCODING
+    assert msg.body.media_format.sampleRate == wire.RATE
+    assert msg.body.parameters == {}
     loose = wire.decode(_text({"event": "start", "start": {"mediaFormat": {"sampleRate": "8000"}}}))
-    assert isinstance(loose, wire.Start) and loose.body.mediaFormat.sampleRate == 8000
+    assert isinstance(loose, wire.Start) and loose.body.media_format.sampleRate == 8000
+    nulls = wire.decode(
+        '{"event": "start", "start": {"mediaFormat": null, "customParameters": null}}'
+    )
+    assert isinstance(nulls, wire.Start)
+    assert nulls.body.media_format.sampleRate == wire.RATE and nulls.body.parameters == {}
+    mulaw16k = wire.decode(
+        _text({"event": "start", "start": {"mediaFormat": {"sampleRate": 16000}}})
+    )
+    assert isinstance(mulaw16k, wire.Start) and mulaw16k.body.media_format.sampleRate == 16000
 
 
 @pytest.mark.parametrize(
@@ -172,3 +183,27 @@ def test_the_server_logs_why_a_message_is_malformed_and_the_call_goes_on(
     assert len(logged) == len(bad)
     for line, why in zip(logged, bad.values(), strict=True):
         assert why in line, line
+
+
+def test_a_start_in_a_format_the_server_cannot_take_opens_no_session(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_config(tmp_path)
+    apps: list[Any] = []
+    start = {**START, "start": {**START["start"], "mediaFormat": {"encoding": "audio/x-l16"}}}
+
+    async def run(addr: str) -> None:
+        async with websockets.connect(f"ws://{addr}/v1/twilio") as ws:
+            await ws.send(_text({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+            await ws.send(_text(start))
+            await ws.send(_text({"event": "media", "media": {"payload": "AAAA"}}))  # ignored
+            await asyncio.sleep(0.3)
+            assert not apps[0].state.hub.sessions.live
+            await ws.send(_text({"event": "stop"}))
+            await asyncio.wait_for(ws.wait_closed(), 5)
+
+    with caplog.at_level(logging.WARNING, logger="duplex_server.twilio"):
+        with running_server(path, apps=apps) as addr:
+            asyncio.run(run(addr))
+    (line,) = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    assert "unsupported mediaFormat" in line and "audio/x-l16" in line
