@@ -94,6 +94,7 @@ from duplex_server.protocol.input import (
     should_interrupt,
 )
 from duplex_server.protocol.items import Conversation, user_text
+from duplex_server.protocol.playout import TalkOver
 from duplex_server.protocol.responses import (
     Requested,
     Response,
@@ -155,6 +156,8 @@ class SessionCore:
         self.idle_since_ms: float | None = None
         self._partials: dict[str, str] = {}  # speech item -> live transcript sent so far
         self.responses = Responses()
+        #: audio a media transport's far end still plays after its response ended
+        self.talk_over = TalkOver()
         self.usage = UsageMeter()  # tokens and audio seconds (response.done, session.closed)
         # not a lambda over self: a reference cycle would keep a closed session until the
         # cyclic GC ran
@@ -623,9 +626,14 @@ class SessionCore:
         return out
 
     def _maybe_barge_in(self, now_ms: float, speech_ms: float) -> list[Action]:
-        """Interrupt the response if ``speech_ms`` of user speech passes the guards."""
+        """Interrupt the response if ``speech_ms`` of user speech passes the guards (with
+        none in progress: clear what the far end still plays, by the same guards)."""
+        td = self.config.turn_detection
+        if not self.responses.active:
+            last = self.responses.last_started
+            return self.talk_over.check(td, speech_ms, last_started=last, now_ms=now_ms)
         interrupt = should_interrupt(
-            self.config.turn_detection,
+            td,
             speech_ms,
             response_active=self.responses.active,
             response_started_ms=self.responses.started_ms,
