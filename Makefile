@@ -86,7 +86,7 @@ pytest: $(STAMP) $(NPM_STAMP) $(BROWSER_STAMP) $(HAPROXY_STAMP)
 
 test: lint typecheck pytest
 
-# the rest of the live parity matrix (tests/e2e/test_live_parity_matrix.py, ~N min): the
+# the rest of the live parity matrix (tests/e2e/test_live_parity_matrix.py, ~4 min): the
 # append sizes make test leaves out, a later CI tier (.ci/run)
 test-matrix: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m matrix tests/e2e/test_live_parity_matrix.py $(PYTEST_ARGS)
