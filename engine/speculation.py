@@ -4,10 +4,11 @@
   speech, and the transcript of the input so far is usually ready when the silence window
   ends the turn. A commit uses it when its audio starts with the speculated audio and the
   VAD heard no speech since (``input.resume`` drops the guess; ``_Transcription.covers``).
-  A guess runs at
-  ``Priority.SPECULATIVE``: behind every committed turn's ASR, so that on a loaded ASR stage
-  the guesses (up to one per pause in the user's speech) never delay a turn; a queued guess
-  that the user's next words make stale is aborted before it runs.
+  A pause that was not guessed (``skip``) bounds the turn the same way: the commit
+  transcribes the audio up to it, so the words do not depend on whether a guess ran. A
+  guess runs at ``Priority.SPECULATIVE``: behind every committed turn's ASR, so that on a
+  loaded ASR stage the guesses (up to one per pause in the user's speech) never delay a
+  turn; a queued guess that the user's next words make stale is aborted before it runs.
 * Turn ASR survives a barge-in: a cancel aborts the old epoch's LLM and TTS work, but the
   user's words are re-queued in the new epoch (engine/duplex/control.py), and their
   transcription, already running, is picked up by the re-queued job (same audio) instead of
