@@ -21,8 +21,9 @@ Known gap (strict xfail): beckett.wav over G.711 mu-law says "Failed better." li
 the batch route's "Fail better." (+0.083 WER). The engine gets the same samples as the
 batch route (the two resampling paths agree within 1 LSB); Whisper-base decodes the
 band-limited last phrase as "Failed" in the live path's short encoder window (10 s, after
-the previous phrase), with or without that context, and as "Fail" only in the 30 s window
-with context, or inside the whole recording (the batch route).
+the previous phrase), with or without that context, and as "Fail" with that context in a
+window of 15 s or more, or inside the whole recording (the batch route). A 15 s minimum
+window would cost every short turn ~50% more encoder time, so it is left as it is.
 """
 
 from __future__ import annotations
