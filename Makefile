@@ -21,7 +21,7 @@ BROWSER_STAMP := .cache/.browser-installed
 HAPROXY_STAMP := .cache/.haproxy-installed
 WORKERS ?= 2
 
-.PHONY: install serve serve-scaled wscat test lint typecheck pytest bench clean
+.PHONY: install serve serve-scaled wscat test test-matrix lint typecheck pytest bench clean
 
 include mk/vllm.mk
 
@@ -85,6 +85,11 @@ pytest: $(STAMP) $(NPM_STAMP) $(BROWSER_STAMP) $(HAPROXY_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# the rest of the live parity matrix (tests/e2e/test_live_parity_matrix.py, ~4 min): the
+# append sizes make test leaves out, a later CI tier (.ci/run)
+test-matrix: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m matrix tests/e2e/test_live_parity_matrix.py $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/engine_overhead.py --quick

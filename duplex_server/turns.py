@@ -152,7 +152,7 @@ class InputProcessor:
                     VadStart(onset_ms=origin_ms + onset, audio_start_ms=origin_ms + v.audio_ms)
                 )
             elif v.kind == "speech_stopped":
-                out.append(VadStop(audio_end_ms=origin_ms + v.audio_ms))
+                out.append(VadStop(audio_end_ms=origin_ms + v.audio_ms, at_ms=origin_ms + v.at_ms))
             elif v.kind == "pause":
                 out.append(VadPause(at_ms=origin_ms + v.at_ms))
             else:

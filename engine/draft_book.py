@@ -109,7 +109,7 @@ class DraftBook:
             if not self.scheduler.may_guess(sid, self._stages(sid, "inputs")):
                 # the policy says a guess (and the draft that would answer it) would delay
                 # a real turn: none now, the commit transcribes
-                spec.skip(sid)
+                spec.skip(sid, audio)
                 self.drop(sid)
                 continue
             task = spec.start(fence, audio, respond, again)
