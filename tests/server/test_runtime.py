@@ -17,7 +17,8 @@ from duplex_server.attach import Outgoing
 from duplex_server.metrics import Metrics
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import SessionFatal
-from duplex_server.session_runtime import LiveSession, SessionLimits, Sessions
+from duplex_server.session_runtime import LiveSession, SessionLimits
+from duplex_server.sessions import Sessions
 from duplex_server.turns import InputScheduler
 from engine.messages import Activity, ControlResult, PlaybackMark, SignalEvent
 
