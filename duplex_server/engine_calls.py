@@ -57,6 +57,7 @@ class EngineSessions(Protocol):
         item_id: str | None = None,
         tool_output: ToolOutput | None = None,
         stream_ms: float | None = None,
+        seq: int | None = None,
     ) -> ControlResult: ...
 
     async def commit(
@@ -146,16 +147,21 @@ class CallQueue:
         """
         if not isinstance(cmd, Append) or cmd.text is not None or not cmd.audio:
             return cmd
-        parts = [cmd.audio]
+        parts, seq = [cmd.audio], cmd.seq
         while isinstance(nxt := self.peek(), Append):
             if nxt.epoch != cmd.epoch or nxt.text is not None or not nxt.audio or nxt.tool_output:
                 break
             self.get_nowait()
             parts.append(nxt.audio)
+            seq = nxt.seq if nxt.seq is not None else seq  # the newest input it completes
         if len(parts) == 1:
             return cmd
         return Append(
-            cmd.epoch, audio=b"".join(parts), event_id=cmd.event_id, stream_ms=cmd.stream_ms
+            cmd.epoch,
+            audio=b"".join(parts),
+            event_id=cmd.event_id,
+            stream_ms=cmd.stream_ms,
+            seq=seq,
         )
 
 
@@ -176,6 +182,7 @@ async def execute(engine: EngineSessions, core: SessionCore, cmd: EngineCommand)
             item_id=cmd.item_id,
             tool_output=cmd.tool_output,
             stream_ms=cmd.stream_ms,
+            seq=cmd.seq,
         )
     elif isinstance(cmd, Commit):
         res = await eng.commit(

@@ -163,6 +163,8 @@ class LiveSession:
         except ProtocolError as exc:
             self.apply(self.core.error(exc))
             return
+        if data and not self.core.closed:
+            self.core.frame_received(len(data))
         self.receive_audio(data)
 
     def receive_dtmf(self, digit: str, received_at: int) -> None:

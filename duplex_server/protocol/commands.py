@@ -26,6 +26,7 @@ class Append:
     item_id: str | None = None  # the text item (or tool output item) this is
     tool_output: ToolOutput | None = None
     stream_ms: float | None = None  # audio: where it starts on the session's input clock
+    seq: int | None = None  # the newest client input_seq this completes (input exactly once)
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,7 @@ class Admission(CoreState):
             resume_token=self._new_token,
             replayed=0 if frames is None else len(frames),
             lease_generation=self.lease_generation,
+            last_input_seq=self.seqs.received,
         )
         out.append(Send(resumed))
         return out

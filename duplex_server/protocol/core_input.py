@@ -49,6 +49,12 @@ from duplex_server.protocol.vad import VadEvent
 class CoreInput(CoreResponses):
     """Client input (audio, text, tool output, DTMF) -> engine appends and commits."""
 
+    def frame_received(self, nbytes: int) -> None:
+        """A binary audio frame of ``nbytes`` arrived: it is numbered implicitly."""
+        seq = self.seqs.accept(None)
+        assert seq is not None
+        self.seqs.audio(seq, self.config.input_format.duration_ms(nbytes))
+
     def audio_received(self, nbytes: int) -> None:
         """The transport handed the session ``nbytes`` of input audio (its input format)."""
         self.usage.received(self.config.input_format.duration_ms(nbytes))
@@ -127,12 +133,12 @@ class CoreInput(CoreResponses):
         out.append(Send(ev.InputCleared()))
         return out
 
-    def _create_item(self, e: ev.ConversationItemCreate) -> list[Action]:
+    def _create_item(self, e: ev.ConversationItemCreate, seq: int) -> list[Action]:
         item_id = e.item.id if isinstance(e.item.id, str) else None
         if item_id is not None and self.items.get(item_id) is not None:
             raise ProtocolError("invalid_value", f"item {item_id} exists", param="item.id")
         if e.item.type == "function_call_output":
-            return self._tool_output(e.item, item_id, e.event_id)
+            return self._tool_output(e.item, item_id, e.event_id, seq)
         if e.item.type != "message":
             raise ProtocolError(
                 "unsupported",
@@ -143,12 +149,20 @@ class CoreInput(CoreResponses):
         self.input.uncommitted_text = True
         item_id = item_id if item_id is not None else self.items.new_id("item")
         return [
-            Call(Append(self.epoch, text=text, event_id=e.event_id, item_id=item_id)),
+            Call(
+                Append(
+                    self.epoch,
+                    text=text,
+                    event_id=e.event_id,
+                    item_id=item_id,
+                    seq=self.seqs.text(seq),
+                )
+            ),
             *self.items.user_text(item_id, text),
         ]
 
     def _tool_output(
-        self, item: ev.ItemParam, item_id: str | None, event_id: str | None
+        self, item: ev.ItemParam, item_id: str | None, event_id: str | None, seq: int
     ) -> list[Action]:
         """A function's result: into the engine's history with the next commit."""
         if not isinstance(item.call_id, str):
@@ -166,7 +180,15 @@ class CoreInput(CoreResponses):
         self.input.uncommitted_text = True
         output = ToolOutput(call_id=item.call_id, name=name, output=item.output, item_id=item_id)
         return [
-            Call(Append(self.epoch, event_id=event_id, item_id=item_id, tool_output=output)),
+            Call(
+                Append(
+                    self.epoch,
+                    event_id=event_id,
+                    item_id=item_id,
+                    tool_output=output,
+                    seq=self.seqs.text(seq),
+                )
+            ),
             *self.items.tool_output(item_id, item.call_id, item.output),
         ]
 
@@ -273,7 +295,9 @@ class CoreInput(CoreResponses):
         for step in steps:
             if isinstance(step, AudioReady):
                 self.usage.appended(input_ms(len(step.pcm)))
-                out.append(Call(Append(self.epoch, audio=step.pcm, stream_ms=step.stream_ms)))
+                seq = self.seqs.processed(self.input.input_ms)
+                append = Append(self.epoch, audio=step.pcm, stream_ms=step.stream_ms, seq=seq)
+                out.append(Call(append))
             elif isinstance(step, SpeechBegan):
                 self.idle_since_ms = None  # the user speaks: no idle timeout this silence
                 start = int(step.audio_start_ms)

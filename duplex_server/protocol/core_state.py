@@ -30,6 +30,7 @@ from duplex_server.protocol.errors import CloseCode, to_wire_error
 from duplex_server.protocol.input import (
     InputTurns,
 )
+from duplex_server.protocol.input_seq import InputSequence
 from duplex_server.protocol.items import Conversation
 from duplex_server.protocol.responses import (
     Responses,
@@ -77,6 +78,7 @@ class CoreState:
         # not a lambda over self: a reference cycle would keep a closed session until the
         # cyclic GC ran
         self.input = InputTurns(functools.partial(self.items.new_id, "item"))
+        self.seqs = InputSequence()  # client input numbering (input exactly once)
 
     # ------------------------------------------------------------------ positions
     @property

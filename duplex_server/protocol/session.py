@@ -70,7 +70,11 @@ class SessionCore(Admission, CoreInput):
         self.now_ms = now_ms
         if isinstance(e, ev.InputAudioBufferAppend):
             data = decode_audio_b64(e.audio)
-            return [ProcessAudio(data)] if data else []
+            seq = self.seqs.accept(e.input_seq)
+            if seq is None or not data:
+                return []  # a re-send of input the session has (input_seq), or empty
+            self.seqs.audio(seq, self.config.input_format.duration_ms(len(data)))
+            return [ProcessAudio(data)]
         if isinstance(e, ev.SessionUpdate):
             return self._update(e)
         if isinstance(e, ev.InputAudioBufferCommit):
@@ -78,7 +82,8 @@ class SessionCore(Admission, CoreInput):
         if isinstance(e, ev.InputAudioBufferClear):
             return self._clear_input(e.event_id)
         if isinstance(e, ev.ConversationItemCreate):
-            return self._create_item(e)
+            seq = self.seqs.accept(e.input_seq)
+            return [] if seq is None else self._create_item(e, seq)
         if isinstance(e, ev.ResponseCreate):
             if self.config.session_type == "transcription":
                 raise ProtocolError(

@@ -118,6 +118,7 @@ class FakeEngine:
         item_id: str | None = None,
         tool_output: ToolOutput | None = None,
         stream_ms: float | None = None,
+        seq: int | None = None,
     ) -> ControlResult:
         self.calls.append(f"append:{text}")
         return self._res(fence)
