@@ -21,6 +21,7 @@ from duplex_server.protocol.commands import (
     Commit,
     DeleteItem,
     EngineCommand,
+    Replicate,
     Speculate,
     Update,
 )
@@ -45,7 +46,9 @@ class EngineSessions(Protocol):
         traceparent: str | None = None,
     ) -> ControlResult: ...
 
-    async def resume(self, session_id: str, expected_lease_generation: int) -> ControlResult: ...
+    async def resume(
+        self, session_id: str, expected_lease_generation: int, *, peek: bool = False
+    ) -> ControlResult: ...
 
     async def append(
         self,
@@ -95,6 +98,10 @@ class EngineSessions(Protocol):
 
     async def close(
         self, fence: Fence, lease_generation: int, reason: str = "client"
+    ) -> ControlResult: ...
+
+    async def replicate(
+        self, fence: Fence, lease_generation: int, state: bytes
     ) -> ControlResult: ...
 
     def session_events(self, session_id: str) -> AsyncIterator[SessionEvent]: ...
@@ -171,6 +178,9 @@ async def execute(engine: EngineSessions, core: SessionCore, cmd: EngineCommand)
     gen = core.lease_generation
     if isinstance(cmd, CloseSession):
         await eng.close(core.fence_for(core.epoch), gen, reason=cmd.reason)
+        return None
+    if isinstance(cmd, Replicate):
+        await eng.replicate(core.fence_for(core.epoch), gen, cmd.state)
         return None
     fence = core.fence_for(cmd.epoch)
     if isinstance(cmd, Append):

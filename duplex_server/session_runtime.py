@@ -27,8 +27,10 @@ from typing import Literal
 
 import msgspec
 
-from duplex_contract.errors import EngineDeadError, EngineError
+from duplex_contract.errors import ControlError, EngineDeadError, EngineError
 from duplex_contract.events import AudioChunk
+from duplex_contract.fence import Fence
+from duplex_server import replica
 from duplex_server.attach import Attachment, Journal, Outgoing, Stamper
 from duplex_server.engine_calls import CallQueue, EngineSessions, execute
 from duplex_server.metrics import Metrics
@@ -44,10 +46,12 @@ from duplex_server.protocol.commands import (
     Commit,
     ConfigureInput,
     DropOutput,
+    EngineCommand,
     ProcessAudio,
     PurgeAudio,
     Release,
     Replay,
+    Replicate,
     Send,
     SendStamped,
     Takeover,
@@ -100,6 +104,7 @@ class LiveSession:
         self._last_words = False
         self._first_sent: dict[str, float] = {}  # response id -> first audio delta written
         self.trace: SessionTrace | None = None  # its trace, when traced (server.otel)
+        self._replicated_config = core.config  # the config the engine's replica has
 
     @property
     def session_id(self) -> str:
@@ -111,10 +116,29 @@ class LiveSession:
         return self.lane.backlog + self._calls.nbytes
 
     # ------------------------------------------------------------------ called by transports
-    def open(self, attachment: Attachment, capabilities: ev.Capabilities) -> None:
+    async def open(self, attachment: Attachment, capabilities: ev.Capabilities) -> None:
         token, digest = new_resume_token()
+        self.core.token_hash = digest
+        await self.replicate()  # before the client holds the token (failover, docs/scale.md)
         self.attachment = attachment
         self.apply(self.core.opened(token, capabilities, token_hash=digest))
+
+    def replica(self, *, handed_over: bool = False) -> bytes:
+        """This session's state for the engine to keep (duplex_server/replica.py)."""
+        self._replicated_config = self.core.config
+        return replica.encode(self.core, self.stamper.seq, handed_over=handed_over)
+
+    async def replicate(self, *, handed_over: bool = False) -> None:
+        """Keep :meth:`replica` in the engine now; a failure only costs failover."""
+        core = self.core
+        try:
+            await self.engine.replicate(
+                core.fence_for(core.epoch),
+                core.lease_generation,
+                self.replica(handed_over=handed_over),
+            )
+        except EngineError as exc:
+            log.warning("%s: replica not kept: %s", self.session_id, exc)
 
     async def resume(self, attachment: Attachment, req: ev.SessionResume) -> None:
         """Raises :class:`SessionFatal` (or an engine error) if the core refuses."""
@@ -135,6 +159,7 @@ class LiveSession:
             after_seq=req.last_received_server_event_seq,
             attached=self.attachment is not None,
         )
+        await self.replicate()  # the new token, before the client holds it
         for action in actions:  # Takeover first: the old transport's output is journaled
             if isinstance(action, Takeover):
                 self._takeover()
@@ -261,6 +286,8 @@ class LiveSession:
             elif isinstance(action, Release):
                 self.attachment = None
                 self._last_words = False
+        if self.core.config is not self._replicated_config and not self.core.closed:
+            self._calls.put_nowait(Replicate(self.replica()))  # a session.update
 
     def _timed(self, event: ev.ResponseDone) -> ev.ResponseDone:
         """response.done with the first audio delta's write moment, and the segments
@@ -380,6 +407,18 @@ class LiveSession:
         except EngineDeadError as exc:
             self.apply(self.core.error(exc))
 
+    async def _execute(self, cmd: EngineCommand) -> Fence | None:
+        """One engine call. A call refused because this front end resumed the session while
+        it was in flight (the lease moved on under it; the engine changed nothing) is made
+        again under the new lease: input sent before a reconnect is not lost."""
+        gen = self.core.lease_generation
+        try:
+            return await execute(self.engine, self.core, cmd)
+        except ControlError as exc:
+            if exc.code != "stale_fence" or self.core.lease_generation == gen:
+                raise
+        return await execute(self.engine, self.core, cmd)
+
     def _stop_caller(self, caller: asyncio.Task[None]) -> None:
         """The engine session ended: the caller ends too, even if the cancellation is lost
         (the stopped queue wakes the caller and hands it None)."""
@@ -390,10 +429,10 @@ class LiveSession:
         while (queued := await self._calls.get()) is not None:
             cmd = self._calls.merge_appends(queued)
             try:
-                res_fence = await execute(self.engine, self.core, cmd)
+                res_fence = await self._execute(cmd)
             except Exception as exc:  # every engine error is reported to the client
-                if isinstance(cmd, CloseSession):
-                    log.info("%s: close failed: %s", self.session_id, exc)
+                if isinstance(cmd, CloseSession | Replicate):
+                    log.info("%s: %s failed: %s", self.session_id, type(cmd).__name__, exc)
                     continue
                 if not isinstance(exc, EngineError):  # a bug: the client sees server_error
                     log.error("%s: %s failed", self.session_id, type(cmd).__name__, exc_info=exc)

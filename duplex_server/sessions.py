@@ -8,13 +8,13 @@ import logging
 
 from duplex_contract.audio import OUTPUT_RATE
 from duplex_contract.voices import VoiceCatalog
+from duplex_server.adopt import adopt
 from duplex_server.attach import Attachment
 from duplex_server.engine_calls import EngineSessions
 from duplex_server.metrics import Metrics
 from duplex_server.output import OutputEncoder
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.config import EffectiveSession
-from duplex_server.protocol.errors import SessionFatal
 from duplex_server.protocol.session import SessionCore
 from duplex_server.session_runtime import LiveSession, SessionLimits
 from duplex_server.tracing import Tracing
@@ -106,16 +106,31 @@ class Sessions:
         if trace is not None:
             trace.opened(session.session_id)
             session.trace = trace
+        self.start(session)
+        await session.open(attachment, capabilities)
+        return session
+
+    def start(self, session: LiveSession) -> None:
+        """Register ``session`` and run its tasks (a new one, or one taken over)."""
         self.live[session.session_id] = session
         task = asyncio.create_task(self._run(session), name=f"session:{session.session_id}")
         self._runs[session.session_id] = task
-        session.open(attachment, capabilities)
-        return session
+
+    def template(self) -> EffectiveSession:
+        """A new session's configuration on this front end (before any session.update)."""
+        return EffectiveSession(
+            instructions=self.instructions,
+            model=self.model,
+            output_rate=self.output_rate,
+            voices=self.voices,
+        )
 
     async def resume(self, attachment: Attachment, req: ev.SessionResume) -> LiveSession:
+        """Resume a session of this front end, or take over one whose front end is gone
+        (or draining) through the engine (:mod:`duplex_server.adopt`)."""
         session = self.live.get(req.session_id)
         if session is None:
-            raise SessionFatal("session_not_found", f"no live session {req.session_id}")
+            return await adopt(self, attachment, req)
         await session.resume(attachment, req)
         return session
 

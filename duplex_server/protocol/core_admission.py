@@ -3,7 +3,7 @@ session for a client that cannot keep up (sans-I/O, like the rest of the core)."
 
 from __future__ import annotations
 
-from duplex_contract.fence import resume_query
+from duplex_contract.fence import Fence, resume_query
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import (
     Action,
@@ -92,6 +92,39 @@ class Admission(CoreState):
             session_id=self.session_id,
             resume_token=self._new_token,
             replayed=0 if frames is None else len(frames),
+            lease_generation=self.lease_generation,
+            last_input_seq=self.seqs.received,
+        )
+        out.append(Send(resumed))
+        return out
+
+    def adopted(self, position: Fence, engine_input_seq: int, token_hash: bytes) -> None:
+        """This front end takes the session over from one that is gone (a crash, a drain):
+        it continues at the engine's position, with the input the engine has."""
+        self.epoch = position.epoch
+        self.turn_id = position.turn_id
+        self.response_seq = position.response_seq
+        self.seqs.adopt(engine_input_seq)
+        self.token_hash = token_hash
+
+    def taken_over(self, token: str, *, last_seq: int, lost: bool) -> list[Action]:
+        """What the client is told after :meth:`adopted`. ``lost``: the old front end may
+        have produced events after the client's last one that nobody kept (a crash): the
+        client must re-read what it needs (``session.resync_required``, docs/scale.md)."""
+        out: list[Action] = [
+            ConfigureInput(
+                self.config.input_format, self.config.turn_detection, self.config.noise_reduction
+            )
+        ]
+        if lost:
+            resync = ev.ResyncRequired(
+                reason="front_end_lost", first_available_seq=last_seq + 1, last_seq=last_seq
+            )
+            out.append(Send(resync))
+        resumed = ev.SessionResumed(
+            session_id=self.session_id,
+            resume_token=token,
+            replayed=0,
             lease_generation=self.lease_generation,
             last_input_seq=self.seqs.received,
         )

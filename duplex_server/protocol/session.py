@@ -33,6 +33,7 @@ from duplex_server.protocol.commands import (
     Commit,
     EngineCommand,
     ProcessAudio,
+    Replicate,
     Send,
     Touch,
 )
@@ -166,6 +167,6 @@ class SessionCore(Admission, CoreInput):
                 self.responses.request_failed()
             if command.item_id is not None:
                 self.items.commit_failed(command.item_id)
-        if isinstance(command, CloseSession):
-            return []
+        if isinstance(command, CloseSession | Replicate):
+            return []  # logged by the runtime: the client can do nothing about it
         return self.error(exc, command.event_id)

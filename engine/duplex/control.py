@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from duplex_contract.audio import INPUT_RATE
 from engine.config import DuplexRuntimeConfig
+from engine.duplex import replica
 from engine.duplex.fence import ROUTE_KEY, initial_fence, merge_forward, new_session_id
 from engine.duplex.lease import Lease
 from engine.duplex.session import DuplexSession, TurnJob, digest_of
@@ -34,6 +35,7 @@ from engine.messages import (
     ErrorInfo,
     Fence,
     OpenCall,
+    ReplicaCall,
     ResumeCall,
     SessionLifecycle,
     SessionOutput,
@@ -108,6 +110,8 @@ class DuplexControl:
                 result = self._resume(call, control_id, now)
             elif isinstance(call, CloseCall):
                 result = self._close(call, control_id, now, effects)
+            elif isinstance(call, ReplicaCall):
+                result = replica.keep(self, call, control_id)
             else:
                 result = self._fenced(call, control_id, now, effects)
         except ControlError as exc:
@@ -169,6 +173,8 @@ class DuplexControl:
 
     def _resume(self, call: ResumeCall, control_id: int, now: float) -> ControlResult:
         session = self._lookup(call.session_id)
+        if call.peek:
+            return replica.peek(self, session, control_id)
         if call.expected_lease_generation != session.lease.generation:
             raise _err(
                 "stale_lease",
@@ -177,7 +183,7 @@ class DuplexControl:
             )
         session.lease.generation += 1
         session.lease.attach(now)
-        return self._ok(control_id, session)
+        return self._ok(control_id, session, input_seq=session.last_seq)
 
     def _close(
         self, call: CloseCall, control_id: int, now: float, effects: Effects

@@ -15,7 +15,7 @@ from duplex_client import DuplexClient
 from duplex_client import events as ev
 
 from tests.client.proxy import CuttingProxy
-from tests.server.harness import Client, b64, running_server, tone, write_config
+from tests.server.harness import UNIT, Client, b64, running_server, tone, write_config
 
 CHUNK_MS = 20
 TRANSCRIPT = "conversation.item.input_audio_transcription.completed"
@@ -77,7 +77,7 @@ async def _cut_and_resend(addr: str, numbered: bool) -> tuple[dict[str, Any], st
             await b.send(event)
         for event in _appends(tone(200), 51 if numbered else None):
             await b.send(event)
-        await asyncio.sleep(0.5)  # the input lane has processed it (a commit does not wait)
+        await asyncio.sleep(1.5 * UNIT)  # the input lane has processed it (a commit does not wait)
         await b.send({"type": "input_audio_buffer.commit"})
         transcript = await b.until(TRANSCRIPT, within=10)
         await b.send({"type": "session.close"})
@@ -133,7 +133,7 @@ def test_sdk_cut_mid_stream_resends_what_the_server_lacks_once(server: str) -> N
             await asyncio.sleep(0.8)
             proxy.cut()  # frames in flight die with the socket
             await sender
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(1.5 * UNIT)
             await client.commit()
             heard = 0
             async for event in client.events():

@@ -78,6 +78,7 @@ class FakeTransport:
 class FakeEngine:
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.replicas: list[bytes] = []
         self.events: asyncio.Queue[SessionEvent | None] = asyncio.Queue()
         self.turn = 0
         self.updates: list[SessionUpdate | None] = []
@@ -104,9 +105,15 @@ class FakeEngine:
         self.route_key = route_key
         return self._res(Fence(SID))
 
-    async def resume(self, session_id: str, expected_lease_generation: int) -> ControlResult:
+    async def resume(
+        self, session_id: str, expected_lease_generation: int, *, peek: bool = False
+    ) -> ControlResult:
         self.calls.append("resume")
         return ControlResult(control_id=1, ok=True, session_id=SID, lease_generation=2)
+
+    async def replicate(self, fence: Fence, lease_generation: int, state: bytes) -> ControlResult:
+        self.replicas.append(state)
+        return self._res(fence)
 
     async def append(
         self,
