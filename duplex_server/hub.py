@@ -67,6 +67,7 @@ class Hub:
         )
         self.sockets: set[Transport] = set()
         self.closing = False
+        self.draining = False  # SIGTERM: no new sessions or resumes (duplex_server/drain.py)
         self.no_connections = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
 

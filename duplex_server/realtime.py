@@ -221,6 +221,13 @@ async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg:
         if not ok:
             raise SessionFatal(code, msg)
         engine = hub.sessions.engine
+        if hub.draining:
+            raise SessionFatal(
+                "server_draining",
+                "this front end is draining; resume or open elsewhere",
+                close_code=CloseCode.TRY_AGAIN,
+                error_type="server_error",
+            )
         if hub.closing or engine is None or not engine.ready:
             raise SessionFatal(
                 "engine_unavailable", "the engine is not ready", close_code=CloseCode.TRY_AGAIN

@@ -105,6 +105,8 @@ class LiveSession:
         self._first_sent: dict[str, float] = {}  # response id -> first audio delta written
         self.trace: SessionTrace | None = None  # its trace, when traced (server.otel)
         self._replicated_config = core.config  # the config the engine's replica has
+        #: the seq of this front end's session.handover (a drain), 0: not handed over
+        self.handed_over_at = 0
 
     @property
     def session_id(self) -> str:
@@ -123,20 +125,19 @@ class LiveSession:
         self.attachment = attachment
         self.apply(self.core.opened(token, capabilities, token_hash=digest))
 
-    def replica(self, *, handed_over: bool = False) -> bytes:
-        """This session's state for the engine to keep (duplex_server/replica.py)."""
+    def replica(self, *, handed_over_at: int = 0) -> bytes:
+        """This session's state for the engine to keep (duplex_server/replica.py);
+        ``handed_over_at``: the seq of the session.handover that ends this front end's part."""
         self._replicated_config = self.core.config
-        return replica.encode(self.core, self.stamper.seq, handed_over=handed_over)
+        if handed_over_at:
+            return replica.encode(self.core, handed_over_at, handed_over=True)
+        return replica.encode(self.core, self.stamper.seq)
 
-    async def replicate(self, *, handed_over: bool = False) -> None:
+    async def replicate(self, *, handed_over_at: int = 0) -> None:
         """Keep :meth:`replica` in the engine now; a failure only costs failover."""
-        core = self.core
+        core, state = self.core, self.replica(handed_over_at=handed_over_at)
         try:
-            await self.engine.replicate(
-                core.fence_for(core.epoch),
-                core.lease_generation,
-                self.replica(handed_over=handed_over),
-            )
+            await self.engine.replicate(core.fence_for(core.epoch), core.lease_generation, state)
         except EngineError as exc:
             log.warning("%s: replica not kept: %s", self.session_id, exc)
 
@@ -317,6 +318,11 @@ class LiveSession:
         return event
 
     def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0) -> None:
+        if self.handed_over_at and self.handed_over_at == self.stamper.seq:
+            # an event after the handover never reaches the client: the replica says so,
+            # and a front end taking the session over sends session.resync_required
+            self._calls.put_nowait(Replicate(self.replica()))
+            self.handed_over_at = -1
         trace = self.trace
         if isinstance(event, ev.ResponseDone):
             origin = self.core.response_origin.get(event.response.id)

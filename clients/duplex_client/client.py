@@ -27,8 +27,9 @@ through the load balancer, on another front end. A heartbeat task sends
 server can trim its journal.
 
 The stream ends after ``session.closed``, ``session.expired``, ``session.replaced``,
-``session.resync_required`` (each delivered first) or when resuming fails (raises
-:class:`ConnectionLost`).
+``session.resync_required`` (each delivered first; one with reason ``front_end_lost``, after
+the server that held the session crashed, is delivered and the session goes on) or when
+resuming fails (raises :class:`ConnectionLost`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,18 @@ log = logging.getLogger(__name__)
 _DECODER = msgspec.json.Decoder(ev.AnyServerEvent)
 _ENCODER = msgspec.json.Encoder()
 _TERMINAL = (ev.SessionClosed, ev.SessionExpired, ev.SessionReplaced, ev.ResyncRequired)
+#: a resume refused with these is tried again (the load balancer may pick another front end)
+_RETRY_CODES = frozenset({"server_draining", "engine_unavailable"})
+
+
+def _ends_session(event: ev.AnyServerEvent) -> bool:
+    """``session.resync_required`` after a front end crash (``front_end_lost``) does not end
+    the session: it goes on, and the application re-reads what it needs."""
+    if isinstance(event, ev.ResyncRequired):
+        return event.reason != "front_end_lost"
+    return isinstance(event, _TERMINAL)
+
+
 AudioInput = bytes | npt.NDArray[np.int16] | npt.NDArray[np.float32] | npt.NDArray[np.float64]
 
 
@@ -264,7 +277,7 @@ class DuplexClient:
         if isinstance(event, ev.SessionUpdated):
             self.session = event.session
         self._queue.put_nowait(event)
-        if isinstance(event, _TERMINAL):
+        if _ends_session(event):
             self._ended = True
             self._end.set()
             self._queue.put_nowait(None)
@@ -317,6 +330,8 @@ class DuplexClient:
                     reply = await asyncio.wait_for(self._recv_event(ws), 10.0)
                     if isinstance(reply, ev.SessionResumed):
                         break
+                    if isinstance(reply, ev.Error) and reply.error.code in _RETRY_CODES:
+                        raise TimeoutError(f"resume refused for now: {reply.error.code}")
                     if isinstance(reply, ev.Error | ev.SessionClosed | ev.SessionExpired):
                         await ws.close()
                         self._deliver(reply)
@@ -326,6 +341,7 @@ class DuplexClient:
                 last_error = f"{type(exc).__name__}: {exc}"
                 await ws.close()
                 await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
                 continue
             try:
                 await self._resend_input(ws, reply.last_input_seq)

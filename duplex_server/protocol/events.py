@@ -729,6 +729,13 @@ class SessionReplaced(ServerEvent, frozen=True, tag="session.replaced"):
     reason: str = "resumed on another connection"
 
 
+class SessionHandover(ServerEvent, frozen=True, tag="session.handover"):
+    """Extension: this front end is draining (a deploy); resume the session (same id and
+    token, ``?intent=resume``): a load balancer sends it to another front end."""
+
+    reason: str = "server_draining"
+
+
 class SessionExpiring(ServerEvent, frozen=True, tag="session.expiring"):
     in_s: float
     reason: str
@@ -807,6 +814,7 @@ AnyServerEvent = (
     | PlaybackAcknowledged
     | SessionResumed
     | SessionReplaced
+    | SessionHandover
     | SessionExpiring
     | SessionExpired
     | ResyncRequired
