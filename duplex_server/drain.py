@@ -5,8 +5,9 @@
 1. the front end stops taking sessions: ``/health`` answers 503 ``draining`` (HAProxy's
    checks take it out), new sessions and resumes are refused (``server_draining``, close
    1013; a client retries and the load balancer sends it elsewhere);
-2. answers in flight get up to ``server.drain_s`` to finish, and ``/health`` stays
-   ``draining`` for at least ``server.drain_health_s``;
+2. answers in flight get up to ``server.drain_s`` to finish (one still running then is
+   cancelled: ``response.done{cancelled}``, reason ``server_draining``), and ``/health``
+   stays ``draining`` for at least ``server.drain_health_s``;
 3. every session is handed over: its replica in the engine is brought up to date (marked
    handed over at the seq of the event that follows), then ``session.handover`` is sent and
    the socket closed with 1012. The client resumes through the load balancer; the front end
@@ -62,10 +63,13 @@ async def drain(hub: Hub, drain_s: float, health_s: float) -> int:
 
 async def hand_over(session: LiveSession) -> None:
     """Send ``session`` to another front end: replica first, then the client is told."""
+    session.apply(session.core.cut_for_handover())  # an answer still running: cancelled
     att = session.attachment
     deadline = time.monotonic() + _FLUSH_S
-    while att is not None and att.queued_bytes and time.monotonic() < deadline:  # noqa: ASYNC110
-        await asyncio.sleep(0.01)  # what the client was sent arrives before the handover
+    while time.monotonic() < deadline and (  # noqa: ASYNC110
+        session.calls_waiting or (att is not None and att.queued_bytes)
+    ):
+        await asyncio.sleep(0.01)  # the engine has the calls, the client what it was sent
     seq = session.stamper.seq + 1  # the handover event's
     await session.replicate(handed_over_at=seq)
     if session.stamper.seq + 1 != seq or session.core.closed:

@@ -140,6 +140,9 @@ class CallQueue:
         """Audio bytes queued for the engine (merged appends waiting their turn)."""
         return sum(len(c.audio) for c in self._items if isinstance(c, Append))
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def peek(self) -> EngineCommand | None:
         return self._items[0] if self._items else None
 

@@ -113,6 +113,11 @@ class LiveSession:
         return self.core.session_id
 
     @property
+    def calls_waiting(self) -> int:
+        """Engine calls queued and not yet made."""
+        return len(self._calls)
+
+    @property
     def input_bytes(self) -> int:
         """Input audio held here: the lane's backlog and appends queued for the engine."""
         return self.lane.backlog + self._calls.nbytes

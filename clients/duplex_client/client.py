@@ -152,6 +152,7 @@ class DuplexClient:
         self._acked = 0
         self.session: ev.SessionObj | None = None
         self.resumes = 0  # transparent resumes so far
+        self.resumed_at: float | None = None  # time.monotonic() of the last resume
         self.duplicates_dropped = 0  # replayed events already delivered before a drop
         self.inputs = InputLog()  # numbered input messages, until the server has them
         self.input_resent = 0  # input messages sent again after a reconnect
@@ -352,6 +353,7 @@ class DuplexClient:
             self.resume_token = reply.resume_token
             self.last_seq = max(self.last_seq, reply.server_event_seq)  # not shown to the user
             self.resumes += 1
+            self.resumed_at = time.monotonic()
             self._attach(ws)
             log.info("session %s resumed (%d replayed)", self.session_id, reply.replayed)
             return

@@ -144,6 +144,14 @@ class SessionCore(Admission, CoreInput):
             "session.resume must be the first event of a new connection (?intent=resume)",
         )
 
+    def cut_for_handover(self) -> list[Action]:
+        """The front end drains and ``drain_s`` is up: an answer still running is
+        cancelled (``response.done{cancelled}``, reason ``server_draining``) before the
+        session moves, never cut silently."""
+        if not self.responses.active:
+            return []
+        return self._cancel("response.cancel", "server_draining", None)
+
     # ------------------------------------------------------------------ call results
     def on_result(self, command: EngineCommand, accepted: Fence | None) -> None:
         """An engine call succeeded; adopt the engine's turn and response counters."""
