@@ -22,8 +22,9 @@ JSON: ``sessions_lost`` (a session that failed or whose conversation did not sur
 ``events_duplicated`` (events whose seq the client already had: the SDK drops them and counts
 them), ``input_duplicated`` / ``input_lost`` (sessions whose transcript heard more / less than
 was sent, beyond the resampler's few ms), ``resume_after_crash_ms_p99`` (kill -9 -> the
-session resumed on the other front end: ``session.resumed`` there, per session of w1), ``drain_s`` (SIGTERM -> the front end exited, the longest of the two),
-``resync_after_drain`` (must be 0).
+session resumed on the other front end: ``session.resumed`` there, per session of w1),
+``drain_s`` (SIGTERM -> the front end exited, the longest of the two), ``resync_after_drain``
+(must be 0).
 
     python -m bench.failover --sessions 50 [--json PATH]
 """
