@@ -9,9 +9,11 @@ flight finishes, then its sessions are handed over and resume elsewhere with not
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from duplex_client import DuplexClient
@@ -19,7 +21,7 @@ from duplex_client import events as ev
 
 from bench.cluster import HAPROXY, Cluster, cluster, health
 from engine.duplex.fence import route_key_of
-from tests.server.harness import UNIT, write_config
+from tests.server.harness import UNIT, Client, text_item, write_config
 
 pytestmark = pytest.mark.skipif(
     not Path(HAPROXY).exists(),
@@ -74,12 +76,33 @@ async def _open(c: Cluster, n: int) -> list[DuplexClient]:
     return clients
 
 
+async def _raw_on(c: Cluster, key: str) -> tuple[Client, dict[str, Any], Any]:
+    """A raw WebSocket client (no SDK) whose session lives on front end ``key``."""
+    for _ in range(6):
+        cm = Client.connect(c.lb)
+        raw: Client = await cm.__aenter__()
+        created = await raw.until("session.created")
+        if route_key_of(created["session"]["id"]) == key:
+            return raw, created, cm
+        await raw.send({"type": "session.close"})
+        await cm.__aexit__(None, None, None)
+    raise AssertionError(f"no session landed on {key}")
+
+
 def test_kill_9_mid_answer_resumes_on_the_other_front_end(two_fronts: Cluster) -> None:
     c = two_fronts
 
     async def run() -> None:
         clients = await _open(c, 4)
+        raw, created, raw_cm = await _raw_on(c, "w1")
         try:
+            await raw.send({"type": "session.update", "session": {"turn_detection": None}})
+            await raw.send(text_item("alpha"))
+            await raw.send({"type": "response.create"})
+            await raw.until("response.done", within=20)
+            await raw.send(text_item("bravo"))
+            await raw.send({"type": "response.create"})
+            await raw.until("response.output_audio.delta", within=20)
             ids = [client.session_id for client in clients]
             tokens = [client.resume_token for client in clients]
             for client in clients:  # every session mid-answer
@@ -91,6 +114,35 @@ def test_kill_9_mid_answer_resumes_on_the_other_front_end(two_fronts: Cluster) -
             for client in victims:  # the SDK resumes through HAProxy by itself
                 await _until(client, ev.ResyncRequired)
             took = time.monotonic() - start
+            # the raw client: its socket dropped; it resumes through HAProxy by hand
+            with contextlib.suppress(Exception):
+                await raw.drain(1.0)
+            await raw_cm.__aexit__(None, None, None)
+            last = raw.events[-1]["server_event_seq"]
+            async with Client.connect(c.lb, "?" + created["resume_query"]) as again:
+                await again.send(
+                    {
+                        "type": "session.resume",
+                        "session_id": created["session"]["id"],
+                        "resume_token": created["resume_token"],
+                        "last_received_server_event_seq": last,
+                    }
+                )
+                resync = await again.until("session.resync_required", within=10)
+                assert resync["reason"] == "front_end_lost" and resync["last_seq"] >= last
+                resumed = await again.until("session.resumed")
+                assert resumed["session_id"] == created["session"]["id"]
+                assert resumed["resume_token"] != created["resume_token"]
+                await again.send(text_item("charlie"))
+                await again.send({"type": "response.create"})
+                done = await again.until("response.done", within=30)
+                while done["response"]["status"] != "completed":  # bravo's may end first
+                    done = await again.until("response.done", within=30)
+                seqs = [e["server_event_seq"] for e in raw.events + again.events]
+                assert seqs == sorted(set(seqs)), seqs  # never a seq twice, always forward
+                text = done["response"]["output"][0]["content"][0]["transcript"]
+                assert "alpha" in text and "charlie" in text, text
+                await again.send({"type": "session.close"})
             for client in clients:
                 if client not in victims:
                     assert "bravo" in await _answer(client, None)  # its answer went on
