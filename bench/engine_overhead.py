@@ -19,9 +19,11 @@ import statistics
 import time
 from pathlib import Path
 
+from duplex_contract.events import AudioChunk, ResponseDone
+from duplex_contract.fence import Fence
+from duplex_contract.settings import SessionSettings
 from engine.client import AsyncEngine
 from engine.config import load_engine_config
-from engine.messages import AudioChunk, Fence, ResponseDone, SessionConfig
 from engine.stages.testing import TestStage, TestStageOptions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +45,7 @@ async def one_session(
     cancels: list[float],
     stale: list[int],
 ) -> None:
-    res = await engine.open(SessionConfig(output_modalities=("audio",)))
+    res = await engine.open(SessionSettings(output_modalities=("audio",)))
     assert res.session_id and res.accepted_fence
     sid, gen = res.session_id, res.lease_generation
     await engine.append(res.accepted_fence, gen, text="hello")

@@ -30,10 +30,10 @@ import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from audio_kit.pcm import resample_pcm16
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.turns import InputLane, InputScheduler, _Config, _run_jobs
-from engine.audio import resample_pcm16
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 24000

@@ -2,9 +2,12 @@
 
 Starts the real server (default configs/cpu.yaml) and streams human recordings from
 tests/data as a live microphone over ``/v1/realtime``: 20 ms binary PCM16 frames in real
-time (24 kHz, the session's default input rate), silence between utterances, utterances with
-and without mid-sentence pauses (the natural 0.5-0.6 s pauses at the commas of
-two_cities.wav, and a 0.8 s pause inserted before a sentence's last word). Measured at the client:
+time (``--input-rate``: 24 kHz, the session's default input rate, or 16 kHz), silence
+between utterances, utterances with and without mid-sentence pauses (the natural 0.5-0.6 s
+pauses at the commas of two_cities.wav, and a 0.8 s pause inserted before a sentence's last
+word). ``--voices espeak`` streams short questions rendered by the project's eSpeak NG stage
+(engine/stages/tts_espeak.py, 22.05 kHz, resampled to the input rate) instead: synthetic
+voices, digital silence between words, no pause inside a sentence. Measured at the client:
 
 * ``live_ttfa_ms``: the last voiced frame sent -> the first ``response.output_audio.delta``
   of a response created after it (p50, p90 over the turns);
@@ -19,6 +22,7 @@ two_cities.wav, and a 0.8 s pause inserted before a sentence's last word). Measu
   TTFA minus the server's own (last voice -> first delta written).
 
     python bench/live_latency.py [--json PATH] [--turns N] [--runs 3] [--config PATH]
+        [--input-rate 24000|16000] [--voices human|espeak]
         [--turn-detection server_vad|semantic_vad] [--eagerness auto]
 
 Runs ``--runs`` consecutive times (a fresh server each), prints each run's p50/p90 with the
@@ -53,15 +57,14 @@ import soxr
 import websockets
 from serverproc import ROOT, running_server
 
-RATE = 24000  # the client's microphone rate (the session input format)
-FRAME = RATE // 50  # 20 ms
+RATES = (24000, 16000)  # the client's microphone rate (the session input format)
 DATA = ROOT / "tests" / "data"
 
 
 @dataclass(frozen=True)
 class Utterance:
     name: str
-    file: str
+    file: str  # a recording in tests/data, or "espeak": ``text`` rendered by eSpeak NG
     start_s: float
     end_s: float
     text: str  # reference transcript
@@ -95,19 +98,54 @@ UTTERANCES = [
 ]
 
 
-def load(u: Utterance) -> tuple[np.ndarray, bytes, int, int]:
-    """(16 kHz float clip, 24 kHz PCM16 clip, first and last voiced 24 kHz sample)."""
-    data, rate = sf.read(DATA / u.file, dtype="float32")
-    if data.ndim > 1:
-        data = data.mean(axis=1)
-    clip = data[int(u.start_s * rate) : int(u.end_s * rate)]
+#: short questions, spoken by eSpeak NG (``--voices espeak``); the issue's own among them
+QUESTIONS = [
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "Who wrote Romeo and Juliet?",
+    "What is the boiling point of water?",
+    "Can you recommend a good book?",
+    "How far away is the moon?",
+]
+ESPEAK = [Utterance(f"q{i + 1}", "espeak", 0.0, 0.0, q, False) for i, q in enumerate(QUESTIONS)]
+
+
+def espeak_render(texts: list[str]) -> dict[str, tuple[np.ndarray, int]]:
+    """Each text in eSpeak NG's default voice, through the project's TTS stage: (float32
+    samples, their rate). Imported here: the human-voice runs need none of the engine."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from engine.stages.tts_espeak import EspeakOptions, EspeakTts
+
+    tts = EspeakTts(EspeakOptions(), "bench-espeak")
+    tts.load()
+    out = {}
+    for text in texts:
+        pcm = tts.synthesize(text, speed=1.0, keep_going=lambda: True)
+        out[text] = (np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0, tts.native_rate)
+    return out
+
+
+def load(
+    u: Utterance, mic_rate: int, rendered: dict[str, tuple[np.ndarray, int]] | None = None
+) -> tuple[np.ndarray, bytes, int, int]:
+    """(16 kHz float clip, PCM16 clip at ``mic_rate``, first and last voiced mic sample)."""
+    if u.file == "espeak":
+        assert rendered is not None
+        clip, rate = rendered[u.text]
+    else:
+        data, rate = sf.read(DATA / u.file, dtype="float32")
+        if data.ndim > 1:
+            data = data.mean(axis=1)
+        clip = data[int(u.start_s * rate) : int(u.end_s * rate)]
     if u.gap is not None:
         cut = int(u.gap[0] * rate)
         silence = np.zeros(int(u.gap[1] * rate), dtype=clip.dtype)
         clip = np.concatenate([clip[:cut], silence, clip[cut:]])
     clip16 = soxr.resample(clip, rate, 16000) if rate != 16000 else clip
-    mic = soxr.resample(clip, rate, RATE)
-    win = RATE // 100
+    mic = soxr.resample(clip, rate, mic_rate) if rate != mic_rate else clip
+    win = mic_rate // 100
     rms = np.sqrt(np.convolve(mic**2, np.ones(win) / win, mode="same"))
     voiced = np.nonzero(rms > 0.05 * rms.max())[0]
     pcm = (np.clip(mic, -1, 1) * 32767).astype("<i2").tobytes()
@@ -202,13 +240,21 @@ async def batch_transcript(addr: str, clip16: np.ndarray) -> str:
         return str(r.json()["text"])
 
 
+def utterances(voices: str) -> list[Utterance]:
+    return ESPEAK if voices == "espeak" else UTTERANCES
+
+
 async def session(addr: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    clips = {u.name: load(u) for u in UTTERANCES}
-    batch = {u.name: await batch_transcript(addr, clips[u.name][0]) for u in UTTERANCES}
+    rate = args.input_rate
+    frame = rate // 50  # 20 ms
+    utts = utterances(args.voices)
+    rendered = espeak_render([u.text for u in utts]) if args.voices == "espeak" else None
+    clips = {u.name: load(u, rate, rendered) for u in utts}
+    batch = {u.name: await batch_transcript(addr, clips[u.name][0]) for u in utts}
     td: dict[str, Any] = {"type": args.turn_detection}
     if args.turn_detection == "semantic_vad":
         td["eagerness"] = args.eagerness
-    silence = b"\0\0" * FRAME
+    silence = b"\0\0" * frame
     async with websockets.connect(f"ws://{addr}/v1/realtime", max_size=None) as ws:
         await ws.send(
             json.dumps(
@@ -219,7 +265,7 @@ async def session(addr: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                         "max_output_tokens": args.max_tokens,
                         "audio": {
                             "input": {
-                                "format": {"type": "audio/pcm", "rate": RATE},
+                                "format": {"type": "audio/pcm", "rate": rate},
                                 "turn_detection": td,
                             }
                         },
@@ -263,17 +309,17 @@ async def session(addr: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         for _ in range(50):  # 1 s of silence first
             await send(silence)
         for i in range(args.turns):
-            u = UTTERANCES[i % len(UTTERANCES)]
+            u = utts[i % len(utts)]
             _clip16, pcm, first, last = clips[u.name]
             turn = Turn(u)
             current.append(turn)
             done.clear()
-            step = FRAME * 2
+            step = frame * 2
             for off in range(0, len(pcm), step):
                 sent = await send(pcm[off : off + step])
-                if off // 2 <= first < off // 2 + FRAME:
+                if off // 2 <= first < off // 2 + frame:
                     turn.onset = sent
-                if off // 2 <= last < off // 2 + FRAME:
+                if off // 2 <= last < off // 2 + frame:
                     turn.last_voice = sent
             deadline = time.perf_counter() + 30
             while not done.is_set() and time.perf_counter() < deadline:
@@ -323,6 +369,8 @@ def summarize(rows: list[dict[str, Any]], args: argparse.Namespace, load: str) -
         "config": str(args.config),
         "turn_detection": args.turn_detection,
         "eagerness": args.eagerness if args.turn_detection == "semantic_vad" else None,
+        "input_rate": args.input_rate,
+        "voices": args.voices,
         "turns": len(rows),
         "load_average": load,
         "live_ttfa_ms_p50": p(ttfa, 50),
@@ -362,7 +410,10 @@ def plot(out: dict[str, Any], path: Path) -> None:
     b.set_xlabel("ms (p50 per segment)")
     b.legend(fontsize=8, loc="upper right")
     b.set_title("where the time goes (server timeline)")
-    fig.suptitle(f"{out['turn_detection']} - load {out['load_average']}")
+    fig.suptitle(
+        f"{out['turn_detection']}, {out['voices']} voices at {out['input_rate']} Hz"
+        f" - load {out['load_average']}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
@@ -423,6 +474,19 @@ def main() -> int:
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "cpu.yaml")
     ap.add_argument("--turns", type=int, default=12)
     ap.add_argument("--runs", type=int, default=3, help="consecutive runs (median reported)")
+    ap.add_argument(
+        "--input-rate",
+        type=int,
+        choices=RATES,
+        default=24000,
+        help="the microphone's PCM16 rate, the session's input format (Hz)",
+    )
+    ap.add_argument(
+        "--voices",
+        choices=("human", "espeak"),
+        default="human",
+        help="human recordings (tests/data) or short questions spoken by eSpeak NG",
+    )
     ap.add_argument("--turn-detection", default="server_vad")
     ap.add_argument("--eagerness", default="auto")
     ap.add_argument("--max-tokens", type=int, default=40)
@@ -430,9 +494,12 @@ def main() -> int:
     args = ap.parse_args()
     runs = []
     for i in range(args.runs):
-        print(f"--- run {i + 1} of {args.runs}, load average {os.getloadavg()[0]:.2f}")
+        print(
+            f"--- run {i + 1} of {args.runs} ({args.voices} voices, {args.input_rate} Hz), "
+            f"load average {os.getloadavg()[0]:.2f}"
+        )
         runs.append(one_run(args))
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"input_rate": args.input_rate, "voices": args.voices}
     for key in ("live_ttfa_ms_p50", "live_ttfa_ms_p90", "false_turn_ends"):
         vals = [r[key] for r in runs if r[key] is not None]
         out[key] = statistics.median(vals) if vals else None

@@ -1,4 +1,4 @@
-"""Input noise reduction (``audio.input.noise_reduction``, engine/denoise.py): what it costs
+"""Input noise reduction (``audio.input.noise_reduction``, audio_kit/denoise.py): what it costs
 and what it does to the VAD and the ASR.
 
     python bench/noise_reduction.py [--json PATH] [--snr DB]
@@ -85,7 +85,7 @@ def process(pcm: bytes, kind: str | None, vad: str = "silero") -> tuple[bytes, l
     proc = InputProcessor(PCM16_16K, TurnDetection(), vad, kind)  # type: ignore[arg-type]
     spent = 0.0
     if proc._denoise is not None:  # time the suppressor alone on a copy of the input
-        from engine.denoise import NoiseSuppressor
+        from audio_kit.denoise import NoiseSuppressor
 
         twin = NoiseSuppressor(proc._denoise.kind)
         t0 = time.process_time()

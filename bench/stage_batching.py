@@ -32,7 +32,8 @@ import soundfile as sf
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine.messages import AsrRequest, TranscriptOut
+from duplex_contract.batch import TranscriptOut
+from engine.messages import AsrRequest
 from engine.stages.asr_whisper import WhisperAsr, WhisperOptions
 
 BECKETT = Path(__file__).resolve().parent.parent / "tests" / "data" / "beckett.wav"

@@ -29,8 +29,10 @@ import soundfile as sf
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine.audio import pcm16_to_float32
-from engine.messages import AsrRequest, AudioOut, ChatMessage, TtsRequest
+from audio_kit.pcm import pcm16_to_float32
+from audio_kit.vad import CHUNK_SAMPLES, SileroVad
+from duplex_contract.batch import AudioOut, ChatMessage
+from engine.messages import AsrRequest, TtsRequest
 from engine.stages.asr_pocketsphinx import (
     PocketsphinxAsr,
     PocketsphinxOptions,
@@ -40,7 +42,6 @@ from engine.stages.asr_whisper import WhisperAsr, WhisperOptions
 from engine.stages.llm_llamacpp import LlamaCppLlm, LlamaCppOptions
 from engine.stages.tts_espeak import EspeakOptions, EspeakTts
 from engine.stages.tts_piper import PiperOptions, PiperTts
-from engine.stages.vad_silero import CHUNK_SAMPLES, SileroVad
 
 BECKETT = Path(__file__).resolve().parent.parent / "tests" / "data" / "beckett.wav"
 TTS_TEXT = (

@@ -125,9 +125,9 @@ def codec_bench(
 async def talker_bench(quick: bool, raw: dict[str, Any]) -> dict[str, Any]:
     import asyncio
 
+    from duplex_contract.batch import AudioOut, SpeechJob
     from engine.client import AsyncEngine
     from engine.config import engine_config
-    from engine.messages import AudioOut, SpeechJob
 
     stages = {k: v for k, v in raw["stages"].items() if k in ("talker", "codec")}
     cfg = engine_config({"stages": stages, "routes": {"speech": ["talker", "codec"]}})

@@ -24,21 +24,19 @@ import statistics
 import time
 from pathlib import Path
 
-from engine.client import AsyncEngine
-from engine.config import load_engine_config
-from engine.messages import (
-    AudioChunk,
+from duplex_contract.batch import (
     AudioOut,
     ChatJob,
     ChatMessage,
-    ResponseDone,
-    SessionConfig,
     SpeechJob,
     TextOut,
     TranscribeJob,
     TranscriptOut,
-    UserTranscript,
 )
+from duplex_contract.events import AudioChunk, ResponseDone, UserTranscript
+from duplex_contract.settings import SessionSettings
+from engine.client import AsyncEngine
+from engine.config import load_engine_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TURNS = [
@@ -61,7 +59,7 @@ async def record(engine: AsyncEngine, text: str) -> bytes:
 
 
 async def streaming_turn(engine: AsyncEngine, audio: bytes, silence_s: float) -> dict[str, object]:
-    res = await engine.open(SessionConfig(output_modalities=("audio",)))
+    res = await engine.open(SessionSettings(output_modalities=("audio",)))
     assert res.session_id and res.accepted_fence
     sid, fence, gen = res.session_id, res.accepted_fence, res.lease_generation
     t = time.perf_counter()

@@ -18,6 +18,7 @@ import sys
 import msgspec
 import uvicorn
 
+from duplex_contract.errors import ConfigError
 from duplex_server import listen, logs
 from duplex_server.app import create_app
 from duplex_server.config import ServerConfig, load_app_config
@@ -26,7 +27,6 @@ from duplex_server.scale import haproxy_config, serve_workers
 from duplex_server.tracing import Tracing
 from duplex_server.ws_protocol import BufferedReadsProtocol
 from engine.config import convert
-from engine.errors import ConfigError
 from engine.graph import build_graph
 from engine.remote import parse_address, serve_engine
 
@@ -209,7 +209,7 @@ def _check(path: str) -> int:
     print("stages:")
     for name, replicas in graph.replicas.items():
         info = graph.stages[name]
-        places = ", ".join(str(getattr(r, "device", "cpu")) for r in replicas)
+        places = ", ".join(r.device for r in replicas)
         print(f"  {name}: {info.backend} ({info.io}), replicas on: {places}")
     print("routes:")
     for name, route in graph.routes.items():

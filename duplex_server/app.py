@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from duplex_contract.errors import ConfigError, EngineDeadError
 from duplex_contract.voices import VoiceCatalog
 from duplex_server import batch, webrtc
 from duplex_server.auth import HttpAuth
@@ -32,8 +33,7 @@ from duplex_server.realtime import realtime_endpoint
 from duplex_server.tracing import Tracing
 from duplex_server.twilio import twilio_endpoint
 from engine.client import AsyncEngine
-from engine.errors import ConfigError, EngineDeadError
-from engine.remote import RemoteEngine
+from engine.remote_client import RemoteEngine
 from engine.voices import voices_of
 
 log = logging.getLogger(__name__)

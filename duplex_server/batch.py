@@ -30,6 +30,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from duplex_contract.batch import (
+    AudioOut,
+    BatchDone,
+    BatchItem,
+    BatchJob,
+    ChatJob,
+    ChatMessage,
+    SpeechJob,
+    TextOut,
+    TranscribeJob,
+    TranscriptOut,
+)
+from duplex_contract.errors import EngineDeadError, EngineError
 from duplex_contract.voices import VoiceCatalog
 from duplex_server.batch_api import (
     ENGINE_INPUT_RATE,
@@ -54,19 +67,6 @@ from duplex_server.codecs import (
 )
 from duplex_server.config import BatchConfig
 from engine.client import AsyncEngine
-from engine.errors import EngineDeadError, EngineError
-from engine.messages import (
-    AudioOut,
-    BatchDone,
-    BatchItem,
-    BatchJob,
-    ChatJob,
-    ChatMessage,
-    SpeechJob,
-    TextOut,
-    TranscribeJob,
-    TranscriptOut,
-)
 
 log = logging.getLogger(__name__)
 __all__ = ["BatchConfig", "routes"]  # BatchConfig lives in duplex_server.config

@@ -1,6 +1,6 @@
 """Server configuration: the ``server:`` section of the YAML config (every field has a default).
 
-A bad value fails start-up with :class:`engine.errors.ConfigError` naming the field.
+A bad value fails start-up with :class:`duplex_contract.errors.ConfigError` naming the field.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from duplex_contract.errors import ConfigError
 from engine.config import EngineConfig, convert, engine_config, load_yaml
-from engine.errors import ConfigError
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]

@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from duplex_contract.control import Activity, ControlResult, PlaybackMark, SignalEvent
 from duplex_contract.events import SessionEvent
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings, SessionUpdate
@@ -26,7 +27,6 @@ from duplex_server.protocol.commands import (
     Update,
 )
 from duplex_server.protocol.session import SessionCore
-from engine.messages import Activity, ControlResult, PlaybackMark, SignalEvent
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from duplex_server.protocol.codec import AudioFormat, pcm16_to_g711
-from engine.audio import StreamResampler
+from audio_kit.g711 import pcm16_to_g711
+from audio_kit.pcm import StreamResampler
+from duplex_server.protocol.codec import AudioFormat
 
 
 class OutputEncoder:

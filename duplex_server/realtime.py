@@ -2,16 +2,19 @@
 
 One :class:`SocketAttachment` per socket implements the session's
 :class:`~duplex_server.attach.Attachment` interface and runs one TaskGroup with two tasks:
-``reader`` (frames -> session) and ``writer`` (outbound queue -> socket; the session stamps
-and journals each event as it is written). Opening, resuming and taking a session over are
-decided by the session core (:mod:`duplex_server.session_runtime`).
+``reader`` (frames -> session) and ``writer`` (the writer every transport uses,
+:class:`~duplex_server.writer.QueuedWriter`: outbound queue -> socket; the session stamps
+and journals each event as it is written). Admission, opening and resuming go through
+:mod:`duplex_server.handshake`; opening, resuming and taking a session over are decided by
+the session core (:mod:`duplex_server.session_runtime`).
 
-Slow-client policy: each socket has a bounded outbound queue (``output_buffer_bytes``) and
-a per-frame send timeout (``send_timeout_s``). A client that overflows the queue or stalls a
-send loses its session (the hub's watchdog checks every writer's send in progress, so no
-timer is armed per frame): the session core drops the queue, sends ``error{code: client_too_slow}``
-and ``session.closed`` best-effort, closes the engine session, and the socket closes with
-1008. Server memory never grows without bound because of one client.
+Slow-client policy (the writer's, the same on every transport): each socket has a bounded
+outbound queue (``output_buffer_bytes``) and a per-frame send timeout (``send_timeout_s``).
+A client that overflows the queue or stalls a send loses its session (the hub's watchdog
+checks every writer's send in progress, so no timer is armed per frame): the session core
+drops the queue, sends ``error{code: client_too_slow}`` and ``session.closed`` best-effort,
+closes the engine session, and the socket closes with 1008. Server memory never grows
+without bound because of one client.
 """
 
 from __future__ import annotations
@@ -22,69 +25,34 @@ import logging
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex_contract.errors import EngineError
-from duplex_server.attach import Outbox, Outgoing
-from duplex_server.auth import admit
+from duplex_server import handshake
+from duplex_server.attach import Outgoing
 from duplex_server.hub import Hub
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import decode_client_event, encode_server_event
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
 from duplex_server.session_runtime import LiveSession
+from duplex_server.writer import QueuedWriter
 
 log = logging.getLogger(__name__)
 
 
-class SocketAttachment:
+class SocketAttachment(QueuedWriter):
     """One WebSocket; attached to at most one live session at a time."""
 
     def __init__(self, hub: Hub, ws: WebSocket) -> None:
-        self.hub, self.ws = hub, ws
-        self.outbox = Outbox(hub.config.server.output_buffer_bytes)
-        self.session: LiveSession | None = None
-        self._close: tuple[int, str] | None = None
+        super().__init__(hub)
+        self.ws = ws
         self._tasks: list[asyncio.Task[None]] = []
-        self._writer_task: asyncio.Task[None] | None = None
-        self._stalled = False
-        #: loop time when the frame being written started (None: not in a send)
-        self.send_since: float | None = None
         #: the close code the client sent (1006: the connection dropped without one)
         self.peer_close_code: int | None = None
 
     # ------------------------------------------------------------------ Attachment
-    def send_event(self, item: Outgoing) -> bool:
-        # a socket already closing drops what does not fit; it is not a slow client
-        return self.outbox.put(item) or self._close is not None
-
-    def send_stamped(self, data: bytes) -> None:
-        self.outbox.put_raw(data)
-
-    def purge_audio(self, below_epoch: int) -> int:
-        return self.outbox.purge_audio(below_epoch)
-
-    def take_unsent(self) -> list[Outgoing]:
-        return self.outbox.drain()
-
-    def close(self, code: int, reason: str) -> None:
-        if self._close is None:
-            self._close = (code, reason)
-        self.outbox.wake.set()
-
     def replaced(self, data: bytes) -> None:
         self.session = None  # later frames of this socket are refused silently
         self.outbox.drain()
         self.outbox.put_raw(data)
         self.close(CloseCode.NORMAL, "replaced")
-
-    @property
-    def queued_bytes(self) -> int:
-        return self.outbox.nbytes
-
-    # ------------------------------------------------------------------ slow client
-    def send_stalled(self) -> None:
-        """The watchdog saw a send outlast ``send_timeout_s``: stop the writer (too slow)."""
-        task = self._writer_task
-        if task is not None and not task.done() and not self._stalled:
-            self._stalled = True
-            task.cancel()
 
     def fatal(self, exc: ProtocolError) -> None:
         """An error before (or without) a session: sent, then the socket closes."""
@@ -146,63 +114,38 @@ class SocketAttachment:
 
     async def _writer(self) -> None:
         try:
-            await self._write_loop()
+            await self.run_writer()
         except WebSocketDisconnect:
             pass  # the client went away mid-send: nothing more to write (it can resume)
-        except asyncio.CancelledError:
-            if not self._stalled:
-                raise  # (before any local for the task: the error keeps this frame)
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()  # cancelled by the send watchdog: the client reads too slowly
-            if self.session is not None:
-                self.session.too_slow()
-        finally:
-            self._stop()
 
-    async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            item = self.outbox.pop()
-            if item is None:
-                if self._close is not None:
-                    break
-                await self.outbox.wake.wait()
-                continue
-            session = self.session
-            data = item.raw if session is None else session.next_frame(item)
-            if data is None:
-                continue  # stale audio, or an event for a session no longer attached
-            self.send_since = loop.time()  # the watchdog enforces send_timeout_s
-            try:
-                await self.ws.send_text(data.decode())
-            finally:
-                self.send_since = None
-            if session is not None and item.event is not None:
-                session.sent(item)
-        code, reason = self._close or (CloseCode.NORMAL, "")
+    # ------------------------------------------------------------------ QueuedWriter
+    async def deliver(self, item: Outgoing, session: LiveSession | None) -> bool:
+        data = item.raw if session is None else session.next_frame(item)
+        if data is None:
+            return False  # stale audio, or an event for a session no longer attached
+        await self.ws.send_text(data.decode())
+        return True
+
+    async def finish(self, code: int, reason: str) -> None:
         await self.ws.close(code, reason)
+
+    def writer_done(self) -> None:
+        self._stop()
 
 
 async def realtime_endpoint(ws: WebSocket) -> None:
     hub: Hub = ws.app.state.hub
-    s = hub.config.server
-    offered = ws.scope.get("subprotocols", [])
-    adm = admit(ws.headers, offered, keys=hub.keys, allowed_origins=s.allowed_origins)
+    adm = handshake.admit_socket(hub, ws.headers, ws.scope.get("subprotocols", []))
     await ws.accept(subprotocol=adm.subprotocol)
     sock = SocketAttachment(hub, ws)
-    hub.sockets.add(sock)
-    hub.metrics.connections.labels("open").inc()
+    handshake.connected(hub, sock)
     try:
         outcome = await _handshake(hub, sock, adm.ok, adm.code, adm.message)
-        hub.metrics.connection_outcomes.labels(outcome).inc()
+        handshake.outcome(hub, outcome)
         if outcome != "disconnected":
             await sock.serve()
     finally:
-        hub.sockets.discard(sock)
-        if not hub.sockets:
-            hub.no_connections.set()
-        hub.metrics.connections.labels("open").dec()
+        handshake.disconnected(hub, sock)
         if sock.session is not None:
             if sock.peer_close_code == CloseCode.NORMAL:
                 sock.session.peer_closed(sock)  # a clean close ends the session (§6)
@@ -215,27 +158,17 @@ async def realtime_endpoint(ws: WebSocket) -> None:
 
 
 async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg: str) -> str:
-    """Admit, then open a new session or resume one. Returns the outcome label."""
+    """Admitted, then open a new session or resume one (:mod:`duplex_server.handshake`).
+    Returns the outcome label."""
     ws = sock.ws
     try:
         if not ok:
             raise SessionFatal(code, msg)
-        engine = hub.sessions.engine
-        if hub.draining:
-            raise SessionFatal(
-                "server_draining",
-                "this front end is draining; resume or open elsewhere",
-                close_code=CloseCode.TRY_AGAIN,
-                error_type="server_error",
-            )
-        if hub.closing or engine is None or not engine.ready:
-            raise SessionFatal(
-                "engine_unavailable", "the engine is not ready", close_code=CloseCode.TRY_AGAIN
-            )
+        handshake.require_engine(hub)
         if ws.query_params.get("intent") != "resume":
             beta = "realtime=v1" in ws.headers.get("openai-beta", "")
             beta = beta or ws.query_params.get("event_names") == "beta"
-            sock.session = await hub.sessions.open(sock, hub.capabilities(), beta=beta)
+            sock.session = await handshake.open_session(hub, sock, beta=beta)
             return "opened"
         first = await asyncio.wait_for(ws.receive(), hub.config.server.resume_wait_s)
         if first["type"] == "websocket.disconnect":
@@ -248,7 +181,7 @@ async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg:
         event = decode_client_event(text)
         if not isinstance(event, ev.SessionResume):
             raise SessionFatal("invalid_state", "expected session.resume", close_code=1008)
-        sock.session = await hub.sessions.resume(sock, event)
+        sock.session = await handshake.resume_session(hub, sock, event)
         return "resumed"
     except WebSocketDisconnect:
         return "disconnected"
@@ -256,8 +189,7 @@ async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg:
         sock.fatal(SessionFatal("resume_timeout", "no session.resume in time"))
         return "resume_timeout"
     except (ProtocolError, EngineError) as exc:
-        detail, close = to_wire_error(exc)
-        close = close or CloseCode.POLICY
+        detail, close = handshake.refusal(exc)
         sock.fatal(
             SessionFatal(detail.code, detail.message, close_code=close, error_type=detail.type)
         )

@@ -38,11 +38,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
+from duplex_contract.tracecontext import traceparent_of
 from duplex_server.config import OtelConfig
 from duplex_server.otel_export import ChildExportProcessor
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Cancel, Commit, EngineCommand, Speculate
-from engine.tracing import traceparent_of
 
 #: the timeline's child spans of a turn: (name, start moment(s), end moment), the first
 #: start moment present counts (docs/protocol.md §5.10)

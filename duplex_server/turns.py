@@ -1,5 +1,5 @@
 """The input lane of a session: decode the wire format, resample to 16 kHz (soxr), suppress
-noise if the session asks (``audio.input.noise_reduction``, engine/denoise.py; before the VAD
+noise if the session asks (``audio.input.noise_reduction``, audio_kit/denoise.py; before the VAD
 and the ASR, which both see the cleaned audio), run the VAD, all in a worker thread (never
 on the event loop), in order per session; the lanes of all sessions share one scheduler that
 batches them into few executor jobs.
@@ -25,20 +25,15 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from audio_kit.denoise import NoiseReduction, NoiseSuppressor
+from audio_kit.g711 import g711_to_pcm16
+from audio_kit.pcm import StreamResampler
+from audio_kit.smart_turn import SmartTurn
+from audio_kit.vad import VadSegmenter, VadStream, VoiceActivityDetector, make_vad, probabilities
 from duplex_contract.audio import INPUT_RATE, input_ms
-from duplex_server.protocol.codec import AudioFormat, g711_to_pcm16
+from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
-from engine.audio import StreamResampler
-from engine.denoise import NoiseReduction, NoiseSuppressor
-from engine.smart_turn import SmartTurn
-from engine.stages.vad_silero import (
-    VadSegmenter,
-    VadStream,
-    VoiceActivityDetector,
-    make_vad,
-    probabilities,
-)
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +152,7 @@ class InputProcessor:
                     VadStart(onset_ms=origin_ms + onset, audio_start_ms=origin_ms + v.audio_ms)
                 )
             elif v.kind == "speech_stopped":
-                out.append(VadStop(audio_end_ms=origin_ms + v.audio_ms))
+                out.append(VadStop(audio_end_ms=origin_ms + v.audio_ms, at_ms=origin_ms + v.at_ms))
             elif v.kind == "pause":
                 out.append(VadPause(at_ms=origin_ms + v.at_ms))
             else:

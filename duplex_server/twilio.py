@@ -22,28 +22,30 @@ message is logged and counted; the call goes on. ``stop`` (or the socket closing
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import time
 from typing import Any
 
+import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from audio_kit.g711 import g711_to_pcm16
 from duplex_contract.errors import EngineError
-from duplex_server.auth import admit, key_matches
+from duplex_server import handshake
+from duplex_server import twilio_wire as wire
+from duplex_server.auth import key_matches
 from duplex_server.hub import Hub
 from duplex_server.media import MediaAttachment, check_session_patch, merge_patch
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.codec import g711_to_pcm16
 from duplex_server.protocol.dtmf import DIGITS
-from duplex_server.protocol.errors import CloseCode, ProtocolError, to_wire_error
+from duplex_server.protocol.errors import CloseCode, ProtocolError
 from duplex_server.twilio_signature import candidate_urls, verify
+from duplex_server.twilio_wire import Malformed
 
 log = logging.getLogger(__name__)
 
-TWILIO_RATE = 8000
+TWILIO_RATE = wire.RATE
 #: what every Twilio session uses (the formats are the transport's, not the caller's)
 TWILIO_SESSION: dict[str, Any] = {
     "audio": {
@@ -51,10 +53,6 @@ TWILIO_SESSION: dict[str, Any] = {
         "output": {"format": {"type": "audio/pcmu"}},
     }
 }
-
-
-class Malformed(ValueError):
-    """A Twilio message this server cannot use."""
 
 
 class TwilioAttachment(MediaAttachment):
@@ -69,23 +67,31 @@ class TwilioAttachment(MediaAttachment):
         self.clears_sent = 0
         self._cleared: set[str] = set()  # items cleared: their late marks are ignored
         self._mark_pos: dict[str, int] = {}  # mark name -> playout position (echo control)
+        self._sent_end: dict[str, float] = {}  # item -> ms of its audio sent (samples)
         #: the handshake's own credentials were enough (else customParameters.api_key)
         self.admitted = False
 
     # ------------------------------------------------------------------ out
-    async def _send(self, obj: dict[str, Any]) -> None:
-        await self.ws.send_text(json.dumps(obj, separators=(",", ":")))
+    async def _send(self, msg: wire.Outbound) -> None:
+        await self.ws.send_text(wire.encode(msg))
 
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
         sid = self.stream_sid
-        await self._send({"event": "media", "streamSid": sid, "media": {"payload": event.delta}})
-        end_ms = round(event.audio_start_ms + event.duration_ms)
-        name = f"{event.item_id}:{end_ms}"
+        await self._send(wire.SendMedia(streamSid=sid, media=wire.OutMedia(event.delta)))
+        # the mark names where this chunk ends in the item's audio as sent (samples, not
+        # the engine's ms: the resampler to 8 kHz holds some back, unevenly), so that its
+        # echo never claims more than the caller heard; playout is pending until it echoes
+        item = event.item_id
+        end = self._sent_end.get(item, 0.0) + len(pcm) / (2 * rate) * 1000
+        self._sent_end[item] = end
+        end_ms = round(end)
+        self.sent_ms[item] = float(end_ms)
+        name = f"{item}:{end_ms}"
         if self.feed is not None:
             pos = self.feed.reference(pcm, rate)
             if pos:
                 self._mark_pos[name] = pos
-        await self._send({"event": "mark", "streamSid": sid, "mark": {"name": name}})
+        await self._send(wire.SendMark(streamSid=sid, mark=wire.OutMark(name)))
         self.marks_sent += 1
 
     async def write_event(self, event: ev.ServerEvent, data: bytes) -> None:
@@ -99,7 +105,7 @@ class TwilioAttachment(MediaAttachment):
         if self.audio_item is not None:
             self._cleared.add(self.audio_item)
         self._mark_pos.clear()
-        await self._send({"event": "clear", "streamSid": self.stream_sid})
+        await self._send(wire.Clear(streamSid=self.stream_sid))
         self.clears_sent += 1
 
     async def hang_up(self, code: int, reason: str) -> None:
@@ -155,49 +161,37 @@ class TwilioAttachment(MediaAttachment):
     async def _handle(self, text: str) -> bool:
         """One Twilio message; False when the call is over."""
         try:
-            msg = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise Malformed(f"not JSON: {exc}") from None
-        if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
-            raise Malformed("no 'event' field")
-        kind = msg["event"]
-        if kind == "connected":
+            msg = wire.decode(text)
+        except wire.Malformed as exc:
+            if self.session is None and exc.event in ("media", "mark", "dtmf"):
+                return True  # before start (or after a refused start): nothing to feed
+            raise
+        if isinstance(msg, wire.Connected):
             return True
-        if kind == "start":
+        if isinstance(msg, wire.Start):
             return await self._start(msg)
-        if kind == "stop":
+        if isinstance(msg, wire.Stop):
             self.end_session("client")
             return False
         if self.session is None:
-            if kind in ("media", "mark", "dtmf"):
-                return True  # before start (or after a refused start): nothing to feed
-            raise Malformed(f"unknown event {kind!r}")
-        if kind == "media":
+            return True  # media, mark or dtmf before start: nothing to feed
+        if isinstance(msg, wire.Media):
             self._media(msg)
-        elif kind == "mark":
+        elif isinstance(msg, wire.Mark):
             self._mark(msg)
-        elif kind == "dtmf":
-            self._dtmf(msg)
         else:
-            raise Malformed(f"unknown event {kind!r}")
+            self._dtmf(msg)
         return True
 
-    async def _start(self, msg: dict[str, Any]) -> bool:
+    async def _start(self, msg: wire.Start) -> bool:
         if self.session is not None:
-            raise Malformed("a second start")
-        start = msg.get("start")
-        if not isinstance(start, dict):
-            raise Malformed("start without a 'start' object")
-        self.stream_sid = str(start.get("streamSid") or msg.get("streamSid") or "")
-        fmt = start.get("mediaFormat") or {}
-        if (
-            fmt.get("encoding", "audio/x-mulaw") != "audio/x-mulaw"
-            or int(fmt.get("sampleRate", TWILIO_RATE)) != TWILIO_RATE
-        ):
-            raise Malformed(f"unsupported mediaFormat {fmt}")
-        params = start.get("customParameters") or {}
-        if not isinstance(params, dict):
-            raise Malformed("customParameters is not an object")
+            raise Malformed("a second start", "start")
+        start = msg.body
+        self.stream_sid = msg.stream_sid
+        fmt = start.media_format
+        if fmt.encoding != wire.ENCODING or fmt.sampleRate != TWILIO_RATE:
+            raise Malformed(f"unsupported mediaFormat {msgspec.to_builtins(fmt)}", "start")
+        params = start.parameters
         try:
             if not self._authorized(params):
                 raise ProtocolError("unauthorized", "missing or invalid API key")
@@ -212,55 +206,39 @@ class TwilioAttachment(MediaAttachment):
             await self.open_session(patch)
         except json.JSONDecodeError as exc:
             log.warning("twilio %s: customParameters.session is not JSON: %s", self.stream_sid, exc)
-            self.hub.metrics.connection_outcomes.labels("invalid_value").inc()
+            handshake.outcome(self.hub, "invalid_value")
             self.close(CloseCode.POLICY, "invalid_value")
             return False
         except (ProtocolError, EngineError) as exc:
-            detail, _ = to_wire_error(exc)
+            detail, _ = handshake.refusal(exc)
             log.warning("twilio %s: call refused: %s", self.stream_sid, detail.message)
-            self.hub.metrics.connection_outcomes.labels(detail.code).inc()
+            handshake.outcome(self.hub, detail.code)
             self.close(CloseCode.POLICY, detail.code)
             return False
         return True
 
-    def _authorized(self, params: dict[str, Any]) -> bool:
+    def _authorized(self, params: dict[str, str]) -> bool:
         if self.admitted:
             return True
         key = params.get("api_key")
-        return isinstance(key, str) and key_matches(key, self.hub.keys)
+        return key is not None and key_matches(key, self.hub.keys)
 
-    def _media(self, msg: dict[str, Any]) -> None:
-        media = msg.get("media")
-        if not isinstance(media, dict) or not isinstance(media.get("payload"), str):
-            raise Malformed("media without a payload")
-        if media.get("track", "inbound") not in ("inbound", "inbound_track"):
-            return
-        try:
-            ulaw = base64.b64decode(media["payload"], validate=True)
-        except (binascii.Error, ValueError):
-            raise Malformed("media payload is not base64") from None
-        if ulaw and self.feed is not None:
+    def _media(self, msg: wire.Media) -> None:
+        ulaw = msg.media.payload
+        if msg.inbound and ulaw and self.feed is not None:
             self.feed.push(g711_to_pcm16(ulaw, "g711_ulaw"), TWILIO_RATE)
 
-    def _dtmf(self, msg: dict[str, Any]) -> None:
+    def _dtmf(self, msg: wire.Dtmf) -> None:
         """``{"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": "1"}}``."""
-        body = msg.get("dtmf")
-        digit = body.get("digit") if isinstance(body, dict) else None
-        if not isinstance(digit, str) or digit not in DIGITS:
-            raise Malformed(f"dtmf without a keypad digit: {body!r}")
+        digit = msg.dtmf.digit
+        if digit not in DIGITS:
+            raise Malformed(f"dtmf without a keypad digit: {digit!r}", "dtmf")
         assert self.session is not None
         self.session.receive_dtmf(digit, int(time.time()))
 
-    def _mark(self, msg: dict[str, Any]) -> None:
-        mark = msg.get("mark")
-        name = mark.get("name") if isinstance(mark, dict) else None
-        if not isinstance(name, str) or ":" not in name:
-            raise Malformed("mark without a name we sent")
-        item, _, end = name.rpartition(":")
-        try:
-            end_ms = float(end)
-        except ValueError:
-            raise Malformed(f"mark {name!r} is not one we sent") from None
+    def _mark(self, msg: wire.Mark) -> None:
+        item, end_ms = msg.position()
+        name = msg.mark.name
         self.marks_played += 1
         if item in self._cleared:
             return  # Twilio echoes the marks of cleared audio: it was never heard
@@ -277,7 +255,7 @@ def _admit(ws: WebSocket, hub: Hub) -> tuple[bool, str, str]:
     ``customParameters``. Signing on: a valid ``X-Twilio-Signature`` admits; a bad one is
     refused; a missing one is refused unless the API-key fallback is on and keys exist."""
     s = hub.config.server
-    adm = admit(ws.headers, [], keys=hub.keys, allowed_origins=s.allowed_origins)
+    adm = handshake.admit_socket(hub, ws.headers, [])
     if not adm.ok and adm.code != "unauthorized":
         return False, adm.code, adm.message
     token = s.twilio.token()
@@ -308,7 +286,7 @@ async def twilio_endpoint(ws: WebSocket) -> None:
     att.admitted = admitted
     if refused:
         log.warning("twilio: refused: %s", why)
-        hub.metrics.connection_outcomes.labels(refused).inc()
+        handshake.outcome(hub, refused)
         await ws.close(CloseCode.POLICY, refused)
         return
     att.register()

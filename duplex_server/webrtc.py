@@ -46,12 +46,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from audio_kit.pcm import StreamResampler
 from duplex_contract.errors import EngineError
+from duplex_server import handshake
 from duplex_server.hub import Hub
 from duplex_server.media import MediaAttachment, check_session_patch
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
-from engine.audio import StreamResampler
 
 log = logging.getLogger(__name__)
 
@@ -429,9 +430,9 @@ def routes(hub: Hub) -> list[BaseRoute]:
             session = await call.open_session(patch)
         except (ProtocolError, EngineError) as exc:
             await call.pc.close()
-            detail, close = to_wire_error(exc)
+            detail, close = handshake.refusal(exc)
             busy = close == CloseCode.TRY_AGAIN or detail.type != "invalid_request_error"
-            hub.metrics.connection_outcomes.labels(detail.code).inc()
+            handshake.outcome(hub, detail.code)
             return _error(503 if busy else 400, detail.code, detail.message, detail.param)
         call_id = session.session_id
         calls[call_id] = call

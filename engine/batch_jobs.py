@@ -11,22 +11,20 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from duplex_contract.audio import duration_ms
-from engine.errors import EngineError
-from engine.messages import (
+from duplex_contract.batch import (
     AudioOut,
     BatchDone,
     BatchItem,
     BatchJob,
-    BatchOutput,
     ChatJob,
-    ErrorInfo,
-    GenerateRequest,
-    Priority,
     SpeechJob,
     TextOut,
     TranscribeJob,
     TranscriptOut,
 )
+from duplex_contract.errors import EngineError
+from duplex_contract.events import ErrorInfo
+from engine.messages import BatchOutput, GenerateRequest, Priority
 from engine.pipeline import Pipeline, SpokenChunk
 
 log = logging.getLogger(__name__)

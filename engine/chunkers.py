@@ -21,9 +21,10 @@ from typing import Annotated, Protocol
 
 import msgspec
 
+from duplex_contract.batch import TextOut, TranscriptOut
 from engine.config import SegmenterConfig
 from engine.edges import Edge
-from engine.messages import StageOutput, TextOut, TokensOut, TranscriptOut
+from engine.messages import StageOutput, TokensOut
 from engine.segmenter import Segmenter
 
 

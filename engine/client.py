@@ -1,61 +1,36 @@
-"""AsyncEngine: the engine's proxy in the server's event loop, and the RPC router.
+"""AsyncEngine: the engine's proxy in the server's event loop (see docs/engine.md).
 
 Three janus queues connect it to the orchestrator thread: requests (server -> engine),
-outputs (session events and batch items) and rpc (control results). Each control call
-carries a ``control_id``; one router task resolves the waiting future. A timeout
-unregisters the waiter and a late reply is dropped (and logged); a fatal engine error fails
-every pending waiter and every later call at once with :class:`EngineDeadError`.
+outputs (session events and batch items) and rpc (control results). The class is built in
+layers by job: engine/client_core.py holds its state, the RPC router and the engine's death,
+engine/client_calls.py the typed control calls, and this module the lifecycle, the session
+and batch streams and the figures.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import janus
 from opentelemetry.trace import Tracer
 
+from duplex_contract.batch import BatchDone, BatchItem, BatchJob
+from duplex_contract.errors import EngineDeadError, EngineError
+from duplex_contract.events import SessionEvent, SessionLifecycle
+from engine.client_calls import EngineCalls
+from engine.client_core import _END
 from engine.config import EngineConfig
-from engine.errors import ControlError, EngineDeadError, EngineError
 from engine.messages import (
     AbortRequest,
-    Activity,
-    AppendCall,
-    BatchDone,
-    BatchItem,
-    BatchJob,
     BatchOutput,
-    CloseCall,
-    CommitCall,
-    ControlCall,
-    ControlRequest,
-    ControlResult,
-    EngineFatal,
-    EngineOutput,
-    EngineRequest,
-    Fence,
     GenerateRequest,
-    ItemRef,
-    OpenCall,
-    PlaybackMark,
-    ReplicaCall,
-    ResponseOptions,
-    ResumeCall,
-    SessionConfig,
-    SessionEvent,
-    SessionLifecycle,
-    SessionUpdate,
     ShutdownRequest,
-    SignalCall,
-    SignalEvent,
-    ToolOutput,
-    TouchCall,
 )
 from engine.orchestrator import Orchestrator
 from engine.speculation import SpeculativeAsr
@@ -64,16 +39,6 @@ from engine.stages.base import StageBackend
 from engine.tracing import EngineTracing
 
 log = logging.getLogger(__name__)
-_END: Any = object()
-
-
-class RequestSink(Protocol):
-    """Where requests go: the orchestrator's janus queue, or a socket to an engine process.
-    ``put_nowait`` raises RuntimeError once the engine is gone."""
-
-    def put_nowait(self, item: EngineRequest) -> None: ...
-
-    def qsize(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -109,28 +74,8 @@ def _guesses(spec: SpeculativeAsr | None) -> dict[str, int]:
     }
 
 
-class AsyncEngine:
+class AsyncEngine(EngineCalls):
     """Create with ``await AsyncEngine.start(config)``; see docs/engine.md."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        self.config = config
-        self._ids = itertools.count(1)
-        self._waiters: dict[int, asyncio.Future[ControlResult]] = {}
-        self._sessions: dict[str, asyncio.Queue[Any]] = {}
-        self._batches: dict[str, asyncio.Queue[Any]] = {}
-        self._dead: EngineDeadError | None = None
-        self._ready = False
-        self._req: RequestSink | None = None
-        # session events, batch items and the fatal error, one message per put
-        self._out: janus.Queue[EngineOutput] | None = None
-        self._rpc: janus.Queue[Any] | None = None
-        self._orch: Orchestrator | None = None
-        self._thread: threading.Thread | None = None
-        self._thread_done: asyncio.Future[None] | None = None
-        self._router: list[asyncio.Task[None]] = []
-        self._shutdown_lock = asyncio.Lock()
-        self._dead_hooks: list[Callable[[EngineDeadError], None]] = []
-        self.late_replies = 0
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -222,253 +167,6 @@ class AsyncEngine:
                 q.close()
                 await q.wait_closed()
 
-    def on_dead(self, hook: Callable[[EngineDeadError], None]) -> None:
-        """Call ``hook`` (on this loop) once, when the engine dies or is shut down."""
-        self._dead_hooks.append(hook)
-
-    def _die(self, exc: EngineDeadError) -> None:
-        first = self._dead is None
-        if self._dead is None:
-            self._dead = exc
-        for fut in self._waiters.values():
-            if not fut.done():
-                fut.set_exception(self._dead)
-        self._waiters.clear()
-        for q in [*self._sessions.values(), *self._batches.values()]:
-            q.put_nowait(_END)
-        if first:
-            for hook in self._dead_hooks:
-                try:
-                    hook(self._dead)
-                except Exception:
-                    log.exception("engine death hook failed")
-
-    # ------------------------------------------------------------------ routers
-    async def _route_rpc(self) -> None:
-        assert self._rpc is not None
-        q = self._rpc.async_q
-        while True:
-            self._on_rpc(await q.get())
-
-    async def _route_outputs(self) -> None:
-        assert self._out is not None
-        q = self._out.async_q
-        while True:
-            self._on_output(await q.get())
-
-    def _on_rpc(self, msg: ControlResult | EngineFatal) -> None:
-        """A control result (or the fatal error) arrived from the engine: wake its caller."""
-        if isinstance(msg, EngineFatal):
-            self._die(EngineDeadError(msg.error.message))
-            return
-        fut = self._waiters.pop(msg.control_id, None)
-        if fut is None or fut.done():
-            self.late_replies += 1
-            log.info("dropped late control reply %s", msg.control_id)
-            return
-        fut.set_result(msg)
-
-    def _on_output(self, msg: EngineOutput) -> None:
-        """A session event or batch item arrived from the engine: route it to its reader."""
-        if isinstance(msg, EngineFatal):
-            self._die(EngineDeadError(msg.error.message))
-        elif isinstance(msg, BatchOutput):
-            bq = self._batches.get(msg.request_id)
-            if bq is not None:
-                bq.put_nowait(msg)
-        else:
-            mailbox = self._mailbox(msg.session_id)
-            mailbox.put_nowait(msg.event)
-            ev = msg.event
-            if isinstance(ev, SessionLifecycle) and ev.state == "closed":
-                mailbox.put_nowait(_END)
-
-    def _mailbox(self, sid: str) -> asyncio.Queue[Any]:
-        box = self._sessions.get(sid)
-        if box is None:
-            box = self._sessions[sid] = asyncio.Queue()
-        return box
-
-    # ------------------------------------------------------------------ control RPCs
-    def _check(self) -> RequestSink:
-        if self._dead is not None:
-            raise self._dead
-        if self._req is None:
-            raise EngineDeadError("engine not started")
-        return self._req
-
-    def _send(self, msg: EngineRequest) -> None:
-        try:
-            self._check().put_nowait(msg)
-        except RuntimeError as exc:  # queue closed: the orchestrator is gone
-            self._die(EngineDeadError(f"engine stopped: {exc}"))
-            raise self._dead from None  # type: ignore[misc]
-
-    def submit_call(self, call: ControlCall) -> tuple[int, asyncio.Future[ControlResult]]:
-        """Send one control call now (calls keep their order); its result arrives on the
-        future, ``ok`` False included. The caller must pop ``_waiters[id]`` when done."""
-        req = self._check()
-        cid = next(self._ids)
-        fut: asyncio.Future[ControlResult] = asyncio.get_running_loop().create_future()
-        self._waiters[cid] = fut
-        try:
-            req.put_nowait(ControlRequest(control_id=cid, call=call))
-        except RuntimeError:
-            self._die(EngineDeadError("engine stopped"))
-        return cid, fut
-
-    async def call(self, call: ControlCall, wait_s: float | None = None) -> ControlResult:
-        """Send one control call; raise its error if ``ok`` is False."""
-        cid, fut = self.submit_call(call)
-        try:
-            # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as
-            # the result does, and a session's caller cancelled then never ended (its session
-            # stayed live in the front end for good)
-            async with asyncio.timeout(wait_s or self.config.control_timeout_s):
-                res = await fut
-        except TimeoutError:
-            raise ControlError("engine did not answer in time", code="deadline_exceeded") from None
-        finally:
-            self._waiters.pop(cid, None)
-        if not res.ok:
-            assert res.error is not None
-            raise res.error.to_exc()
-        return res
-
-    async def open(
-        self,
-        config: SessionConfig | None = None,
-        *,
-        route_key: str | None = None,
-        traceparent: str | None = None,
-    ) -> ControlResult:
-        call = OpenCall(
-            config=config or SessionConfig(), route_key=route_key, traceparent=traceparent
-        )
-        res = await self.call(call)
-        assert res.session_id is not None
-        self._mailbox(res.session_id)
-        return res
-
-    async def append(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        *,
-        audio: bytes = b"",
-        text: str | None = None,
-        seq: int | None = None,
-        operation_id: str | None = None,
-        expected_epoch: int | None = None,
-        item_id: str | None = None,
-        tool_output: ToolOutput | None = None,
-        stream_ms: float | None = None,
-    ) -> ControlResult:
-        return await self.call(
-            AppendCall(
-                fence=fence,
-                lease_generation=lease_generation,
-                audio=audio,
-                text=text,
-                seq=seq,
-                operation_id=operation_id,
-                expected_epoch=expected_epoch,
-                item_id=item_id,
-                tool_output=tool_output,
-                stream_ms=stream_ms,
-            )
-        )
-
-    async def commit(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        *,
-        respond: bool = True,
-        operation_id: str | None = None,
-        item_id: str | None = None,
-        response: ResponseOptions | None = None,
-        traceparent: str | None = None,
-    ) -> ControlResult:
-        return await self.call(
-            CommitCall(
-                fence=fence,
-                lease_generation=lease_generation,
-                respond=respond,
-                operation_id=operation_id,
-                item_id=item_id,
-                response=response,
-                traceparent=traceparent,
-            )
-        )
-
-    async def signal(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        event: SignalEvent,
-        *,
-        next_fence: Fence | None = None,
-        update: SessionUpdate | None = None,
-        operation_id: str | None = None,
-        item: ItemRef | None = None,
-        respond: bool = True,
-        traceparent: str | None = None,
-    ) -> ControlResult:
-        return await self.call(
-            SignalCall(
-                fence=fence,
-                lease_generation=lease_generation,
-                event=event,
-                next_fence=next_fence,
-                update=update,
-                operation_id=operation_id,
-                item=item,
-                respond=respond,
-                traceparent=traceparent,
-            )
-        )
-
-    async def touch(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        activity: Activity,
-        *,
-        playback: PlaybackMark | None = None,
-    ) -> ControlResult:
-        return await self.call(
-            TouchCall(
-                fence=fence, lease_generation=lease_generation, activity=activity, playback=playback
-            )
-        )
-
-    async def resume(
-        self, session_id: str, expected_lease_generation: int, *, peek: bool = False
-    ) -> ControlResult:
-        """Renew the lease (compare and swap); ``peek``: change nothing, return the lease
-        generation, the front end's replica and the engine's input seq."""
-        return await self.call(
-            ResumeCall(
-                session_id=session_id,
-                expected_lease_generation=expected_lease_generation,
-                peek=peek,
-            )
-        )
-
-    async def replicate(self, fence: Fence, lease_generation: int, state: bytes) -> ControlResult:
-        """Keep the front end's state of a session in the engine (engine/duplex/replica.py)."""
-        return await self.call(
-            ReplicaCall(fence=fence, lease_generation=lease_generation, state=state)
-        )
-
-    async def close(
-        self, fence: Fence, lease_generation: int, reason: str = "client"
-    ) -> ControlResult:
-        return await self.call(
-            CloseCall(fence=fence, lease_generation=lease_generation, reason=reason)
-        )
-
     # ------------------------------------------------------------------ streams
     async def session_events(self, session_id: str) -> AsyncIterator[SessionEvent]:
         """Typed events of one session; ends after SessionLifecycle(state='closed').
@@ -531,8 +229,7 @@ class AsyncEngine:
             output_queue_depth=self._out.sync_q.qsize() if self._out is not None else 0,
             pending_calls=len(self._waiters),
             stage_restarts={
-                name: sum(getattr(r, "restarts", 0) for r in pool.replicas)
-                for name, pool in orch.pools.items()
+                name: sum(r.restarts for r in pool.replicas) for name, pool in orch.pools.items()
             },
             stages_down=orch.stages_down(),
             session_bytes=dict(orch.counters.session_bytes),

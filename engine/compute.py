@@ -7,8 +7,9 @@ or the LLM decoding while the TTS speaks its first clause). But a stage that run
 backend that can change its thread count between steps (llama.cpp, per token) asks
 :func:`others_busy` before each step and uses more threads only when no other stage works.
 
-The stage runtimes (engine/stages/base.py) mark every unit of work with :func:`working`:
-a threaded request from its first output to its last, a batched step for its duration.
+The stage runtimes (engine/stages/workers.py, engine/stages/batching.py) mark every unit of
+work with :func:`working`: a threaded request from its first output to its last, a batched
+step for its duration.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Engine configuration: frozen structs loaded and validated once, from YAML.
 
-A bad config fails start-up with :class:`engine.errors.ConfigError` naming the field, for
+A bad config fails start-up with :class:`duplex_contract.errors.ConfigError` naming the field, for
 example ``engine.stages.llm.replicas: Expected `int` >= 1, got `0```.
 """
 
@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 import yaml
 
+from duplex_contract.errors import ConfigError
 from duplex_contract.validation import explain
-from engine.errors import ConfigError
 
 T = TypeVar("T")
 

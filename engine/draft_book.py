@@ -14,17 +14,18 @@ import itertools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from duplex_contract.errors import StageError
+from duplex_contract.fence import Fence
+from duplex_contract.tools import ResponseOptions
 from engine.drafts import Draft, ResponsePlan, response_plan
 from engine.duplex.fence import draft_prefix
-from engine.errors import StageError
-from engine.messages import Fence, ResponseOptions
 from engine.pipeline import LlmResult
 from engine.tasks import cancelling, reap
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.counters import Counters
-    from engine.duplex.control import Effects
+    from engine.duplex.effects import Effects
     from engine.duplex.session import DuplexSession
     from engine.pipeline import Pipeline
     from engine.scheduling import Scheduler
@@ -108,7 +109,7 @@ class DraftBook:
             if not self.scheduler.may_guess(sid, self._stages(sid, "inputs")):
                 # the policy says a guess (and the draft that would answer it) would delay
                 # a real turn: none now, the commit transcribes
-                spec.skip(sid)
+                spec.skip(sid, audio)
                 self.drop(sid)
                 continue
             task = spec.start(fence, audio, respond, again)

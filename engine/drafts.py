@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from duplex_contract.tools import active_tools, tools_prompt
-from engine.messages import ChatMessage, ResponseOptions, Tool
+from duplex_contract.batch import ChatMessage
+from duplex_contract.settings import Tool
+from duplex_contract.tools import ResponseOptions, active_tools, tools_prompt
 from engine.pipeline import LlmResult, SpokenChunk
 
 if TYPE_CHECKING:

@@ -34,12 +34,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any, Final
+from typing import Final
 
+from duplex_contract.errors import ConfigError, StageError
 from engine.config import EngineConfig
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
-from engine.stages.base import StageBackend
+from engine.stages.base import StageBackend, missing_members
 from engine.stages.registry import build_replicas
 
 ROUTE_DUTIES: Final[dict[str, str]] = {
@@ -108,9 +108,14 @@ class Graph:
         return route
 
 
-def stage_info(name: str, backend: str, replica: Any) -> StageInfo:
-    consumes = getattr(replica, "consumes", None)
-    emits = getattr(replica, "emits", None)
+def stage_info(name: str, backend: str, replica: StageBackend) -> StageInfo:
+    missing = missing_members(replica, StageBackend)  # (injected replicas are checked too)
+    if missing:
+        raise ConfigError(
+            f"engine.stages.{name}.backend: backend {backend!r} does not implement the stage "
+            f"interface: it lacks {', '.join(missing)} (engine/stages/base.py)"
+        )
+    consumes, emits = replica.consumes, replica.emits
     if not isinstance(consumes, Edge) or not isinstance(emits, Edge):
         raise ConfigError(
             f"engine.stages.{name}.backend: backend {backend!r} does not declare the edge types "

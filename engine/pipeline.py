@@ -27,28 +27,26 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from duplex_contract.audio import duration_ms
+from duplex_contract.batch import AudioOut, ChatMessage, TextOut, TranscriptOut
+from duplex_contract.errors import StageError
+from duplex_contract.settings import Tool
 from engine.chunkers import Chunk, Chunker, default_chunker
 from engine.config import EngineConfig
 from engine.edges import Edge
-from engine.errors import StageError
 from engine.graph import Graph, Route, StageInfo
 from engine.messages import (
     AsrRequest,
-    AudioOut,
-    ChatMessage,
     LlmRequest,
     Priority,
     StageDone,
     StageOutput,
     StageRequest,
-    TextOut,
     TokensRequest,
-    Tool,
-    TranscriptOut,
     TtsRequest,
 )
 from engine.scheduling import Scheduler, make_scheduler
-from engine.stages.base import StagePool
+from engine.stages.base import ChunkerSource
+from engine.stages.pool import StagePool
 
 __all__ = ["LlmResult", "Pipeline", "SpokenChunk"]
 
@@ -101,8 +99,8 @@ class Pipeline:
         return self.graph.route(name)
 
     def _chunker(self, stage: StageInfo) -> Chunker:
-        make = getattr(self.pools[stage.name].replicas[0], "make_chunker", None)
-        chunker: Chunker | None = make() if make is not None else None
+        replica = self.pools[stage.name].replicas[0]
+        chunker = replica.make_chunker() if isinstance(replica, ChunkerSource) else None
         return chunker or default_chunker(stage.consumes, self.config.segmenter)
 
     async def _run(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.errors import ConfigError
+from duplex_contract.errors import ConfigError
 
 __all__ = ["child_visible_devices", "replica_gpus", "visible_entries"]
 

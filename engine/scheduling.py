@@ -36,6 +36,7 @@ from engine.admission import BatchAdmission
 from engine.config import SchedulingConfig
 from engine.duplex.fence import is_draft_request
 from engine.messages import Priority, StageRequest
+from engine.stages.base import CapacitySource, StageBackend
 
 Kind = Literal["realtime", "draft", "speculative", "batch"]
 
@@ -49,20 +50,12 @@ def request_kind(request: StageRequest) -> Kind:
     return "draft" if is_draft_request(request.request_id) else "realtime"
 
 
-def replica_capacity(replica: Any) -> int:
-    """Request slots of one replica: its ``capacity``, else its ``max_num_seqs`` or
-    ``max_batch`` (attribute or option), else 1 (a worker that runs one request at a time)."""
-    cap = getattr(replica, "capacity", None)
-    if isinstance(cap, int) and cap >= 1:
-        return cap
-    opts = getattr(replica, "options", None)
-    for key in ("max_num_seqs", "max_batch"):
-        value = getattr(replica, key, None)
-        if value is None:
-            value = getattr(opts, key, None)
-        if isinstance(value, int) and value >= 1:
-            return value
-    return 1
+def replica_capacity(replica: StageBackend) -> int:
+    """Request slots of one replica: its ``capacity`` (engine/stages/base.py
+    ``CapacitySource``: a batch size, vLLM's ``max_num_seqs``), else 1 (a worker that runs
+    one request at a time)."""
+    cap = replica.capacity if isinstance(replica, CapacitySource) else 1
+    return cap if cap >= 1 else 1
 
 
 @dataclass

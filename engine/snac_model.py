@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import ConfigError
+from duplex_contract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

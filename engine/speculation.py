@@ -2,13 +2,15 @@
 
 * Speculative ASR: the server signals ``input.pause`` once a short silence starts inside
   speech, and the transcript of the input so far is usually ready when the silence window
-  ends the turn. A commit uses it when its audio starts with the speculated audio (only
-  silence was appended since); ``input.resume`` drops it. A guess runs at
-  ``Priority.SPECULATIVE``: behind every committed turn's ASR, so that on a loaded ASR stage
-  the guesses (up to one per pause in the user's speech) never delay a turn; a queued guess
-  that the user's next words make stale is aborted before it runs.
+  ends the turn. A commit uses it when its audio starts with the speculated audio and the
+  VAD heard no speech since (``input.resume`` drops the guess; ``_Transcription.covers``).
+  A pause that was not guessed (``skip``) bounds the turn the same way: the commit
+  transcribes the audio up to it, so the words do not depend on whether a guess ran. A
+  guess runs at ``Priority.SPECULATIVE``: behind every committed turn's ASR, so that on a
+  loaded ASR stage the guesses (up to one per pause in the user's speech) never delay a
+  turn; a queued guess that the user's next words make stale is aborted before it runs.
 * Turn ASR survives a barge-in: a cancel aborts the old epoch's LLM and TTS work, but the
-  user's words are re-queued in the new epoch (engine/duplex/control.py), and their
+  user's words are re-queued in the new epoch (engine/duplex/control_epochs.py), and their
   transcription, already running, is picked up by the re-queued job (same audio) instead of
   starting again. So ASR request ids carry the session and turn but not the epoch
   (``sess_x/asr/t5/3``); a close still aborts them (session prefix).
@@ -38,9 +40,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.audio import quiet_after, quiet_level
-from engine.errors import StageError
-from engine.messages import Fence, Priority
+from audio_kit.pcm import quiet_after, quiet_level
+from duplex_contract.errors import StageError
+from duplex_contract.fence import Fence
+from engine.messages import Priority
 from engine.pipeline import Pipeline
 from engine.tasks import cancelling
 
@@ -112,10 +115,16 @@ class _Transcription:
         return quiet_after(audio, len(audio) - quiet, self._level)
 
     def covers(self, audio: bytes) -> bool:
-        if self.kind == "pause":  # the commit may add trailing silence, and only silence:
-            # quiet speech after the pause that the VAD did not call speech (a soft last
-            # word) would be missing from the guess, so then the turn is transcribed again
-            return audio.startswith(self.audio) and quiet_after(audio, len(self.audio))
+        """Does this transcription serve a commit of ``audio``? A turn's own: the same
+        audio. A pause guess: the turn's audio starts with the guess's, and nothing the VAD
+        called speech came after it, which the guess's survival says (``input.resume``
+        drops it). What followed was not speech to the VAD (a breath, room noise, a reverb
+        tail) and is not judged by its energy: in a recorded room it is rarely below
+        ``quiet_after``'s level, so guesses were almost never used (beckett.wav's tails
+        reach -10 dB of its speech). Sound that ends before the commit is still
+        transcribed: ``sound_since`` makes the guess again to include it."""
+        if self.kind == "pause":
+            return audio.startswith(self.audio)
         return audio == self.audio
 
 
@@ -141,6 +150,9 @@ class SpeculativeAsr:
         #: words are known and those still in transcription (the next turn's ASR context,
         #: AsrRequest.context_audio, is the turn before it)
         self._turns: dict[str, list[_Committed]] = {}
+        #: session id -> its audio at the last pause the VAD heard no speech after (guessed
+        #: or not): a commit transcribes that much, the same audio a guess would have
+        self._paused: dict[str, bytes] = {}
         self._ids = itertools.count()
         self.started = 0
         self.skipped = 0  # pauses not guessed: another session's turn was running
@@ -187,15 +199,19 @@ class SpeculativeAsr:
         audio: bytes,
         kind: Literal["pause", "turn"],
         stream_ms: float | None,
+        speech: bytes | None = None,
     ) -> _Transcription:
+        """Transcribe ``audio`` (a turn's: only its ``speech``, the audio up to its last
+        pause, when given)."""
         sid = fence.session_id
         rid = f"{sid}/asr/t{fence.turn_id}/{next(self._ids)}"
         last = self._before(sid, audio if kind == "turn" else None)
-        gap = 0.0 if last is None else self._gap_s(last, audio, stream_ms)
+        heard = audio if speech is None else speech
+        gap = 0.0 if last is None else self._gap_s(last, heard, stream_ms)
         # a guess only uses the stage when no committed turn waits for it
         priority = Priority.SPECULATIVE if kind == "pause" else Priority.REALTIME
         task = asyncio.create_task(
-            self._transcribe(rid, sid, audio, last, gap, priority), name=f"asr:{rid}"
+            self._transcribe(rid, sid, heard, last, gap, priority), name=f"asr:{rid}"
         )
         entry = _Transcription(kind, audio, task, stream_ms=stream_ms, after=last)
         entries = self._by_session.setdefault(sid, [])
@@ -267,6 +283,7 @@ class SpeculativeAsr:
                 self._track(old.task)
         else:
             self.resume(fence.session_id)
+        self._paused[fence.session_id] = audio
         entry = self._start(fence, audio, "pause", self._stream_of(fence.session_id))
         entry.respond = respond
         self.started += 1
@@ -287,14 +304,19 @@ class SpeculativeAsr:
             return last.respond
         return None
 
-    def skip(self, session_id: str) -> None:
+    def skip(self, session_id: str, audio: bytes | None = None) -> None:
         """``input.pause`` that is not guessed (the orchestrator's call): an older guess of
-        the session now misses words, so it goes too."""
+        the session now misses words, so it goes too. ``audio``: the session's audio at the
+        pause; a commit with no speech since transcribes that much, as a guess would have
+        (so whether a guess ran, which depends on the load, does not change the words)."""
         self.resume(session_id)
+        if audio is not None:
+            self._paused[session_id] = audio
         self.skipped += 1
 
     def resume(self, session_id: str) -> None:
         """``input.resume``: the user goes on, so a pause guess would miss words."""
+        self._paused.pop(session_id, None)
         entries = self._by_session.get(session_id, [])
         for entry in [e for e in entries if e.kind == "pause" and not e.claimed]:
             entries.remove(entry)
@@ -307,6 +329,7 @@ class SpeculativeAsr:
 
     def drop(self, session_id: str) -> None:
         """The session is closing: stop everything."""
+        self._paused.pop(session_id, None)
         for turn in self._turns.pop(session_id, []):
             if not turn.words.done():
                 turn.words.cancel()
@@ -336,8 +359,12 @@ class SpeculativeAsr:
         )
         if entry is not None and entry.kind == "pause":
             self.used += 1
+        paused = self._paused.pop(sid, None)
         if entry is None:
-            entry = self._start(fence, audio, "turn", stream_ms)
+            # the VAD heard no speech after the turn's last pause (``covers``): its words
+            # are in the audio up to there, the audio a guess transcribes
+            speech = paused if paused is not None and audio.startswith(paused) else None
+            entry = self._start(fence, audio, "turn", stream_ms, speech)
         entry.claimed = True
         try:
             text = await asyncio.shield(entry.task)
@@ -356,6 +383,7 @@ class SpeculativeAsr:
                 self._heard(sid, audio, "")
                 raise
             log.info("speculative ASR failed for %s; transcribing again", sid)
+            self._paused[sid] = entry.audio  # the same audio, now as the turn's
             return await self.transcript(fence, audio, stream_ms)
         if entry in entries:
             entries.remove(entry)

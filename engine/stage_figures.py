@@ -1,7 +1,7 @@
 """Per-stage figures a backend may report for ``/metrics``, and the interfaces it implements.
 
 Four optional interfaces (a backend implements what it can measure; the stage pool wires
-them, engine/stages/base.py ``StagePool``):
+them, engine/stages/pool.py ``StagePool``):
 
 * :class:`StepSource` - ``on_step(batch_size)``: requests advanced together by one step;
 * :class:`QueueWaitSource` - ``on_wait(seconds)``: a request waited this long between its

@@ -25,8 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from engine.errors import ConfigError
-from engine.stages.base import StageBackend, StagePool
+from duplex_contract.errors import ConfigError
+from engine.stages.base import StageBackend
+from engine.stages.pool import StagePool
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,7 @@ def start_devices(replica: StageBackend) -> frozenset[str]:
     """The GPUs (``cuda:N``) ``replica`` occupies while it starts; empty: none."""
     if isinstance(replica, PlacedBackend):
         return replica.start_devices()
-    # every backend in this repository names its placement in ``device``; one without it
-    # (a custom backend) is taken to use no GPU
-    device = str(getattr(replica, "device", "cpu"))
-    kind, _, index = device.partition(":")
+    kind, _, index = replica.device.partition(":")
     return frozenset({f"cuda:{int(index or 0)}"}) if kind == "cuda" else frozenset()
 
 

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from duplex_contract.errors import ConfigError
 from engine.codec_layout import ORPHEUS
-from engine.errors import ConfigError
 from engine.models import cache_dir
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from duplex_contract.events import FunctionCallDelta, FunctionCallDone
+from duplex_contract.errors import StageError
+from duplex_contract.events import FunctionCallDelta, FunctionCallDone, SessionEvent
+from duplex_contract.fence import Fence
+from duplex_contract.settings import Tool
 from duplex_contract.tools import ToolCall, ToolCallError, check_call
-from engine.errors import StageError
-from engine.messages import Fence, SessionEvent, Tool
 
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 _TAIL = re.compile(r"[\s}]*\Z")

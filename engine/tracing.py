@@ -25,30 +25,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from duplex_contract.tracecontext import context_of
 from engine.messages import Priority, StageDone, StageOutput, StageRequest
-
-_PROPAGATOR = TraceContextTextMapPropagator()
-
-
-def context_of(traceparent: str | None) -> Context | None:
-    """The context a ``traceparent`` names (None: absent or not valid)."""
-    if not traceparent:
-        return None
-    ctx = _PROPAGATOR.extract({"traceparent": traceparent})
-    if not trace.get_current_span(ctx).get_span_context().is_valid:
-        return None
-    return ctx
-
-
-def traceparent_of(span: Span) -> str | None:
-    """``span``'s W3C ``traceparent`` (None: the span has no valid context)."""
-    if not span.get_span_context().is_valid:
-        return None
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-    return carrier.get("traceparent")
 
 
 class StageSpan:

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.errors import ConfigError
+from duplex_contract.errors import ConfigError
 from engine.models import cache_dir, smollm2_gguf
 
 log = logging.getLogger(__name__)

@@ -1,12 +1,24 @@
 """The layering rule, checked: which first-party packages each layer may import.
 
     duplex_contract           imports no first-party package but itself
+    audio_kit                 the audio kit, a leaf: itself and duplex_contract only
     duplex_server.protocol    the sans-I/O core: itself and duplex_contract only
     duplex_client             the SDK: itself, the protocol core and duplex_contract
+    duplex_server (the rest)  itself, duplex_contract, audio_kit and the engine's public
+                              API only: ENGINE_PUBLIC (engine.client, engine.config,
+                              engine.remote, engine.remote_client, engine.graph,
+                              engine.voices); never a stage,
+                              engine.messages, engine.orchestrator or engine.pipeline
+    engine/stages             anything but the control side: no control call
+                              (duplex_contract.control), no session event (the members of
+                              duplex_contract.events.SessionEvent), no control envelope
+                              (engine.messages.ControlRequest, .SessionOutput), no session
+                              machinery (engine.duplex) and no server or SDK module
 
 Every ``import`` and ``from ... import`` in a layer's files counts, wherever it is written
 (inside a function or under ``TYPE_CHECKING`` too), and so does the ``__init__`` of every
 package the import passes through (``duplex_server/__init__.py`` runs before the core).
+A forbidden name is caught where it is imported by name (``from m import Name``).
 Third-party and standard-library imports are not restricted. Exit status 1 and one line
 per violation when the rule is broken: ``python -m tools.import_boundary [ROOT]``.
 """
@@ -18,18 +30,51 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-FIRST_PARTY = ("duplex_contract", "duplex_server", "duplex_client", "engine")
+FIRST_PARTY = ("audio_kit", "duplex_contract", "duplex_server", "duplex_client", "engine")
+
+#: the engine modules the server may import: its client API (engine.remote_client is the
+#: front end's RemoteEngine, the AsyncEngine API over a socket; its frames, engine.remote_wire,
+#: are not public)
+ENGINE_PUBLIC = (
+    "engine.client",
+    "engine.config",
+    "engine.remote",
+    "engine.remote_client",
+    "engine.graph",
+    "engine.voices",
+)
+
+#: the session events (duplex_contract.events.SessionEvent's members)
+SESSION_EVENTS = tuple(
+    f"duplex_contract.events.{name}"
+    for name in (
+        "SessionEvent",
+        "UserTranscript",
+        "ResponseStarted",
+        "TextDelta",
+        "FunctionCallDelta",
+        "FunctionCallDone",
+        "AudioChunk",
+        "ResponseDone",
+        "SessionLifecycle",
+    )
+)
 
 
 @dataclass(frozen=True)
 class Layer:
     name: str
     files: tuple[str, ...]  # globs relative to the repository root
-    allowed: tuple[str, ...]  # module prefixes this layer may import
+    #: module prefixes this layer may import (None: any first-party module)
+    allowed: tuple[str, ...] | None
+    #: module (or ``module.Name``) prefixes this layer may not import, whatever ``allowed`` says
+    forbidden: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()  # globs of files left to another layer
 
 
 LAYERS = (
     Layer("contract", ("duplex_contract/**/*.py",), ("duplex_contract",)),
+    Layer("audio kit", ("audio_kit/**/*.py",), ("audio_kit", "duplex_contract")),
     Layer(
         "protocol core",
         ("duplex_server/protocol/**/*.py", "duplex_server/__init__.py"),
@@ -39,6 +84,26 @@ LAYERS = (
         "client SDK",
         ("clients/duplex_client/**/*.py",),
         ("duplex_client", "duplex_contract", "duplex_server.protocol"),
+    ),
+    Layer(
+        "server",
+        ("duplex_server/**/*.py",),
+        ("duplex_server", "duplex_contract", "audio_kit", *ENGINE_PUBLIC),
+        exclude=("duplex_server/protocol/**/*.py",),  # the core's rule is stricter
+    ),
+    Layer(
+        "stage backends",
+        ("engine/stages/**/*.py",),
+        None,
+        forbidden=(
+            "duplex_contract.control",
+            *SESSION_EVENTS,
+            "engine.messages.ControlRequest",
+            "engine.messages.SessionOutput",
+            "engine.duplex",
+            "duplex_server",
+            "duplex_client",
+        ),
     ),
 )
 
@@ -71,23 +136,32 @@ def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, st
     return out
 
 
-def _allowed(name: str, allowed: tuple[str, ...]) -> bool:
-    if not name.startswith(FIRST_PARTY) or name.split(".")[0] not in FIRST_PARTY:
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _allowed(name: str, layer: Layer) -> bool:
+    if name.split(".")[0] not in FIRST_PARTY:
+        return True
+    if any(_under(name, f) for f in layer.forbidden):
+        return False
+    if layer.allowed is None:
         return True
     # a parent package of an allowed one is fine (its __init__ is checked on its own)
-    return any(name == a or name.startswith(a + ".") or a.startswith(name + ".") for a in allowed)
+    return any(_under(name, a) or a.startswith(name + ".") for a in layer.allowed)
 
 
 def check(root: Path) -> list[str]:
     errors: list[str] = []
     for layer in LAYERS:
+        excluded = {p for pattern in layer.exclude for p in root.glob(pattern)}
         for pattern in layer.files:
-            for path in sorted(root.glob(pattern)):
+            for path in sorted(set(root.glob(pattern)) - excluded):
                 module = _module_of(path, root)
                 is_package = path.name == "__init__.py"
                 seen: set[int] = set()
                 for line, name in imports_of(path.read_text(), module, is_package):
-                    if line not in seen and not _allowed(name, layer.allowed):
+                    if line not in seen and not _allowed(name, layer):
                         seen.add(line)  # one report per import statement
                         rel = path.relative_to(root)
                         errors.append(f"{rel}:{line}: the {layer.name} imports {name}")

@@ -133,9 +133,14 @@ class CoreResponses(CoreState):
         return out
 
     def _maybe_barge_in(self, now_ms: float, speech_ms: float) -> list[Action]:
-        """Interrupt the response if ``speech_ms`` of user speech passes the guards."""
+        """Interrupt the response if ``speech_ms`` of user speech passes the guards (with
+        none in progress: clear what the far end still plays, by the same guards)."""
+        td = self.config.turn_detection
+        if not self.responses.active:
+            last = self.responses.last_started
+            return self.talk_over.check(td, speech_ms, last_started=last, now_ms=now_ms)
         interrupt = should_interrupt(
-            self.config.turn_detection,
+            td,
             speech_ms,
             response_active=self.responses.active,
             response_started_ms=self.responses.started_ms,

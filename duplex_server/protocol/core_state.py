@@ -32,6 +32,7 @@ from duplex_server.protocol.input import (
 )
 from duplex_server.protocol.input_seq import InputSequence
 from duplex_server.protocol.items import Conversation
+from duplex_server.protocol.playout import TalkOver
 from duplex_server.protocol.responses import (
     Responses,
 )
@@ -74,6 +75,8 @@ class CoreState:
         self.idle_since_ms: float | None = None
         self._partials: dict[str, str] = {}  # speech item -> live transcript sent so far
         self.responses = Responses()
+        #: audio a media transport's far end still plays after its response ended
+        self.talk_over = TalkOver()
         self.usage = UsageMeter()  # tokens and audio seconds (response.done, session.closed)
         # not a lambda over self: a reference cycle would keep a closed session until the
         # cyclic GC ran

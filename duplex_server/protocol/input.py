@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from duplex_contract.audio import input_bytes, input_ms
+from duplex_contract.audio import INPUT_RATE, input_bytes, input_ms
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
 
@@ -123,15 +123,26 @@ class InputTurns:
         self._onset_ms = None
         return item
 
-    def flush(self) -> list[TurnStep]:
-        """Send everything in the ring to the engine."""
+    def flush(self, until_ms: float | None = None) -> list[TurnStep]:
+        """Send everything in the ring to the engine (``until_ms``: only the audio before
+        that point of the input clock; the rest stays in the ring)."""
         if not self._ring_bytes:
             return []
         data = b"".join(self._ring)
         self._ring.clear()
         self._ring_bytes = 0
+        start_ms = self.input_ms - input_ms(len(data))
+        if until_ms is not None:
+            # whole samples, rounded: the clock is a float sum of the appends' lengths
+            keep = min(len(data), 2 * round(max(0.0, self.input_ms - until_ms) * INPUT_RATE / 1000))
+            if keep:
+                data, rest = data[: len(data) - keep], data[len(data) - keep :]
+                self._ring.append(rest)
+                self._ring_bytes = len(rest)
+            if not data:
+                return []
         self.uncommitted_ms += input_ms(len(data))
-        return [AudioReady(data, self.input_ms - input_ms(len(data)))]
+        return [AudioReady(data, start_ms)]
 
     def on_audio(
         self, pcm: bytes, vad: Sequence[VadEvent], td: TurnDetection | None
@@ -156,7 +167,9 @@ class InputTurns:
                 self._trim(keep_ms=self.input_ms - start)
                 out.append(SpeechBegan(self.speech_item, start))
             elif isinstance(v, VadStop) and self.speech_item is not None:
-                out += self.flush()
+                # the turn ends where the VAD decided it; the rest of the append stays in the
+                # ring (the next turn's padding), so no turn depends on the append size
+                out += self.flush(until_ms=v.at_ms)
                 assert self._onset_ms is not None
                 # A whole utterance can arrive in one processed batch (a backlog): it still
                 # interrupts, judged by its own length, before its turn is committed.
@@ -166,7 +179,10 @@ class InputTurns:
                 self._onset_ms = None
                 out.append(SpeechEnded(item_id, v.audio_end_ms, speech_ms))
             elif isinstance(v, VadPause) and self.speech_item is not None:
-                out += self.flush()  # all speech so far reaches the engine first
+                # the speech up to the VAD's pause point reaches the engine first, and no
+                # more: the pause's guess transcribes the same audio whatever the append
+                # size (the rest of the append follows right after the pause)
+                out += self.flush(until_ms=v.at_ms)
                 out.append(Paused())
             elif isinstance(v, VadResume) and self.speech_item is not None:
                 out.append(Resumed())

@@ -265,6 +265,8 @@ class Responses:
     def __init__(self) -> None:
         self.current: Response | None = None
         self.queue: deque[Requested] = deque()  # requested responses not started yet
+        #: the latest response started, kept after it ends: (id, started_ms)
+        self.last_started: tuple[str, float] | None = None
 
     @property
     def pending(self) -> int:
@@ -292,6 +294,7 @@ class Responses:
     def started(self, resp: Response) -> None:
         """``resp`` started (the caller finished any previous one first)."""
         self.current = resp
+        self.last_started = (resp.id, resp.started_ms)
 
     def cancelled(self) -> Response | None:
         """Every requested response is dropped; returns the one in progress, if any."""

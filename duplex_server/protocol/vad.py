@@ -18,7 +18,11 @@ class VadStart:
 
 @dataclass(frozen=True, slots=True)
 class VadStop:
+    """Speech ended at ``audio_end_ms`` (where the silence began); the VAD decided it at
+    ``at_ms`` (the silence window later; None: not known)."""
+
     audio_end_ms: float
+    at_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

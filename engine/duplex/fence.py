@@ -6,8 +6,8 @@ import re
 import uuid
 
 from duplex_contract.fence import ROUTE_KEY as ROUTE_KEY
+from duplex_contract.fence import Fence
 from duplex_contract.fence import route_key_of as route_key_of
-from engine.messages import Fence
 
 
 def new_session_id(route_key: str | None = None) -> str:

@@ -1,7 +1,7 @@
 """Front-end state kept in the engine, so any front end can take a session over.
 
 The front end that owns a session keeps a small opaque blob of its protocol state in the
-engine (:class:`~engine.messages.ReplicaCall`; duplex_server/replica.py says what is in it
+engine (:class:`~duplex_contract.control.ReplicaCall`; duplex_server/replica.py says what is in it
 and when it is sent). A front end asked to resume a session it does not know first *peeks*
 (``ResumeCall(peek=True)``): it gets the current lease generation, the blob and the newest
 client input seq the engine has, checks the client's resume token against the blob, and
@@ -14,18 +14,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from duplex_contract.control import ControlResult, ReplicaCall
+from duplex_contract.errors import ControlError
 from engine.duplex.session import DuplexSession
-from engine.errors import ControlError
-from engine.messages import ControlResult, ReplicaCall
 
 if TYPE_CHECKING:
-    from engine.duplex.control import DuplexControl
+    from engine.duplex.control_core import ControlCore
 
 #: a replica over this is refused (it is the protocol state, not the conversation)
 MAX_REPLICA_BYTES = 64 * 1024
 
 
-def keep(control: DuplexControl, call: ReplicaCall, control_id: int) -> ControlResult:
+def keep(control: ControlCore, call: ReplicaCall, control_id: int) -> ControlResult:
     """Store the owner's latest replica; a replaced owner's (older lease) is refused."""
     session = control._lookup(call.fence.session_id)
     if call.lease_generation != session.lease.generation:
@@ -43,6 +43,6 @@ def keep(control: DuplexControl, call: ReplicaCall, control_id: int) -> ControlR
     return control._ok(control_id, session)
 
 
-def peek(control: DuplexControl, session: DuplexSession, control_id: int) -> ControlResult:
+def peek(control: ControlCore, session: DuplexSession, control_id: int) -> ControlResult:
     """What a front end needs to take the session over; changes nothing."""
     return control._ok(control_id, session, replica=session.replica, input_seq=session.last_seq)

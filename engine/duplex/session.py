@@ -7,9 +7,12 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
+from duplex_contract.control import ControlResult
+from duplex_contract.fence import Fence
+from duplex_contract.settings import SessionSettings
+from duplex_contract.tools import ResponseOptions, ToolOutput
 from engine.duplex.lease import Lease
 from engine.history import ConversationHistory
-from engine.messages import ControlResult, Fence, ResponseOptions, SessionConfig, ToolOutput
 
 SessionState = Literal["open", "closing", "closed"]
 
@@ -42,7 +45,7 @@ class CachedOp:
 @dataclass
 class DuplexSession:
     session_id: str
-    config: SessionConfig
+    config: SessionSettings
     fence: Fence
     lease: Lease
     history: ConversationHistory

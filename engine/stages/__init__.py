@@ -1,1 +1,2 @@
-"""Stage backends (one module per backend) and the stage protocol (base.py)."""
+"""Stage backends (one module per backend), the stage interface (base.py), the worker
+runtimes (workers.py, batching.py) and replica pools (pool.py)."""

@@ -20,11 +20,12 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from engine.audio import resample_pcm16
+from audio_kit.pcm import resample_pcm16
+from duplex_contract.batch import TranscriptOut
+from duplex_contract.errors import StageError
 from engine.edges import Edge
-from engine.errors import StageError
-from engine.messages import AsrRequest, StageDone, StageOutput, StageRequest, TranscriptOut
-from engine.stages.base import ThreadedBackend
+from engine.messages import AsrRequest, StageDone, StageOutput, StageRequest
+from engine.stages.workers import ThreadedBackend
 
 log = logging.getLogger(__name__)
 

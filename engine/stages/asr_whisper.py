@@ -31,12 +31,13 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from engine.audio import edge_trim, pcm16_to_float32, resample
+from audio_kit.pcm import edge_trim, pcm16_to_float32, resample
+from duplex_contract.batch import TranscriptOut
+from duplex_contract.errors import StageError
 from engine.edges import Edge
-from engine.errors import StageError
-from engine.messages import AsrRequest, StageDone, StageRequest, TranscriptOut
+from engine.messages import AsrRequest, StageDone, StageRequest
 from engine.models import whisper_base_dir
-from engine.stages.base import BatchingBackend, BatchSlot
+from engine.stages.batching import BatchingBackend, BatchSlot
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Utterances transcribed together in one batched call (the batching runtime's limit).
     max_batch: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
     # Quiet edges of an utterance are cut to this margin and the end padded with exactly
-    # this much silence (engine.audio.edge_trim), so the transcript does not depend on where
+    # this much silence (audio_kit.pcm.edge_trim), so the transcript does not depend on where
     # the VAD, a speculation or a file cut the audio. None: transcribe the audio as it is.
     edge_margin_ms: Annotated[int, msgspec.Meta(ge=0, le=2000)] | None = 150
     # Decode a live turn after the same speaker's previous turn (audio and transcript, as

@@ -28,7 +28,7 @@ window at once) runs in a call with the windows of its own length. ``decode_call
 ``rows_decoded`` count what happened (tests, benchmarks).
 
 Output: PCM16 at 24 kHz, resampled to the request's rate by the stream resampler
-(engine.audio.StreamResampler, one per output stream, flushed at the stream's final window),
+(audio_kit.pcm.StreamResampler, one per output stream, flushed at the stream's final window),
 cut into ``chunk_ms`` pieces.
 
 Weights: ``model`` is a directory holding SNAC's ``config.json`` and ``pytorch_model.bin``
@@ -49,14 +49,15 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 import numpy as np
 
-from engine.audio import StreamResampler, split_pcm
+from audio_kit.pcm import StreamResampler, split_pcm
+from duplex_contract.batch import AudioOut
+from duplex_contract.errors import ConfigError, StageError
 from engine.chunkers import Chunk
 from engine.codec_layout import CodecLayout, FrameError, IntArray, get_layout
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
-from engine.messages import AudioOut, StageDone, StageOutput, StageRequest, TokensOut, TokensRequest
+from engine.messages import StageDone, StageOutput, StageRequest, TokensOut, TokensRequest
 from engine.snac_model import EXACT_MARGIN_FRAMES, SNAC_24KHZ, build_snac, decode_rows
-from engine.stages.base import BatchingBackend, BatchSlot
+from engine.stages.batching import BatchingBackend, BatchSlot
 
 log = logging.getLogger(__name__)
 

@@ -39,21 +39,15 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
+from duplex_contract.batch import ChatMessage, TextOut
+from duplex_contract.errors import StageError
+from duplex_contract.settings import Tool
 from duplex_contract.tools import call_schema
 from engine import compute
 from engine.edges import Edge
-from engine.errors import StageError
-from engine.messages import (
-    ChatMessage,
-    LlmRequest,
-    StageDone,
-    StageOutput,
-    StageRequest,
-    TextOut,
-    Tool,
-)
+from engine.messages import LlmRequest, StageDone, StageOutput, StageRequest
 from engine.models import smollm2_gguf
-from engine.stages.base import ThreadedBackend
+from engine.stages.workers import ThreadedBackend
 
 log = logging.getLogger(__name__)
 

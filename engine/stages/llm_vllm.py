@@ -43,10 +43,11 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
+from duplex_contract.batch import ChatMessage, TextOut
+from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.tools import call_schema
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
-from engine.messages import ChatMessage, LlmRequest, StageDone, StageOutput, StageRequest, TextOut
+from engine.messages import LlmRequest, StageDone, StageOutput, StageRequest
 from engine.placement import child_visible_devices, replica_gpus
 from engine.stage_figures import StageEngineFigures
 from engine.stages.supervisor import Supervisor
@@ -205,6 +206,11 @@ class VllmLlm:
         return self.supervisor.restarts
 
     @property
+    def capacity(self) -> int:
+        """Request slots (engine/scheduling.py): sequences per batch."""
+        return self.options.max_num_seqs
+
+    @property
     def on_wait(self) -> Callable[[float], None] | None:
         """Queue time of each finished request in vLLM's scheduler (engine/stage_figures.py)."""
         return self.figures.on_wait
@@ -336,6 +342,7 @@ class VllmLlm:
     async def _boot(self) -> None:
         """Spawn the engine and warm it up (vLLM loop; blocks only its thread)."""
         model = await self._start_engine({})
+        # (probes of vLLM's own objects, which differ between its versions; not a backend's)
         if getattr(self._tokenizer, "chat_template", None) is None:
             raise ConfigError(f"{self.field}.model: {model} has no chat template")
         if self.options.warmup:
@@ -484,7 +491,7 @@ class VllmLlm:
             **extra,
         )
         prompt = TokensPrompt(prompt_token_ids=ids)
-        renderer = getattr(self._engine, "renderer", None)
+        renderer = getattr(self._engine, "renderer", None)  # (vLLM's object: versions differ)
         if renderer is not None and hasattr(renderer, "render_cmpl"):
             # vLLM >= 0.3x: pre-rendered engine input (raw prompts are deprecated there).
             (engine_input,) = renderer.render_cmpl([prompt], renderer.default_cmpl_tok_params)

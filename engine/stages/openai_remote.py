@@ -46,21 +46,12 @@ import msgspec
 import numpy as np
 import soundfile as sf
 
+from audio_kit.pcm import PcmChunker, StreamResampler
+from duplex_contract.batch import AudioOut, TextOut, TranscriptOut
+from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.voices import OPENAI_VOICES
-from engine.audio import PcmChunker, StreamResampler
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
-from engine.messages import (
-    AsrRequest,
-    AudioOut,
-    LlmRequest,
-    StageDone,
-    StageOutput,
-    StageRequest,
-    TextOut,
-    TranscriptOut,
-    TtsRequest,
-)
+from engine.messages import AsrRequest, LlmRequest, StageDone, StageOutput, StageRequest, TtsRequest
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +144,8 @@ class OpenAIStage:
     """The StageBackend protocol over an OpenAI-compatible HTTP server."""
 
     Options: ClassVar[type[OpenAIOptions]] = OpenAIOptions
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})  # the model runs remotely
+    keeps_auto: ClassVar[bool] = False
 
     def __init__(
         self, options: OpenAIOptions, name: str, *, device: str = "cpu", stage: str | None = None
@@ -181,6 +174,10 @@ class OpenAIStage:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._aborting: set[str] = set()
         self.aborted = 0  # requests closed by an abort (their streams cut)
+
+    @classmethod
+    def cuda_device_count(cls) -> int:
+        return 0
 
     @property
     def where(self) -> str:

@@ -16,11 +16,10 @@ start-up error naming the stage and the replica.
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
+from duplex_contract.errors import ConfigError
 from engine.config import StageConfig, convert
-from engine.errors import ConfigError
-from engine.stages.base import StageBackend
+from engine.stages.base import StageBackend, StageBackendClass, missing_members
 
 BACKENDS: dict[str, str] = {
     # deterministic test stages (any role; see engine/stages/testing.py)
@@ -46,7 +45,7 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def backend_class(backend: str, *, where: str = "engine.stages.?") -> Any:
+def backend_class(backend: str, *, where: str = "engine.stages.?") -> StageBackendClass:
     target = BACKENDS.get(backend)
     if target is None:
         known = ", ".join(sorted(BACKENDS))
@@ -58,13 +57,21 @@ def backend_class(backend: str, *, where: str = "engine.stages.?") -> Any:
         raise ConfigError(
             f"{where}.backend: backend {backend!r} is not installed ({exc})"
         ) from None
-    return getattr(module, attr)
+    cls = getattr(module, attr)  # (a module's attribute, named by the table above)
+    missing = missing_members(cls, StageBackendClass)
+    if missing:
+        raise ConfigError(
+            f"{where}.backend: backend {backend!r} ({target}) does not implement the stage "
+            f"interface: it lacks {', '.join(missing)} (engine/stages/base.py)"
+        )
+    backend_cls: StageBackendClass = cls
+    return backend_cls
 
 
-def resolve_device(cls: Any, backend: str, device: str, where: str) -> str:
+def resolve_device(cls: StageBackendClass, backend: str, device: str, where: str) -> str:
     """``auto`` -> a concrete device; refuse what the backend or the machine can't do."""
-    kinds: frozenset[str] = getattr(cls, "device_kinds", frozenset({"cpu"}))
-    if device == "auto" and getattr(cls, "keeps_auto", False):
+    kinds = cls.device_kinds
+    if device == "auto" and cls.keeps_auto:
         return device  # the backend places itself
     if device == "auto":
         if "cuda" in kinds and cls.cuda_device_count() > 0:

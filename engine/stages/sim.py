@@ -45,21 +45,19 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 import numpy as np
 
-from engine.audio import split_pcm
+from audio_kit.pcm import split_pcm
+from duplex_contract.batch import AudioOut, TextOut, TranscriptOut
+from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import ORPHEUS
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
 from engine.messages import (
     AsrRequest,
-    AudioOut,
     LlmRequest,
     StageDone,
     StageOutput,
     StageRequest,
-    TextOut,
     TokensOut,
     TokensRequest,
-    TranscriptOut,
     TtsRequest,
 )
 from engine.stages.codec_snac import CodecChunker
@@ -159,6 +157,8 @@ class SimStage:
 
     Options: ClassVar[type[SimOptions]] = SimOptions
     device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    keeps_auto: ClassVar[bool] = False
+    restarts: int = 0  # nothing to restart: it is a cost model on the loop
 
     def __init__(
         self, options: SimOptions, name: str, *, device: str = "cpu", stage: str | None = None

@@ -35,9 +35,9 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
 from engine.messages import StageDone, StageRequest, TokensOut, TtsRequest
 from engine.stages.llm_vllm import (
     _END,
@@ -165,7 +165,7 @@ class VllmTalker(VllmLlm):
             extra_args={"codec_frames": [lay.audio_base, lay.codebook_size, f, list(lay.end_ids)]},
         )
         prompt = TokensPrompt(prompt_token_ids=ids)
-        renderer = getattr(self._engine, "renderer", None)
+        renderer = getattr(self._engine, "renderer", None)  # (vLLM's object: versions differ)
         if renderer is not None and hasattr(renderer, "render_cmpl"):
             (engine_input,) = renderer.render_cmpl([prompt], renderer.default_cmpl_tok_params)
             return engine_input, params, request.request_id, len(ids)
@@ -233,6 +233,7 @@ class VllmTalker(VllmLlm):
         return await self._call(self._held_ids())
 
     async def _held_ids(self) -> list[str]:
+        # (probes of vLLM's internals, which differ between its versions; not a backend's)
         states = getattr(getattr(self._engine, "output_processor", None), "request_states", {})
         return sorted(str(getattr(s, "external_req_id", None) or k) for k, s in states.items())
 

@@ -25,24 +25,23 @@ import msgspec
 import numpy as np
 
 from duplex_contract.audio import duration_ms
+from duplex_contract.batch import AudioOut, TextOut, TranscriptOut
+from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.tools import TOOL_RESULT_MARK
 from engine.chunkers import Chunker, WindowChunker, WindowOptions
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
 from engine.messages import (
     AsrRequest,
-    AudioOut,
     LlmRequest,
     StageDone,
     StageOutput,
     StageRequest,
-    TextOut,
     TokensOut,
     TokensRequest,
-    TranscriptOut,
     TtsRequest,
 )
-from engine.stages.base import BatchingBackend, BatchSlot, WorkerCrash
+from engine.stages.batching import BatchingBackend, BatchSlot
+from engine.stages.workers import WorkerCrash
 
 #: How many request ids the test stages keep for tests to read back (``submitted``,
 #: ``priorities``, ``batches``); beyond it the oldest half is dropped
@@ -156,6 +155,8 @@ class TestStage:
 
     __test__ = False  # not a pytest class
     Options: ClassVar[type[TestStageOptions]] = TestStageOptions
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    keeps_auto: ClassVar[bool] = False
 
     def __init__(
         self, options: TestStageOptions, name: str, *, device: str = "cpu", stage: str | None = None
@@ -174,6 +175,15 @@ class TestStage:
         self.priorities: dict[str, int] = {}  # request id -> its Priority, the last KEEP_IDS
         self._rng = np.random.default_rng(1234)
         self._tones: dict[tuple[int, float], bytes] = {}
+
+    @classmethod
+    def cuda_device_count(cls) -> int:
+        return 0
+
+    @property
+    def capacity(self) -> int:
+        """Request slots the scheduler counts (engine/scheduling.py): ``max_batch``."""
+        return self.options.max_batch
 
     def voices(self) -> tuple[str, ...]:
         return tuple(self.options.voices)

@@ -22,12 +22,13 @@ from typing import Annotated, Any, ClassVar
 import msgspec
 import numpy as np
 
-from engine.audio import PcmChunker, StreamResampler, float32_to_pcm16
+from audio_kit.pcm import PcmChunker, StreamResampler, float32_to_pcm16
+from duplex_contract.batch import AudioOut
+from duplex_contract.errors import StageError
 from engine.edges import Edge
-from engine.errors import StageError
-from engine.messages import AudioOut, StageDone, StageOutput, StageRequest, TtsRequest
+from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
 from engine.models import cache_dir, piper_voice
-from engine.stages.base import ThreadedBackend
+from engine.stages.workers import ThreadedBackend
 
 log = logging.getLogger(__name__)
 

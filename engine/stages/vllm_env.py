@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.errors import ConfigError
+from duplex_contract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def release_zmq(engine: Any) -> None:
     sockets but leaves the context to the GC, which warns ``Unclosed context``). Its
     ``zmq.asyncio.Context`` shadows a sync context that owns the handle: close the shadow's
     sockets, then destroy the owner. Best effort (cleanup)."""
-    try:
+    try:  # (probes of vLLM's and pyzmq's internals, not of a stage backend)
         ctx = getattr(getattr(engine, "engine_core", None), "ctx", None)
         if ctx is None:
             return

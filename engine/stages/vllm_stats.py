@@ -45,6 +45,7 @@ class EngineFigures:
         """One step's stats (vLLM's ``SchedulerStats`` / ``IterationStats``, either None)."""
         now = self._clock()
         waits: list[float] = []
+        # (probes of vLLM's stats objects, whose fields differ between its versions)
         with self._lock:
             if scheduler is not None:
                 self.running = int(getattr(scheduler, "num_running_reqs", 0))
@@ -120,6 +121,7 @@ def stat_logger_factory(figures: EngineFigures) -> Callable[[Any, int], Any]:
 
 
 def _processes(engine: Any) -> list[Any]:
+    # (probes of vLLM's internals, which differ between its versions)
     resources = getattr(getattr(engine, "engine_core", None), "resources", None)
     manager = getattr(resources, "engine_manager", None)
     return list(getattr(manager, "processes", ()) or ())

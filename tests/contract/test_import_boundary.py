@@ -1,4 +1,6 @@
-"""The layering rule: the protocol core and the SDK import no engine module."""
+"""The layering rule: the protocol core and the SDK import no engine module, the audio kit
+imports neither side, the server reaches the engine only through its public API, and the
+stage backends import nothing of the control side."""
 
 from __future__ import annotations
 
@@ -6,17 +8,31 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
-from tools.import_boundary import check, main
+from duplex_contract.events import SessionEvent
+from tools.import_boundary import ENGINE_PUBLIC, SESSION_EVENTS, check, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _copy_layers(tmp: Path) -> Path:
-    for rel in ("duplex_contract", "duplex_server/protocol", "clients/duplex_client"):
+    for rel in (
+        "duplex_contract",
+        "duplex_server",
+        "clients/duplex_client",
+        "audio_kit",
+        "engine/stages",
+    ):
         shutil.copytree(ROOT / rel, tmp / rel, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "duplex_server/__init__.py", tmp / "duplex_server/__init__.py")
     return tmp
+
+
+def _plant(root: Path, rel: str, code: str) -> None:
+    """Append ``code`` to a file inside a function, where a module-level scan would miss it."""
+    target = root / rel
+    body = "".join(f"    {line}\n" for line in code.splitlines())
+    target.write_text(target.read_text() + f"\n\ndef _planted() -> None:\n{body}")
 
 
 def test_the_repository_keeps_the_rule() -> None:
@@ -62,3 +78,79 @@ def test_importing_the_sdk_and_the_core_loads_no_engine_module() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_planted_import_of_either_side_in_the_audio_kit_fails(tmp_path: Path) -> None:
+    root = _copy_layers(tmp_path)
+    _plant(root, "audio_kit/pcm.py", "import engine.messages")
+    _plant(root, "audio_kit/vad.py", "from duplex_server import turns")
+    _plant(root, "audio_kit/echo.py", "from duplex_contract.audio import INPUT_RATE")  # allowed
+    errors = check(root)
+    assert len(errors) == 2, errors
+    assert errors[0].startswith("audio_kit/pcm.py:")
+    assert errors[0].endswith("the audio kit imports engine.messages")
+    assert errors[1].startswith("audio_kit/vad.py:")
+    assert errors[1].endswith("the audio kit imports duplex_server")
+
+
+def test_the_server_reaches_the_engine_only_through_its_public_api(tmp_path: Path) -> None:
+    root = _copy_layers(tmp_path)
+    assert check(root) == []
+    _plant(root, "duplex_server/turns.py", "from engine.messages import AsrRequest")
+    _plant(root, "duplex_server/media.py", "from engine import orchestrator")
+    _plant(root, "duplex_server/batch.py", "import engine.stages.sim")
+    _plant(root, "duplex_server/app.py", "from engine.pipeline import Pipeline")
+    # the public API is fine
+    _plant(root, "duplex_server/output.py", "from engine.client import AsyncEngine")
+    _plant(root, "duplex_server/hub.py", "from engine import voices")
+    errors = "\n".join(check(root))
+    assert "duplex_server/turns.py" in errors and "server imports engine.messages" in errors
+    assert "server imports engine.orchestrator" in errors
+    assert "server imports engine.stages.sim" in errors
+    assert "server imports engine.pipeline" in errors
+    assert "output.py" not in errors and "hub.py" not in errors
+    assert len(errors.splitlines()) == 4
+
+
+def test_the_core_keeps_its_stricter_rule_inside_the_server(tmp_path: Path) -> None:
+    root = _copy_layers(tmp_path)
+    _plant(root, "duplex_server/protocol/input.py", "from engine.client import AsyncEngine")
+    errors = check(root)
+    # reported once, by the core's rule (the server's rule leaves the core to it)
+    assert errors == [errors[0]] and "the protocol core imports engine.client" in errors[0]
+
+
+def test_stage_backends_import_no_control_messages(tmp_path: Path) -> None:
+    root = _copy_layers(tmp_path)
+    _plant(root, "engine/stages/sim.py", "from duplex_contract.control import OpenCall")
+    _plant(root, "engine/stages/tts_piper.py", "from duplex_contract.events import AudioChunk")
+    _plant(root, "engine/stages/asr_whisper.py", "from engine.messages import ControlRequest")
+    _plant(root, "engine/stages/base.py", "from engine.duplex import control")
+    # stage messages, errors in transit and batch items are fine
+    _plant(root, "engine/stages/testing.py", "from duplex_contract.events import ErrorInfo")
+    _plant(root, "engine/stages/tts_espeak.py", "from engine.messages import StageDone")
+    _plant(root, "engine/stages/codec_snac.py", "from duplex_contract.batch import AudioOut")
+    errors = "\n".join(check(root))
+    assert "stage backends imports duplex_contract.control" in errors
+    assert "stage backends imports duplex_contract.events.AudioChunk" in errors
+    assert "stage backends imports engine.messages.ControlRequest" in errors
+    assert "stage backends imports engine.duplex" in errors
+    for fine in ("testing.py", "tts_espeak.py", "codec_snac.py"):
+        assert fine not in errors
+    assert len(errors.splitlines()) == 4
+
+
+def test_the_session_events_the_rule_names_are_the_contracts() -> None:
+    members = {f"duplex_contract.events.{t.__name__}" for t in get_args(SessionEvent)}
+    assert set(SESSION_EVENTS) == members | {"duplex_contract.events.SessionEvent"}
+
+
+def test_the_public_engine_modules_exist_and_lint_runs_the_check() -> None:
+    for name in ENGINE_PUBLIC:
+        assert (ROOT / (name.replace(".", "/") + ".py")).is_file(), name
+    makefile = (ROOT / "Makefile").read_text()
+    lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    assert "-m tools.import_boundary" in lint
+    assert "audio_kit" in lint  # ruff covers the kit
+    typecheck = makefile.split("\ntypecheck:", 1)[1].split("\n\n", 1)[0]
+    assert "mypy --strict audio_kit" in typecheck

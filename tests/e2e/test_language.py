@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.audio import resample_pcm16
+from audio_kit.pcm import resample_pcm16
 from engine.stages.tts_espeak import EspeakOptions, EspeakTts
 from tests.server.harness import ROOT, Client, running_server, send_audio, silence
 from tests.stages.helpers import wer

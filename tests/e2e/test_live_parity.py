@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from engine.audio import resample_pcm16
+from audio_kit.g711 import pcm16_to_g711
+from audio_kit.pcm import resample_pcm16
 from tests.server.harness import ROOT, UNIT, Client, running_server, silence
 
 pytestmark = pytest.mark.models
@@ -37,16 +38,26 @@ def _wer(ref: str, hyp: str) -> float:
     return float(jiwer.wer(_norm(ref), _norm(hyp)))
 
 
-async def _live(addr: str, pcm: bytes, rate: int, chunk_ms: int = 20, speed: float = 1.0) -> str:
+async def _live(
+    addr: str,
+    pcm: bytes,
+    rate: int,
+    chunk_ms: int = 20,
+    speed: float = 1.0,
+    codec: str = "pcm16",
+) -> str:
     """Binary 20 ms frames in real time, as from a microphone (the VAD and the pause
     speculation see the same stream); the transcripts of all turns, in order.
+    ``codec="g711_ulaw"``: ``pcm`` (8 kHz) is sent as G.711 mu-law (``audio/pcmu``).
 
     On a busy machine Whisper can fall behind the speaker (the engine refuses a fifth
     pending turn): the microphone then waits while two turns are in transcription. The VAD
     judges samples, not wall-clock time, so this changes no cut point."""
     async with Client.connect(addr) as c:
         await c.until("session.created", within=30)
-        fmt = {"type": "audio/pcm", "rate": rate}
+        fmt: dict[str, object] = {"type": "audio/pcm", "rate": rate}
+        if codec == "g711_ulaw":
+            fmt = {"type": "audio/pcmu"}
         td = {"type": "server_vad", "create_response": False}
         await c.send(
             {
@@ -75,8 +86,10 @@ async def _live(addr: str, pcm: bytes, rate: int, chunk_ms: int = 20, speed: flo
                     texts[ev["item_id"]] = ev["transcript"]
 
         task = asyncio.create_task(reader())
-        step = rate * chunk_ms // 1000 * 2
         stream = silence(300, rate) + pcm + silence(1500, rate)
+        step = rate * chunk_ms // 1000 * 2
+        if codec == "g711_ulaw":
+            stream, step = pcm16_to_g711(stream, "g711_ulaw"), step // 2
         t = time.monotonic()
         for i in range(0, len(stream), step):
             while len(order) - len(texts) >= 2 and not task.done():

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import soundfile
 
-from engine.audio import resample_pcm16
+from audio_kit.pcm import resample_pcm16
 from tests.server.harness import ROOT, Client, running_server, send_audio, silence
 
 pytestmark = pytest.mark.models

@@ -13,10 +13,11 @@ from typing import Any
 import msgspec
 import pytest
 
+from duplex_contract.events import SessionEvent
 from engine.client import AsyncEngine
 from engine.config import EngineConfig, load_engine_config
-from engine.messages import SessionEvent
-from engine.remote import EngineServer, RemoteEngine
+from engine.remote import EngineServer
+from engine.remote_client import RemoteEngine
 from engine.stages.base import StageBackend
 from engine.stages.testing import TestStage, TestStageOptions
 

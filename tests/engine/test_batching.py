@@ -9,22 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from duplex_contract.batch import AudioOut, ChatMessage, TextOut
+from duplex_contract.errors import StageError
+from duplex_contract.events import AudioChunk, ResponseDone
+from duplex_contract.settings import SessionSettings
 from engine.config import engine_config
-from engine.errors import StageError
-from engine.messages import (
-    AudioChunk,
-    AudioOut,
-    ChatMessage,
-    LlmRequest,
-    Priority,
-    ResponseDone,
-    SessionConfig,
-    StageDone,
-    StageOutput,
-    TextOut,
-    TtsRequest,
-)
-from engine.stages.base import BatchSlot
+from engine.messages import LlmRequest, Priority, StageDone, StageOutput, TtsRequest
+from engine.stages.batching import BatchSlot
 from engine.stages.testing import BatchTestStage, TestStage, TestStageOptions, frame_pcm, word_frame
 from tests.engine.conftest import UNIT, collect, open_engine, run
 from tests.engine.test_orchestrator import text_turn
@@ -246,7 +237,7 @@ def test_close_ends_every_request_in_flight() -> None:
 # ----------------------------------------------------------------------------- via the engine
 @pytest.mark.usefixtures("transport")
 def test_sessions_on_batched_stages_share_steps_and_barge_in_still_aborts() -> None:
-    from engine.messages import Fence
+    from duplex_contract.fence import Fence
 
     async def main() -> None:
         o = TestStageOptions(step_s=0.01, chunk_ms=20.0, reply="one two three four five six")
@@ -323,7 +314,7 @@ def test_a_talker_and_codec_route_streams_codec_frames_into_audio() -> None:
         }
         engine = await open_engine(cfg, backends)
         try:
-            res = await engine.open(SessionConfig(output_modalities=("audio",)))
+            res = await engine.open(SessionSettings(output_modalities=("audio",)))
             assert res.session_id and res.accepted_fence
             await engine.append(res.accepted_fence, 1, text="speak")
             await engine.commit(res.accepted_fence, 1)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from duplex_contract.batch import TextOut
 from engine.chunkers import SegmentChunker, WindowChunker, WindowOptions
 from engine.config import SegmenterConfig
-from engine.messages import TextOut, TokensOut
+from engine.messages import TokensOut
 
 
 def test_windows_first_small_then_with_left_context() -> None:

@@ -9,10 +9,12 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from duplex_contract.batch import TextOut
 from engine import compute
 from engine.edges import Edge
-from engine.messages import StageDone, StageOutput, StageRequest, TextOut
-from engine.stages.base import BatchingBackend, BatchSlot, ThreadedBackend
+from engine.messages import StageDone, StageOutput, StageRequest
+from engine.stages.batching import BatchingBackend, BatchSlot
+from engine.stages.workers import ThreadedBackend
 
 
 def test_working_counts_nested_units_and_others_busy_excludes_itself() -> None:

@@ -3,16 +3,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from duplex_contract.control import AppendCall
+from duplex_contract.errors import ConfigError, ControlError, EngineDeadError
+from duplex_contract.events import ErrorInfo
+from duplex_contract.fence import Fence
 from engine.config import load_engine_config
-from engine.errors import ConfigError, ControlError, EngineDeadError
-from engine.messages import (
-    AppendCall,
-    ControlRequest,
-    ErrorInfo,
-    Fence,
-    decode_request,
-    encode,
-)
+from engine.messages import ControlRequest, decode_request, encode
 
 ROOT = Path(__file__).resolve().parents[2]
 

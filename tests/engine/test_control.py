@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import DuplexRuntimeConfig
-from engine.duplex.control import DuplexControl, Effects
-from engine.messages import (
+from duplex_contract.control import (
     AppendCall,
     CloseCall,
     CommitCall,
     ControlCall,
     ControlResult,
-    Fence,
     OpenCall,
     PlaybackMark,
     ResumeCall,
-    SessionLifecycle,
-    SessionUpdate,
     SignalCall,
     TouchCall,
 )
+from duplex_contract.events import SessionLifecycle
+from duplex_contract.fence import Fence
+from duplex_contract.settings import SessionUpdate
+from engine.config import DuplexRuntimeConfig
+from engine.duplex.control import DuplexControl
+from engine.duplex.effects import Effects
 
 
 class Harness:
@@ -315,7 +316,7 @@ def test_cancel_with_foreign_next_fence_is_refused(event: str) -> None:
 
 
 def test_item_delete_drops_uncommitted_queued_and_out_of_band_keeps_input() -> None:
-    from engine.messages import ItemRef, ResponseOptions, ToolOutput
+    from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 
     h = Harness()
     sid, _ = h.open()

@@ -13,19 +13,19 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.config import DuplexRuntimeConfig
-from engine.duplex.control import DuplexControl
-from engine.duplex.session import DuplexSession
-from engine.messages import (
+from duplex_contract.control import (
     AppendCall,
     CommitCall,
     ControlCall,
-    Fence,
     OpenCall,
     ResumeCall,
     SignalCall,
     TouchCall,
 )
+from duplex_contract.fence import Fence
+from engine.config import DuplexRuntimeConfig
+from engine.duplex.control import DuplexControl
+from engine.duplex.session import DuplexSession
 
 
 def snapshot(s: DuplexSession) -> tuple[Any, ...]:

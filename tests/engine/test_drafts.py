@@ -14,11 +14,12 @@ import weakref
 import msgspec
 import pytest
 
+from duplex_contract.errors import StageError
+from duplex_contract.events import AudioChunk, ResponseDone, SessionEvent
+from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionUpdate
 from engine.client import AsyncEngine
 from engine.drafts import Draft
-from engine.errors import StageError
-from engine.messages import AudioChunk, Fence, ResponseDone, SessionEvent
 from engine.orchestrator import Orchestrator
 from engine.stages.testing import TestStage, TestStageOptions
 from tests.engine.conftest import UNIT, collect, make_config, open_engine, run, stages

@@ -5,14 +5,14 @@ import itertools
 
 import pytest
 
-from engine.messages import (
+from duplex_contract.events import (
     AudioChunk,
     ResponseDone,
     ResponseStarted,
-    SessionConfig,
     TextDelta,
     UserTranscript,
 )
+from duplex_contract.settings import SessionSettings
 from tests.engine.conftest import collect, run, start_engine
 
 pytestmark = pytest.mark.usefixtures("transport")  # both engine transports
@@ -22,7 +22,7 @@ def test_text_turn_streams_text_and_audio() -> None:
     async def main() -> None:
         engine = await start_engine()
         try:
-            res = await engine.open(SessionConfig(output_modalities=("text", "audio")))
+            res = await engine.open(SessionSettings(output_modalities=("text", "audio")))
             sid, fence, gen = res.session_id, res.accepted_fence, res.lease_generation
             assert sid and fence and gen == 1
             await engine.append(fence, gen, text="hello")

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
+from duplex_contract.errors import ConfigError, StageError
 from engine.config import engine_config, load_engine_config
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
 from engine.graph import build_graph
 from engine.stages.testing import TestStage
 
@@ -207,7 +207,9 @@ def test_overrides_keep_their_declared_edges() -> None:
 def test_work_on_a_missing_route_fails_clearly_and_the_session_goes_on() -> None:
     import asyncio
 
-    from engine.messages import ResponseDone, SessionConfig, SpeechJob
+    from duplex_contract.batch import SpeechJob
+    from duplex_contract.events import ResponseDone
+    from duplex_contract.settings import SessionSettings
     from tests.engine.conftest import collect, open_engine
 
     async def main() -> None:
@@ -215,7 +217,7 @@ def test_work_on_a_missing_route_fails_clearly_and_the_session_goes_on() -> None
         data["routes"] = {"voice": ["asr", "llm", "tts"]}  # no text, speech, transcribe
         engine = await open_engine(engine_config(data))
         try:
-            res = await engine.open(SessionConfig(output_modalities=("text",)))
+            res = await engine.open(SessionSettings(output_modalities=("text",)))
             assert res.session_id and res.accepted_fence
             await engine.append(res.accepted_fence, 1, text="hi")
             await engine.commit(res.accepted_fence, 1)
@@ -229,7 +231,7 @@ def test_work_on_a_missing_route_fails_clearly_and_the_session_goes_on() -> None
                     pass
             assert info.value.code == "route_unavailable"
             # the same session, switched to audio output, is answered on the voice route
-            from engine.messages import SessionUpdate
+            from duplex_contract.settings import SessionUpdate
 
             fence = done.fence
             await engine.signal(

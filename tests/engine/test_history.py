@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from duplex_contract.batch import ChatMessage
 from engine.history import ConversationHistory
-from engine.messages import ChatMessage
 
 SYS = "You are terse."
 

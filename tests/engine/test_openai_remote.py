@@ -10,16 +10,11 @@ from typing import Any
 
 import pytest
 
+from duplex_contract.events import AudioChunk, ResponseDone, SessionEvent, TextDelta
+from duplex_contract.fence import Fence
+from duplex_contract.settings import SessionSettings
 from engine.client import AsyncEngine
 from engine.config import engine_config
-from engine.messages import (
-    AudioChunk,
-    Fence,
-    ResponseDone,
-    SessionConfig,
-    SessionEvent,
-    TextDelta,
-)
 from tests.engine.conftest import UNIT, collect, open_engine, run
 from tests.engine.fake_openai import Fake, fake_openai
 
@@ -54,7 +49,7 @@ async def turn(
     engine: AsyncEngine, modalities: tuple[str, ...] = ("text",), sid: str | None = None
 ) -> tuple[str, list[SessionEvent]]:
     if sid is None:
-        res = await engine.open(SessionConfig(output_modalities=modalities))  # type: ignore[arg-type]
+        res = await engine.open(SessionSettings(output_modalities=modalities))  # type: ignore[arg-type]
         assert res.session_id and res.accepted_fence
         sid, fence = res.session_id, res.accepted_fence
     else:
@@ -97,7 +92,7 @@ def test_remote_asr_and_tts_make_a_voice_turn(fake: Fake) -> None:
     async def main() -> None:
         engine = await open_engine(remote_config(fake))
         try:
-            res = await engine.open(SessionConfig(output_sample_rate=16000))
+            res = await engine.open(SessionSettings(output_sample_rate=16000))
             assert res.session_id and res.accepted_fence
             await engine.append(res.accepted_fence, 1, audio=bytes(2 * 16000))
             await engine.commit(res.accepted_fence, 1)
@@ -186,7 +181,7 @@ def test_a_barge_in_closes_the_remote_stream_and_nothing_follows(fake: Fake) -> 
         fake.words = [f" w{i}" for i in range(100)]
         engine = await open_engine(remote_config(fake))
         try:
-            res = await engine.open(SessionConfig(output_modalities=("text",)))
+            res = await engine.open(SessionSettings(output_modalities=("text",)))
             assert res.session_id and res.accepted_fence
             sid, fence = res.session_id, res.accepted_fence
             await engine.append(fence, 1, text="go")

@@ -10,8 +10,8 @@ import pytest
 import soundfile as sf
 import soxr
 
+from duplex_contract.events import ResponseDone, UserTranscript
 from engine.config import PartialsConfig
-from engine.messages import ResponseDone, UserTranscript
 from tests.engine.conftest import ROOT, UNIT, collect, make_config, open_engine, run, stages
 
 pytestmark = [pytest.mark.models, pytest.mark.usefixtures("transport")]

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from duplex_contract.errors import ConfigError
 from engine.config import StageConfig
-from engine.errors import ConfigError
 from engine.placement import child_visible_devices, replica_gpus, visible_entries
 from engine.stages import vllm_env
 from engine.stages.llm_vllm import VllmLlm, VllmOptions

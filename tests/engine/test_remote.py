@@ -10,18 +10,12 @@ import tempfile
 
 import pytest
 
-from engine.errors import ConfigError, EngineDeadError
-from engine.messages import ResponseDone, SessionConfig
-from engine.remote import (
-    Address,
-    EngineServer,
-    Hello,
-    Refused,
-    RemoteEngine,
-    frame,
-    parse_address,
-    read_frame,
-)
+from duplex_contract.errors import ConfigError, EngineDeadError
+from duplex_contract.events import ResponseDone
+from duplex_contract.settings import SessionSettings
+from engine.remote import Address, EngineServer, parse_address
+from engine.remote_client import RemoteEngine
+from engine.remote_wire import Hello, Refused, frame, read_frame
 from tests.engine.conftest import collect, make_config, run, stages
 
 
@@ -45,7 +39,7 @@ async def _server() -> tuple[EngineServer, str, str]:
 
 
 async def _text_turn(engine: RemoteEngine) -> ResponseDone:
-    res = await engine.open(SessionConfig(output_modalities=("text",)))
+    res = await engine.open(SessionSettings(output_modalities=("text",)))
     assert res.session_id and res.accepted_fence
     await engine.append(res.accepted_fence, 1, text="hi")
     await engine.commit(res.accepted_fence, 1)
@@ -122,8 +116,8 @@ def test_refused_message_type_is_a_real_struct() -> None:
 
 
 def test_session_ids_carry_the_front_ends_route_key() -> None:
+    from duplex_contract.errors import ControlError
     from engine.duplex.fence import new_session_id, route_key_of
-    from engine.errors import ControlError
     from tests.engine.conftest import start_engine
 
     assert route_key_of(new_session_id("w2")) == "w2"

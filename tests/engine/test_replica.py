@@ -3,8 +3,8 @@ peek that changes nothing, and what a taking-over front end gets back from resum
 
 from __future__ import annotations
 
+from duplex_contract.control import AppendCall, ReplicaCall, ResumeCall, TouchCall
 from engine.duplex.replica import MAX_REPLICA_BYTES
-from engine.messages import AppendCall, ReplicaCall, ResumeCall, TouchCall
 from tests.engine.test_control import Harness
 
 

@@ -10,19 +10,12 @@ from typing import Any
 import msgspec
 import pytest
 
+from duplex_contract.batch import AudioOut, SpeechJob
+from duplex_contract.errors import ConfigError
+from duplex_contract.events import AudioChunk, ResponseDone
 from engine.client import AsyncEngine
 from engine.config import SchedulingConfig, engine_config, load_engine_config
-from engine.errors import ConfigError
-from engine.messages import (
-    AsrRequest,
-    AudioChunk,
-    AudioOut,
-    LlmRequest,
-    Priority,
-    ResponseDone,
-    SpeechJob,
-    TtsRequest,
-)
+from engine.messages import AsrRequest, LlmRequest, Priority, TtsRequest
 from engine.orchestrator import Orchestrator
 from engine.scheduling import (
     CapacityScheduler,

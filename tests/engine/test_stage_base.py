@@ -11,17 +11,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from engine.errors import StageError
-from engine.messages import (
-    LlmRequest,
-    Priority,
-    StageDone,
-    StageOutput,
-    StageRequest,
-    TextOut,
-    TtsRequest,
-)
-from engine.stages.base import StagePool, ThreadedBackend, WorkerCrash
+from duplex_contract.batch import TextOut
+from duplex_contract.errors import StageError
+from engine.messages import LlmRequest, Priority, StageDone, StageOutput, StageRequest, TtsRequest
+from engine.stages.pool import StagePool
+from engine.stages.workers import ThreadedBackend, WorkerCrash
 from tests.engine.conftest import run
 
 
@@ -63,7 +57,7 @@ class Toy(ThreadedBackend):
 def llm(
     rid: str, text: str = "hi", priority: Priority = Priority.REALTIME, session: str | None = None
 ) -> LlmRequest:
-    from engine.messages import ChatMessage
+    from duplex_contract.batch import ChatMessage
 
     return LlmRequest(
         request_id=rid, messages=(ChatMessage("user", text),), priority=priority, session_id=session

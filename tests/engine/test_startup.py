@@ -10,9 +10,10 @@ from typing import Any
 import msgspec
 import pytest
 
+from duplex_contract.errors import ConfigError, StageError
 from engine.client import AsyncEngine
-from engine.errors import ConfigError, StageError
-from engine.stages.base import StageBackend, StagePool
+from engine.stages.base import StageBackend
+from engine.stages.pool import StagePool
 from engine.stages.testing import TestStage, TestStageOptions
 from engine.startup import start_devices, start_pools
 from tests.engine.conftest import UNIT, make_config, run, stages

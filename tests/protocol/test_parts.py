@@ -150,14 +150,53 @@ def test_a_speech_turn_in_steps() -> None:
     # times the silence between two turns with it, not with the wall clock)
     assert steps[2] == Speaking(20.0)
     steps = turns.on_audio(MS20, [VadPause(at_ms=1030.0)], td)
-    assert [type(s) for s in steps] == [AudioReady, Paused, Speaking]
-    assert isinstance(steps[0], AudioReady) and steps[0].stream_ms == 1020.0
+    assert [type(s) for s in steps] == [AudioReady, Paused, AudioReady, Speaking]
+    # the audio up to the pause point, then the rest of the append
+    assert steps[0] == AudioReady(MS20[: 10 * 32], 1020.0)
+    assert steps[2] == AudioReady(MS20[10 * 32 :], 1030.0)
     steps = turns.on_audio(MS20, [VadResume(at_ms=1050.0)], td)
     assert [type(s) for s in steps] == [Resumed, AudioReady, Speaking]
     steps = turns.on_audio(MS20, [VadStop(audio_end_ms=1070.0)], td)
     assert [type(s) for s in steps] == [AudioReady, SpeechEnded]
     assert steps[1] == SpeechEnded("item_0", 1070.0, 70.0)
     assert turns.speech_item is None and ids == ["item_0"]
+
+
+def test_a_pause_and_a_turn_end_cut_the_audio_at_their_point_for_any_append_size() -> None:
+    """At a VAD pause the engine has the speech up to the pause point, and no more, before
+    ``Paused``; a turn ends where the VAD decided it (``VadStop.at_ms``), the rest of the
+    append waiting in the ring. So the pause's guess and the committed turn are the same
+    audio for appends of 10 to 200 ms (they used to take the whole append the decision
+    fell in, up to 200 ms more, and the next turn started elsewhere: Whisper's words
+    changed with the append size)."""
+    audio = bytes(range(256)) * 250  # 2 s at 16 kHz, every sample distinct enough
+    guessed: set[bytes] = set()
+    committed: set[bytes] = set()
+    for chunk_ms in (10, 20, 40, 100, 200):
+        turns, _ = _turns()
+        td = ev.TurnDetection(prefix_padding_ms=0)
+        step = chunk_ms * 32
+        sent = b""
+        for i in range(0, len(audio), step):
+            end_ms = (i + step) / 32
+            vad = []
+            if i == 0:
+                vad.append(VadStart(onset_ms=0.0, audio_start_ms=0.0))
+            if i / 32 < 1234.0 <= end_ms:  # the pause was decided at 1234 ms
+                vad.append(VadPause(at_ms=1234.0))
+            if i / 32 < 1734.0 <= end_ms:  # the turn's end, at 1734 ms
+                vad.append(VadStop(audio_end_ms=1234.0, at_ms=1734.0))
+            for s in turns.on_audio(audio[i : i + step], vad, td):
+                if isinstance(s, AudioReady):
+                    assert s.stream_ms == len(sent) / 32  # in order, on the input clock
+                    sent += s.pcm
+                elif isinstance(s, Paused):
+                    guessed.add(sent)
+                elif isinstance(s, SpeechEnded):
+                    committed.add(sent)
+        assert audio.startswith(sent)  # nothing repeated; the rest waits in the ring
+    assert guessed == {audio[: 1234 * 32]}
+    assert committed == {audio[: 1734 * 32]}
 
 
 def test_reset_and_manual_commit_end_the_speech() -> None:

@@ -82,7 +82,7 @@ def test_echo_control_unit_cancels_guards_and_passes_speech() -> None:
     """EchoControl alone: broadband far end, its echo 120 ms later at -6 dB in the mic."""
     import numpy as np
 
-    from duplex_server.echo import EchoControl
+    from audio_kit.echo import EchoControl
 
     rate = 16000
     rng = np.random.default_rng(0)
@@ -153,7 +153,7 @@ def test_echo_control_without_echo_the_guard_fades() -> None:
     import soundfile
     import soxr
 
-    from duplex_server.echo import GUARD_RATIO, EchoControl
+    from audio_kit.echo import GUARD_RATIO, EchoControl
     from tests.server.harness import ROOT
 
     rate = 16000

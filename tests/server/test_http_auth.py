@@ -119,8 +119,8 @@ def test_no_keys_configured_leaves_routes_open(tmp_path: Path) -> None:
 
 
 def test_a_bad_metrics_access_value_fails_start_up(tmp_path: Path) -> None:
+    from duplex_contract.errors import ConfigError
     from duplex_server.config import load_app_config
-    from engine.errors import ConfigError
 
     path = write_config(tmp_path, server={"metrics_access": "public"})
     with pytest.raises(ConfigError, match="metrics_access"):

@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+from duplex_contract.control import Activity, ControlResult, PlaybackMark, SignalEvent
 from duplex_contract.events import ResponseDone, ResponseStarted, SessionEvent, TextDelta
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings, SessionUpdate
@@ -20,7 +21,6 @@ from duplex_server.protocol.errors import SessionFatal
 from duplex_server.session_runtime import LiveSession, SessionLimits
 from duplex_server.sessions import Sessions
 from duplex_server.turns import InputScheduler
-from engine.messages import Activity, ControlResult, PlaybackMark, SignalEvent
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 

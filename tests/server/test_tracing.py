@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from duplex_contract.errors import ConfigError
 from duplex_server.config import load_app_config
-from engine.errors import ConfigError
 from tests.server.harness import (
     REALTIME_TTS,
     Client,

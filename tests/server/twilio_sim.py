@@ -21,7 +21,7 @@ import numpy as np
 import websockets
 from starlette.websockets import WebSocketState
 
-from duplex_server.protocol.codec import g711_to_pcm16, pcm16_to_g711
+from audio_kit.g711 import g711_to_pcm16, pcm16_to_g711
 from tests.server.harness import UNIT
 
 RATE = 8000
@@ -223,14 +223,15 @@ class SendAfterDrop:
 
     def __init__(self, monkeypatch: Any, *, armed: bool = False) -> None:
         from duplex_server.twilio import TwilioAttachment
+        from duplex_server.twilio_wire import Outbound
 
         self.armed = armed
         self.held = 0  # sends held, then failed
         self._media = 0
         real = TwilioAttachment._send
 
-        async def send(att: TwilioAttachment, obj: dict[str, Any]) -> None:
-            if self.armed and obj["event"] == "media":
+        async def send(att: TwilioAttachment, obj: Outbound) -> None:
+            if self.armed and obj.event == "media":
                 self._media += 1
                 if self._media == 3:
                     self.armed, self._media = False, 0

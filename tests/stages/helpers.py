@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.messages import AudioOut, StageDone, StageOutput, StageRequest, TextOut
-from engine.stages.base import WorkerBackend
+from duplex_contract.batch import AudioOut, TextOut
+from engine.messages import StageDone, StageOutput, StageRequest
+from engine.stages.workers import WorkerBackend
 
 BECKETT_REF = "Ever tried. Ever failed. No matter. Try again. Fail again. Fail better."
 

@@ -14,8 +14,9 @@ import msgspec
 import pytest
 import soundfile as sf
 
-from engine.audio import resample_pcm16
-from engine.messages import AsrRequest, StageDone, TranscriptOut
+from audio_kit.pcm import resample_pcm16
+from duplex_contract.batch import TranscriptOut
+from engine.messages import AsrRequest, StageDone
 from engine.stages.asr_pocketsphinx import PocketsphinxAsr, PocketsphinxStream
 from engine.stages.asr_whisper import (
     WhisperAsr,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.audio import (
+from audio_kit.pcm import (
     PcmChunker,
     StreamResampler,
     edge_trim,

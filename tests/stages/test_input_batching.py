@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import engine.stages.vad_silero as vad_mod
+import audio_kit.vad as vad_mod
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent

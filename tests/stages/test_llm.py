@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from duplex_contract.batch import ChatMessage, TextOut
+from duplex_contract.errors import StageError
+from duplex_contract.settings import Tool
 from duplex_contract.tools import check_call, tools_prompt
-from engine.errors import StageError
-from engine.messages import ChatMessage, LlmRequest, StageDone, TextOut, Tool
+from engine.messages import LlmRequest, StageDone
 from engine.stages.llm_llamacpp import LlamaCppLlm, LlamaCppOptions, open_llama
 from tests.stages.helpers import run_request
 

@@ -1,4 +1,4 @@
-"""Input noise reduction (engine/denoise.py) on a real recording mixed with noise at 5 dB
+"""Input noise reduction (audio_kit/denoise.py) on a real recording mixed with noise at 5 dB
 SNR: VAD false triggers and Whisper WER with and without it (bench/noise_reduction.py
 prints the same figures). It must not make the clean recording's WER worse."""
 
@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from audio_kit.denoise import NoiseSuppressor
 from bench.noise_reduction import PHRASES, measure
-from engine.denoise import NoiseSuppressor
-from engine.messages import AsrRequest, TranscriptOut
+from duplex_contract.batch import TranscriptOut
+from engine.messages import AsrRequest
 from engine.stages.asr_whisper import WhisperAsr
 from tests.stages.helpers import run_request
 

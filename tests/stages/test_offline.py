@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent(
     from engine.stages.llm_llamacpp import LlamaCppLlm, LlamaCppOptions
     from engine.stages.tts_espeak import EspeakOptions, EspeakTts
     from engine.stages.tts_piper import PiperOptions, PiperTts
-    from engine.stages.vad_silero import SileroVad
+    from audio_kit.vad import SileroVad
 
     go = threading.Event()
     SileroVad().probability(np.zeros(512, np.float32))

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import soundfile
 
+from audio_kit.smart_turn import SmartTurn, features, model_path
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent, VadStop
 from duplex_server.turns import SEMANTIC_CHECK_MS, SEMANTIC_PLAIN_WAIT_MS, InputProcessor
-from engine.smart_turn import SmartTurn, features, model_path
 from tests.server.harness import ROOT
 
 pytestmark = pytest.mark.models

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from engine.messages import AsrRequest, AudioOut, StageDone, TranscriptOut, TtsRequest
+from duplex_contract.batch import AudioOut, TranscriptOut
+from engine.messages import AsrRequest, StageDone, TtsRequest
 from engine.stages.asr_whisper import WhisperAsr
 from engine.stages.tts_espeak import EspeakTts
 from engine.stages.tts_piper import PiperTts

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.audio import float32_to_pcm16
-from engine.stages.vad_silero import (
+from audio_kit.pcm import float32_to_pcm16
+from audio_kit.vad import (
     CHUNK_MS,
     CHUNK_SAMPLES,
     EnergyVad,
@@ -123,7 +123,7 @@ def test_silero_detects_synthesized_speech(piper_question: bytes) -> None:
 
 
 def test_segmenter_pause_and_resume_inside_speech() -> None:
-    from engine.stages.vad_silero import VadSegmenter
+    from audio_kit.vad import VadSegmenter
 
     seg = VadSegmenter(threshold=0.5, min_speech_ms=64, silence_duration_ms=500, pause_ms=96)
     events = []
@@ -147,7 +147,7 @@ def test_segmenter_pause_and_resume_inside_speech() -> None:
 def test_batched_silero_scores_like_one_stream_at_a_time(beckett: bytes) -> None:
     """Three streams at different offsets of a real recording: one onnxruntime call per
     round gives each stream the probabilities it gets alone, and the same speech events."""
-    from engine.stages.vad_silero import probabilities
+    from audio_kit.vad import probabilities
 
     offsets = [0, 5000, 17000]  # samples: the streams are out of phase
     alone, together = [], []

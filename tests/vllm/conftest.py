@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.messages import StageDone, StageOutput, StageRequest, TextOut
+from duplex_contract.batch import TextOut
+from engine.messages import StageDone, StageOutput, StageRequest
 from engine.stages.llm_vllm import VllmLlm, VllmOptions
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

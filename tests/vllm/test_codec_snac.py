@@ -18,9 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from duplex_contract.batch import AudioOut
+from duplex_contract.errors import StageError
 from engine.codec_layout import ORPHEUS
-from engine.errors import StageError
-from engine.messages import AudioOut, StageDone, TokensOut, TokensRequest
+from engine.messages import StageDone, TokensOut, TokensRequest
 from engine.stages.codec_snac import CodecChunker, CodecSnacOptions, SnacCodec
 
 pytestmark = pytest.mark.vllm

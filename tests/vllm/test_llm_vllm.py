@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from engine.errors import ConfigError, StageError
-from engine.messages import ChatMessage, LlmRequest, Priority, StageDone, TextOut, TtsRequest
+from duplex_contract.batch import ChatMessage, TextOut
+from duplex_contract.errors import ConfigError, StageError
+from engine.messages import LlmRequest, Priority, StageDone, TtsRequest
 from engine.stages.llm_vllm import VllmLlm, VllmOptions
 from engine.stages.registry import backend_class
 from tests.vllm.conftest import CPU_OPTIONS, Run, collect

@@ -10,7 +10,7 @@ import time
 import pytest
 import soundfile
 
-from engine.audio import resample_pcm16
+from audio_kit.pcm import resample_pcm16
 from tests.server.harness import ROOT, Client, running_server, send_audio, silence, text_item
 
 pytestmark = pytest.mark.vllm

@@ -8,9 +8,11 @@ import asyncio
 import numpy as np
 import pytest
 
+from duplex_contract.batch import AudioOut, BatchDone, SpeechJob
+from duplex_contract.events import AudioChunk, ResponseDone
+from duplex_contract.settings import SessionSettings
 from engine.client import AsyncEngine
 from engine.config import engine_config
-from engine.messages import AudioChunk, AudioOut, BatchDone, ResponseDone, SessionConfig, SpeechJob
 from engine.stages.codec_snac import CodecSnacOptions, SnacCodec
 from engine.stages.testing import TestStage, TestStageOptions
 from tests.engine.conftest import UNIT, collect
@@ -51,7 +53,9 @@ def test_two_sessions_share_codec_decode_calls_and_speech_uses_the_route() -> No
         }
         engine = await AsyncEngine.start(talker_engine_config(), backends)  # type: ignore[arg-type]
         try:
-            opened = [await engine.open(SessionConfig(output_modalities=("audio",))) for _ in "ab"]
+            opened = [
+                await engine.open(SessionSettings(output_modalities=("audio",))) for _ in "ab"
+            ]
             for res in opened:
                 assert res.accepted_fence is not None
                 await engine.append(res.accepted_fence, 1, text="speak")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import soundfile
 
-from engine.audio import resample_pcm16
+from audio_kit.pcm import resample_pcm16
 from engine.stages.codec_snac import SnacCodec
 from engine.stages.talker_vllm import VllmTalker
 from tests.server import harness

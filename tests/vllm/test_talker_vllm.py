@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.errors import ConfigError
+from duplex_contract.errors import ConfigError
 from engine.messages import StageDone, StageOutput, TokensOut, TtsRequest
 from engine.stages.talker_vllm import TalkerOptions, VllmTalker, VoiceSampling
 

@@ -14,6 +14,7 @@ the event loop). Three layers:
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import threading
@@ -27,8 +28,8 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from engine.audio import Float32Array, pcm16_to_float32
-from engine.models import silero_vad_onnx
+from audio_kit.pcm import Float32Array, pcm16_to_float32
+from duplex_contract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,18 @@ class VoiceActivityDetector(Protocol):
     def probability(self, chunk: npt.NDArray[np.float32]) -> float: ...
 
     def reset(self) -> None: ...
+
+
+def silero_vad_onnx() -> Path:
+    """The silero-vad 6.2.3 ONNX file inside the installed ``silero-vad`` wheel (found
+    without importing the package, which needs torch). :class:`ConfigError` if it is missing."""
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("model package 'silero_vad' is not installed (run `make install`)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
+    if not path.is_file():
+        raise ConfigError(f"missing {path}")
+    return path
 
 
 def _check_chunk(chunk: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:

@@ -1,0 +1,80 @@
+"""The batch jobs a front end asks the engine for, and the items they stream back.
+
+A batch HTTP route builds one :data:`BatchJob` (speech, chat, transcription); the engine
+streams :data:`BatchItem`s for it and ends with :class:`BatchDone`. The text, audio and
+transcript items are the engine stages' own outputs, streamed as they are made, so the
+stages produce these structs too (the other stage messages stay in ``engine/messages.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from duplex_contract.audio import INPUT_RATE, OUTPUT_RATE
+from duplex_contract.events import Msg
+
+
+class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class TranscriptOut(Msg, frozen=True, tag="transcript"):
+    request_id: str
+    text: str
+    final: bool
+
+
+class TextOut(Msg, frozen=True, tag="text"):
+    request_id: str
+    text: str
+
+
+class AudioOut(Msg, frozen=True, tag="audio"):
+    """A PCM16 mono chunk (~100 ms). ``t_ns`` = time.monotonic_ns() when the stage made it."""
+
+    request_id: str
+    pcm: bytes
+    sample_rate: int
+    t_ns: int = 0
+    text: str = (
+        ""  # optional mark: the characters this chunk speaks (else the orchestrator sets it)
+    )
+
+
+class SpeechJob(Msg, frozen=True, tag="speech"):
+    text: str
+    voice: str | None = None
+    speed: float = 1.0
+    sample_rate: int = OUTPUT_RATE
+
+
+class ChatJob(Msg, frozen=True, tag="chat"):
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int = 256
+    temperature: float = 0.0
+    audio: bool = False
+    voice: str | None = None
+    sample_rate: int = OUTPUT_RATE
+
+
+class TranscribeJob(Msg, frozen=True, tag="transcribe"):
+    audio: bytes  # PCM16 mono
+    sample_rate: int = INPUT_RATE
+    language: str = "en"
+
+
+BatchJob = SpeechJob | ChatJob | TranscribeJob
+
+
+class BatchDone(Msg, frozen=True, tag="batch_done"):
+    request_id: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    audio_ms: float = 0.0
+    finish_reason: str = "stop"
+
+
+BatchItem = TextOut | AudioOut | TranscriptOut | BatchDone
