@@ -110,6 +110,18 @@ class TouchCall(Msg, frozen=True, tag="touch"):
 class ResumeCall(Msg, frozen=True, tag="resume"):
     session_id: str
     expected_lease_generation: int
+    #: look only: the current lease generation, the front end's replica and the engine's
+    #: input seq, nothing changed (a front end that does not know the session asks first)
+    peek: bool = False
+
+
+class ReplicaCall(Msg, frozen=True, tag="replica"):
+    """The owning front end's state of a session (an opaque blob it can rebuild the session
+    from on any front end: engine/duplex/replica.py); the engine keeps the latest one."""
+
+    fence: Fence
+    lease_generation: int
+    state: bytes
 
 
 class CloseCall(Msg, frozen=True, tag="close"):
@@ -118,7 +130,16 @@ class CloseCall(Msg, frozen=True, tag="close"):
     reason: str = "client"
 
 
-ControlCall = OpenCall | AppendCall | CommitCall | SignalCall | TouchCall | ResumeCall | CloseCall
+ControlCall = (
+    OpenCall
+    | AppendCall
+    | CommitCall
+    | SignalCall
+    | TouchCall
+    | ResumeCall
+    | CloseCall
+    | ReplicaCall
+)
 
 
 class ControlResult(Msg, frozen=True, tag="result"):
@@ -132,3 +153,5 @@ class ControlResult(Msg, frozen=True, tag="result"):
     error: ErrorInfo | None = None
     clamped_ms: float | None = None  # playback_ack: the played duration actually applied
     deduplicated: bool = False
+    replica: bytes | None = None  # resume: the front end's replica of the session
+    input_seq: int | None = None  # resume: the newest client input seq the engine has

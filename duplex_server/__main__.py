@@ -22,6 +22,7 @@ from duplex_contract.errors import ConfigError
 from duplex_server import listen, logs
 from duplex_server.app import create_app
 from duplex_server.config import ServerConfig, load_app_config
+from duplex_server.drain import DrainingServer
 from duplex_server.scale import haproxy_config, serve_workers
 from duplex_server.tracing import Tracing
 from duplex_server.ws_protocol import BufferedReadsProtocol
@@ -127,7 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=int(config.server.shutdown_grace_s) + 1,
     )
     logs.quiet_access_log(level)
-    server = uvicorn.Server(uv_config)
+    if args.engine is not None:  # a session can live on in another front end: drain
+        s = config.server
+        server: uvicorn.Server = DrainingServer(
+            uv_config, app.state.hub, s.drain_s, s.drain_health_s
+        )
+    else:  # the engine dies with this process: SIGTERM stops at once (sockets get 1001)
+        server = uvicorn.Server(uv_config)
     log.info("listening on %s (Ctrl-C to stop)", listen.bound_url(sock))
     _run(server, sock)
     if not server.started:

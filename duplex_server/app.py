@@ -135,6 +135,9 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         down = engine.stats().stages_down if engine is not None and engine.ready else {}
         if down:
             return JSONResponse({"status": "degraded", "stages_down": down}, status_code=503)
+        if hub.draining:  # a load balancer takes this front end out (duplex_server/drain.py)
+            body = {"status": "draining", "route_key": config.server.route_key}
+            return JSONResponse(body, status_code=503)
         if engine is not None and engine.ready:
             return JSONResponse(
                 {

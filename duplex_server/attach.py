@@ -114,6 +114,11 @@ class Journal:
     def first_available(self) -> int:
         return self._entries[0].seq if self._entries else self.last_seq + 1
 
+    def restart_at(self, seq: int) -> None:
+        """A session taken over from another front end: numbering goes on after ``seq``;
+        nothing before it can be replayed here."""
+        self.last_seq = self._acked = self._lost_through = seq
+
     def replay_after(self, seq: int, now: float) -> list[bytes] | None:
         """Events after ``seq`` in order, or None if some were lost or ``seq`` is unknown."""
         self._expire(now)

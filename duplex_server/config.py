@@ -96,6 +96,12 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     vad_threads: PositiveInt = 2
     model_name: str = "duplex"
     shutdown_grace_s: PositiveFloat = 5.0
+    #: SIGTERM drains the front end (docs/scale.md): /health says ``draining`` for at least
+    #: ``drain_health_s`` (so a load balancer's checks take it out: HAProxy's inter x fall,
+    #: and a margin) and answers in flight get up to ``drain_s`` to finish; then every
+    #: session is handed over (``session.handover``, close 1012) to resume on another one
+    drain_s: PositiveFloat = 10.0
+    drain_health_s: Annotated[float, msgspec.Meta(ge=0)] = 2.5
     static_dir: str = "clients/web"
     #: negotiate permessage-deflate (RFC 7692) when a client offers it. Off by default: base64
     #: audio barely compresses, and each compressed socket costs zlib CPU per frame and two

@@ -50,8 +50,16 @@ def disconnected(hub: Hub, transport: Transport) -> None:
 
 
 def require_engine(hub: Hub) -> None:
-    """Raises ``engine_unavailable`` (close 1013) unless a session can be opened now."""
+    """Raises ``engine_unavailable`` (close 1013) unless a session can be opened now, or
+    ``server_draining`` (1013) while this front end drains (duplex_server/drain.py)."""
     engine = hub.sessions.engine
+    if hub.draining:
+        raise SessionFatal(
+            "server_draining",
+            "this front end is draining; resume or open elsewhere",
+            close_code=CloseCode.TRY_AGAIN,
+            error_type="server_error",
+        )
     if hub.closing or engine is None or not engine.ready:
         raise SessionFatal(
             "engine_unavailable", "the engine is not ready", close_code=CloseCode.TRY_AGAIN

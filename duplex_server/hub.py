@@ -17,7 +17,8 @@ from duplex_server.metrics import Metrics
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import INPUT_FORMATS, OUTPUT_FORMATS
 from duplex_server.protocol.errors import CloseCode
-from duplex_server.session_runtime import SessionLimits, Sessions
+from duplex_server.session_runtime import SessionLimits
+from duplex_server.sessions import Sessions
 from duplex_server.tracing import Tracing
 from duplex_server.turns import InputScheduler
 
@@ -66,6 +67,7 @@ class Hub:
         )
         self.sockets: set[Transport] = set()
         self.closing = False
+        self.draining = False  # SIGTERM: no new sessions or resumes (duplex_server/drain.py)
         self.no_connections = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
 

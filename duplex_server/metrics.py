@@ -158,6 +158,13 @@ class Metrics:
             buckets=_FAST,
             registry=r,
         )
+        self.sessions_taken_over = Counter(
+            "duplex_sessions_taken_over",
+            "Sessions resumed here from another front end (crash: events may be lost; "
+            "handover: drained cleanly)",
+            ["how"],
+            registry=r,
+        )
         self.stale_dropped = Counter(
             "duplex_stale_chunks_dropped",
             "Stale audio dropped by the server",

@@ -12,7 +12,9 @@ Input path: raw audio from the transport goes straight into the session's input 
 (decode, resample, VAD off the loop); the processed audio reaches the core once
 (``on_input_audio``) and its appends are queued in order behind the calls decided before.
 
-The :class:`Sessions` registry opens and resumes sessions for any transport.
+Its engine calls are made by :mod:`duplex_server.engine_calls`; the
+:class:`~duplex_server.sessions.Sessions` registry opens and resumes sessions for any
+transport.
 """
 
 from __future__ import annotations
@@ -20,128 +22,49 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import msgspec
 
-from duplex_contract.audio import OUTPUT_RATE
-from duplex_contract.control import Activity, ControlResult, PlaybackMark, SignalEvent
-from duplex_contract.errors import EngineDeadError, EngineError
-from duplex_contract.events import AudioChunk, SessionEvent
+from duplex_contract.errors import ControlError, EngineDeadError, EngineError
+from duplex_contract.events import AudioChunk
 from duplex_contract.fence import Fence
-from duplex_contract.settings import SessionSettings, SessionUpdate
-from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
-from duplex_contract.voices import VoiceCatalog
+from duplex_server import replica
 from duplex_server.attach import Attachment, Journal, Outgoing, Stamper
+from duplex_server.engine_calls import CallQueue, EngineSessions, execute
 from duplex_server.metrics import Metrics
-from duplex_server.output import OutputEncoder
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import decode_client_event, encode_server_event
 from duplex_server.protocol.commands import (
     AckJournal,
     Action,
-    Append,
     Call,
     Cancel,
     CloseSession,
     CloseSocket,
     Commit,
     ConfigureInput,
-    DeleteItem,
     DropOutput,
     EngineCommand,
     ProcessAudio,
     PurgeAudio,
     Release,
     Replay,
+    Replicate,
     Send,
     SendStamped,
-    Speculate,
     Takeover,
     Touch,
-    Update,
 )
-from duplex_server.protocol.config import EffectiveSession
-from duplex_server.protocol.errors import ProtocolError, SessionFatal
+from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.resume import new_resume_token
 from duplex_server.protocol.session import SessionCore
 from duplex_server.protocol.vad import VadEvent
-from duplex_server.tracing import SessionTrace, Tracing
+from duplex_server.tracing import SessionTrace
 from duplex_server.turns import InputLane, InputScheduler
 
 log = logging.getLogger(__name__)
-
-
-class EngineSessions(Protocol):
-    """The engine calls a live session makes: :class:`engine.client.AsyncEngine` in
-    process, or any front end of an engine in another process that speaks the same calls."""
-
-    @property
-    def ready(self) -> bool: ...
-
-    async def open(
-        self,
-        config: SessionSettings | None = None,
-        *,
-        route_key: str | None = None,
-        traceparent: str | None = None,
-    ) -> ControlResult: ...
-
-    async def resume(self, session_id: str, expected_lease_generation: int) -> ControlResult: ...
-
-    async def append(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        *,
-        audio: bytes = b"",
-        text: str | None = None,
-        item_id: str | None = None,
-        tool_output: ToolOutput | None = None,
-        stream_ms: float | None = None,
-    ) -> ControlResult: ...
-
-    async def commit(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        *,
-        respond: bool = True,
-        item_id: str | None = None,
-        response: ResponseOptions | None = None,
-        traceparent: str | None = None,
-    ) -> ControlResult: ...
-
-    async def signal(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        event: SignalEvent,
-        *,
-        next_fence: Fence | None = None,
-        update: SessionUpdate | None = None,
-        item: ItemRef | None = None,
-        respond: bool = True,
-        traceparent: str | None = None,
-    ) -> ControlResult: ...
-
-    async def touch(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        activity: Activity,
-        *,
-        playback: PlaybackMark | None = None,
-    ) -> ControlResult: ...
-
-    async def close(
-        self, fence: Fence, lease_generation: int, reason: str = "client"
-    ) -> ControlResult: ...
-
-    def session_events(self, session_id: str) -> AsyncIterator[SessionEvent]: ...
 
 
 def now_ms() -> float:
@@ -175,16 +98,24 @@ class LiveSession:
         self.lane = InputLane(
             inputs, limits.vad_backend, limits.input_backlog_bytes, self._processed, self._failed
         )
-        self._calls = _CallQueue()
+        self._calls = CallQueue()
         self.cancel_t: float | None = None
         self.commit_t: float | None = None
         self._last_words = False
         self._first_sent: dict[str, float] = {}  # response id -> first audio delta written
         self.trace: SessionTrace | None = None  # its trace, when traced (server.otel)
+        self._replicated_config = core.config  # the config the engine's replica has
+        #: the seq of this front end's session.handover (a drain), 0: not handed over
+        self.handed_over_at = 0
 
     @property
     def session_id(self) -> str:
         return self.core.session_id
+
+    @property
+    def calls_waiting(self) -> int:
+        """Engine calls queued and not yet made."""
+        return len(self._calls)
 
     @property
     def input_bytes(self) -> int:
@@ -192,10 +123,28 @@ class LiveSession:
         return self.lane.backlog + self._calls.nbytes
 
     # ------------------------------------------------------------------ called by transports
-    def open(self, attachment: Attachment, capabilities: ev.Capabilities) -> None:
+    async def open(self, attachment: Attachment, capabilities: ev.Capabilities) -> None:
         token, digest = new_resume_token()
+        self.core.token_hash = digest
+        await self.replicate()  # before the client holds the token (failover, docs/scale.md)
         self.attachment = attachment
         self.apply(self.core.opened(token, capabilities, token_hash=digest))
+
+    def replica(self, *, handed_over_at: int = 0) -> bytes:
+        """This session's state for the engine to keep (duplex_server/replica.py);
+        ``handed_over_at``: the seq of the session.handover that ends this front end's part."""
+        self._replicated_config = self.core.config
+        if handed_over_at:
+            return replica.encode(self.core, handed_over_at, handed_over=True)
+        return replica.encode(self.core, self.stamper.seq)
+
+    async def replicate(self, *, handed_over_at: int = 0) -> None:
+        """Keep :meth:`replica` in the engine now; a failure only costs failover."""
+        core, state = self.core, self.replica(handed_over_at=handed_over_at)
+        try:
+            await self.engine.replicate(core.fence_for(core.epoch), core.lease_generation, state)
+        except EngineError as exc:
+            log.warning("%s: replica not kept: %s", self.session_id, exc)
 
     async def resume(self, attachment: Attachment, req: ev.SessionResume) -> None:
         """Raises :class:`SessionFatal` (or an engine error) if the core refuses."""
@@ -216,6 +165,7 @@ class LiveSession:
             after_seq=req.last_received_server_event_seq,
             attached=self.attachment is not None,
         )
+        await self.replicate()  # the new token, before the client holds it
         for action in actions:  # Takeover first: the old transport's output is journaled
             if isinstance(action, Takeover):
                 self._takeover()
@@ -244,6 +194,8 @@ class LiveSession:
         except ProtocolError as exc:
             self.apply(self.core.error(exc))
             return
+        if data and not self.core.closed:
+            self.core.frame_received(len(data))
         self.receive_audio(data)
 
     def receive_dtmf(self, digit: str, received_at: int) -> None:
@@ -340,6 +292,8 @@ class LiveSession:
             elif isinstance(action, Release):
                 self.attachment = None
                 self._last_words = False
+        if self.core.config is not self._replicated_config and not self.core.closed:
+            self._calls.put_nowait(Replicate(self.replica()))  # a session.update
 
     def _timed(self, event: ev.ResponseDone) -> ev.ResponseDone:
         """response.done with the first audio delta's write moment, and the segments
@@ -369,6 +323,11 @@ class LiveSession:
         return event
 
     def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0) -> None:
+        if self.handed_over_at and self.handed_over_at == self.stamper.seq:
+            # an event after the handover never reaches the client: the replica says so,
+            # and a front end taking the session over sends session.resync_required
+            self._calls.put_nowait(Replicate(self.replica()))
+            self.handed_over_at = -1
         trace = self.trace
         if isinstance(event, ev.ResponseDone):
             origin = self.core.response_origin.get(event.response.id)
@@ -459,6 +418,18 @@ class LiveSession:
         except EngineDeadError as exc:
             self.apply(self.core.error(exc))
 
+    async def _execute(self, cmd: EngineCommand) -> Fence | None:
+        """One engine call. A call refused because this front end resumed the session while
+        it was in flight (the lease moved on under it; the engine changed nothing) is made
+        again under the new lease: input sent before a reconnect is not lost."""
+        gen = self.core.lease_generation
+        try:
+            return await execute(self.engine, self.core, cmd)
+        except ControlError as exc:
+            if exc.code != "stale_fence" or self.core.lease_generation == gen:
+                raise
+        return await execute(self.engine, self.core, cmd)
+
     def _stop_caller(self, caller: asyncio.Task[None]) -> None:
         """The engine session ended: the caller ends too, even if the cancellation is lost
         (the stopped queue wakes the caller and hands it None)."""
@@ -467,12 +438,12 @@ class LiveSession:
 
     async def _caller(self) -> None:
         while (queued := await self._calls.get()) is not None:
-            cmd = self._merge_appends(queued)
+            cmd = self._calls.merge_appends(queued)
             try:
                 res_fence = await self._execute(cmd)
             except Exception as exc:  # every engine error is reported to the client
-                if isinstance(cmd, CloseSession):
-                    log.info("%s: close failed: %s", self.session_id, exc)
+                if isinstance(cmd, CloseSession | Replicate):
+                    log.info("%s: %s failed: %s", self.session_id, type(cmd).__name__, exc)
                     continue
                 if not isinstance(exc, EngineError):  # a bug: the client sees server_error
                     log.error("%s: %s failed", self.session_id, type(cmd).__name__, exc_info=exc)
@@ -483,223 +454,3 @@ class LiveSession:
                     return
                 continue
             self.core.on_result(cmd, res_fence)
-
-    def _merge_appends(self, cmd: EngineCommand) -> EngineCommand:
-        """Audio appends queued behind this one (same epoch) go to the engine as one call.
-
-        Under load the engine round trip can lag the microphone; merging keeps the queue
-        short, so a barge-in or commit queued behind audio is not delayed by it.
-        """
-        if not isinstance(cmd, Append) or cmd.text is not None or not cmd.audio:
-            return cmd
-        parts = [cmd.audio]
-        while isinstance(nxt := self._calls.peek(), Append):
-            if nxt.epoch != cmd.epoch or nxt.text is not None or not nxt.audio or nxt.tool_output:
-                break
-            self._calls.get_nowait()
-            parts.append(nxt.audio)
-        if len(parts) == 1:
-            return cmd
-        return Append(
-            cmd.epoch, audio=b"".join(parts), event_id=cmd.event_id, stream_ms=cmd.stream_ms
-        )
-
-    async def _execute(self, cmd: EngineCommand) -> Fence | None:
-        core, eng = self.core, self.engine
-        gen = core.lease_generation
-        if isinstance(cmd, CloseSession):
-            await eng.close(core.fence_for(core.epoch), gen, reason=cmd.reason)
-            return None
-        fence = core.fence_for(cmd.epoch)
-        if isinstance(cmd, Append):
-            res = await eng.append(
-                fence,
-                gen,
-                audio=cmd.audio,
-                text=cmd.text,
-                item_id=cmd.item_id,
-                tool_output=cmd.tool_output,
-                stream_ms=cmd.stream_ms,
-            )
-        elif isinstance(cmd, Commit):
-            res = await eng.commit(
-                fence,
-                gen,
-                respond=cmd.respond,
-                item_id=cmd.item_id,
-                response=cmd.response,
-                traceparent=cmd.traceparent,
-            )
-        elif isinstance(cmd, DeleteItem):
-            res = await eng.signal(fence, gen, "item.delete", item=cmd.item)
-        elif isinstance(cmd, Cancel):
-            nxt = Fence(fence.session_id, cmd.epoch + 1, fence.turn_id, fence.response_seq)
-            res = await eng.signal(fence, gen, cmd.event, next_fence=nxt)
-        elif isinstance(cmd, Speculate):
-            res = await eng.signal(
-                fence, gen, cmd.event, respond=cmd.respond, traceparent=cmd.traceparent
-            )
-        elif isinstance(cmd, Update):
-            upd = SessionUpdate.replace_with(cmd.settings)
-            res = await eng.signal(fence, gen, "session.update", update=upd)
-        else:
-            mark = None
-            if cmd.activity == "playback_ack":
-                mark = PlaybackMark(cmd.turn_id, cmd.response_seq, cmd.played_ms, cmd.truncate)
-            res = await eng.touch(fence, gen, cmd.activity, playback=mark)
-        return res.accepted_fence
-
-
-class Sessions:
-    """The live sessions of one app, for any transport; each runs its own task group."""
-
-    def __init__(
-        self,
-        limits: SessionLimits,
-        inputs: InputScheduler,
-        metrics: Metrics,
-        *,
-        instructions: str,
-        model: str,
-        output_rate: int = OUTPUT_RATE,
-        route_key: str | None = None,
-        voices: VoiceCatalog | None = None,
-        tracing: Tracing | None = None,
-    ) -> None:
-        self.limits = limits
-        self.tracing = tracing  # one trace per session (server.otel), or None
-        self.route_key = route_key  # this front end's: session ids carry it
-        self.inputs = inputs
-        self.metrics = metrics
-        self.instructions = instructions
-        self.model = model
-        self.output_rate = output_rate
-        self.voices = voices  # checked by session.update (None: any name)
-        self.engine: EngineSessions | None = None
-        self.live: dict[str, LiveSession] = {}
-        self._runs: dict[str, asyncio.Task[None]] = {}
-
-    def __len__(self) -> int:
-        return len(self.live)
-
-    def by_state(self) -> dict[str, int]:
-        """Live sessions by state: ``attached`` (a transport), ``detached`` (none; the
-        engine ends it after ``disconnect_grace_s`` unless it resumes), ``closing`` (ended,
-        its engine session not yet gone)."""
-        out = {"attached": 0, "detached": 0, "closing": 0}
-        for s in self.live.values():
-            state = "closing" if s.core.closed else "attached" if s.attachment else "detached"
-            out[state] += 1
-        return out
-
-    def held_bytes(self) -> dict[str, int]:
-        """Bytes the front end holds for its sessions: the journals, and input audio not yet
-        handed to the engine (the input lanes' backlog and queued appends)."""
-        journal = sum(s.journal.bytes for s in self.live.values())
-        pending = sum(s.input_bytes for s in self.live.values())
-        return {"journal": journal, "input": pending}
-
-    async def open(
-        self, attachment: Attachment, capabilities: ev.Capabilities, *, beta: bool
-    ) -> LiveSession:
-        engine = self.engine
-        assert engine is not None
-        cfg = EffectiveSession(
-            instructions=self.instructions,
-            event_names="beta" if beta else "ga",
-            model=self.model,
-            output_rate=self.output_rate,
-            voices=self.voices,
-        )
-        trace = self.tracing.session(self.route_key) if self.tracing is not None else None
-        try:
-            res = await engine.open(
-                cfg.settings(),
-                route_key=self.route_key,
-                traceparent=trace.traceparent if trace is not None else None,
-            )
-        except BaseException as exc:
-            if trace is not None:
-                trace.refused(exc)
-            raise
-        assert res.session_id is not None
-        core = SessionCore(
-            res.session_id,
-            cfg,
-            lease_generation=res.lease_generation,
-            encode_output=OutputEncoder().encode,
-        )
-        session = LiveSession(engine, core, self.limits, self.inputs, self.metrics)
-        if trace is not None:
-            trace.opened(session.session_id)
-            session.trace = trace
-        self.live[session.session_id] = session
-        task = asyncio.create_task(self._run(session), name=f"session:{session.session_id}")
-        self._runs[session.session_id] = task
-        session.open(attachment, capabilities)
-        return session
-
-    async def resume(self, attachment: Attachment, req: ev.SessionResume) -> LiveSession:
-        session = self.live.get(req.session_id)
-        if session is None:
-            raise SessionFatal("session_not_found", f"no live session {req.session_id}")
-        await session.resume(attachment, req)
-        return session
-
-    async def _run(self, session: LiveSession) -> None:
-        try:
-            await session.run()
-        except Exception:
-            log.exception("%s: session tasks failed", session.session_id)
-        finally:
-            if session.trace is not None:
-                session.trace.end()
-            self.live.pop(session.session_id, None)
-            self._runs.pop(session.session_id, None)
-
-    async def shutdown(self, grace_s: float) -> None:
-        runs = list(self._runs.values())
-        for task in runs:
-            task.cancel()
-        if runs:
-            await asyncio.wait(runs, timeout=grace_s)
-
-
-class _CallQueue:
-    """The session's ordered engine calls (FIFO, unbounded: its producers are bounded)."""
-
-    def __init__(self) -> None:
-        self._items: deque[EngineCommand] = deque()
-        self._ready = asyncio.Event()
-        self.stopped = False
-
-    def put_nowait(self, cmd: EngineCommand) -> None:
-        if self.stopped:
-            return  # the engine session is over: nothing to call
-        self._items.append(cmd)
-        self._ready.set()
-
-    def stop(self) -> None:
-        self.stopped = True
-        self._items.clear()
-        self._ready.set()
-
-    async def get(self) -> EngineCommand | None:
-        """The next call; None once stopped (the session's tasks are ending)."""
-        while not self._items:
-            if self.stopped:
-                return None
-            self._ready.clear()
-            await self._ready.wait()
-        return self._items.popleft()
-
-    @property
-    def nbytes(self) -> int:
-        """Audio bytes queued for the engine (merged appends waiting their turn)."""
-        return sum(len(c.audio) for c in self._items if isinstance(c, Append))
-
-    def peek(self) -> EngineCommand | None:
-        return self._items[0] if self._items else None
-
-    def get_nowait(self) -> EngineCommand:
-        return self._items.popleft()

@@ -12,6 +12,7 @@ from duplex_contract.control import (
     ControlResult,
     OpenCall,
     PlaybackMark,
+    ReplicaCall,
     ResumeCall,
     SignalCall,
     SignalEvent,
@@ -134,9 +135,23 @@ class EngineCalls(EngineClientCore):
             )
         )
 
-    async def resume(self, session_id: str, expected_lease_generation: int) -> ControlResult:
+    async def resume(
+        self, session_id: str, expected_lease_generation: int, *, peek: bool = False
+    ) -> ControlResult:
+        """Renew the lease (compare and swap); ``peek``: change nothing, return the lease
+        generation, the front end's replica and the engine's input seq."""
         return await self.call(
-            ResumeCall(session_id=session_id, expected_lease_generation=expected_lease_generation)
+            ResumeCall(
+                session_id=session_id,
+                expected_lease_generation=expected_lease_generation,
+                peek=peek,
+            )
+        )
+
+    async def replicate(self, fence: Fence, lease_generation: int, state: bytes) -> ControlResult:
+        """Keep the front end's state of a session in the engine (engine/duplex/replica.py)."""
+        return await self.call(
+            ReplicaCall(fence=fence, lease_generation=lease_generation, state=state)
         )
 
     async def close(

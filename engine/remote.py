@@ -282,7 +282,10 @@ class EngineServer:
         finally:
             engine._waiters.pop(gid, None)
         sid = res.session_id
-        if res.ok and sid is not None and isinstance(msg.call, OpenCall | ResumeCall):
+        owns = isinstance(msg.call, OpenCall) or (
+            isinstance(msg.call, ResumeCall) and not msg.call.peek
+        )
+        if res.ok and sid is not None and owns:
             self._own(conn, engine, sid)
         self._send(conn, replace_id(res, msg.control_id))
 

@@ -17,12 +17,19 @@ A dropped connection is resumed transparently: the client reconnects, sends
 ``?intent=resume`` socket, so the server opens no new session), stores the
 rotated token, and drops replayed events it already delivered (by ``server_event_seq``), so
 ``events()`` never shows a gap or a duplicate. Sends made while reconnecting wait for the
-new socket. A heartbeat task sends ``session.heartbeat`` and acknowledges received events
-(``session.event_ack``) so the server can trim its journal.
+new socket. Input is sent exactly once across reconnects: every input message (audio frame,
+append, item create) is numbered and kept in an :class:`~duplex_client.resend.InputLog`
+until ``session.resumed.last_input_seq`` shows the server has it; what it lacks is sent
+again on the new socket before anything else (docs/protocol.md, "Input exactly once"). A
+``session.handover`` (the front end is draining for a deploy) is resumed the same way,
+through the load balancer, on another front end. A heartbeat task sends
+``session.heartbeat`` and acknowledges received events (``session.event_ack``) so the
+server can trim its journal.
 
 The stream ends after ``session.closed``, ``session.expired``, ``session.replaced``,
-``session.resync_required`` (each delivered first) or when resuming fails (raises
-:class:`ConnectionLost`).
+``session.resync_required`` (each delivered first; one with reason ``front_end_lost``, after
+the server that held the session crashed, is delivered and the session goes on) or when
+resuming fails (raises :class:`ConnectionLost`).
 """
 
 from __future__ import annotations
@@ -45,12 +52,25 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from duplex_client import events as ev
+from duplex_client.resend import InputLog
 
 log = logging.getLogger(__name__)
 
 _DECODER = msgspec.json.Decoder(ev.AnyServerEvent)
 _ENCODER = msgspec.json.Encoder()
 _TERMINAL = (ev.SessionClosed, ev.SessionExpired, ev.SessionReplaced, ev.ResyncRequired)
+#: a resume refused with these is tried again (the load balancer may pick another front end)
+_RETRY_CODES = frozenset({"server_draining", "engine_unavailable"})
+
+
+def _ends_session(event: ev.AnyServerEvent) -> bool:
+    """``session.resync_required`` after a front end crash (``front_end_lost``) does not end
+    the session: it goes on, and the application re-reads what it needs."""
+    if isinstance(event, ev.ResyncRequired):
+        return event.reason != "front_end_lost"
+    return isinstance(event, _TERMINAL)
+
+
 AudioInput = bytes | npt.NDArray[np.int16] | npt.NDArray[np.float32] | npt.NDArray[np.float64]
 
 
@@ -132,7 +152,11 @@ class DuplexClient:
         self._acked = 0
         self.session: ev.SessionObj | None = None
         self.resumes = 0  # transparent resumes so far
+        self.resumed_at: float | None = None  # time.monotonic() of the last resume
         self.duplicates_dropped = 0  # replayed events already delivered before a drop
+        self.inputs = InputLog()  # numbered input messages, until the server has them
+        self.input_resent = 0  # input messages sent again after a reconnect
+        self._resent_upto = 0  # input messages up to this number were sent by a resume
 
     # ------------------------------------------------------------------ connect / close
     @classmethod
@@ -254,7 +278,7 @@ class DuplexClient:
         if isinstance(event, ev.SessionUpdated):
             self.session = event.session
         self._queue.put_nowait(event)
-        if isinstance(event, _TERMINAL):
+        if _ends_session(event):
             self._ended = True
             self._end.set()
             self._queue.put_nowait(None)
@@ -307,6 +331,8 @@ class DuplexClient:
                     reply = await asyncio.wait_for(self._recv_event(ws), 10.0)
                     if isinstance(reply, ev.SessionResumed):
                         break
+                    if isinstance(reply, ev.Error) and reply.error.code in _RETRY_CODES:
+                        raise TimeoutError(f"resume refused for now: {reply.error.code}")
                     if isinstance(reply, ev.Error | ev.SessionClosed | ev.SessionExpired):
                         await ws.close()
                         self._deliver(reply)
@@ -316,14 +342,32 @@ class DuplexClient:
                 last_error = f"{type(exc).__name__}: {exc}"
                 await ws.close()
                 await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            try:
+                await self._resend_input(ws, reply.last_input_seq)
+            except websockets.ConnectionClosed as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(delay)
                 continue
             self.resume_token = reply.resume_token
             self.last_seq = max(self.last_seq, reply.server_event_seq)  # not shown to the user
             self.resumes += 1
+            self.resumed_at = time.monotonic()
             self._attach(ws)
             log.info("session %s resumed (%d replayed)", self.session_id, reply.replayed)
             return
         raise ConnectionLost(f"could not resume session {self.session_id}: {last_error}")
+
+    async def _resend_input(self, ws: ClientConnection, server_seq: int | None) -> None:
+        """Send again, in order, the input the resumed session lacks (None: a server
+        without input numbering; nothing is re-sent, as before)."""
+        if server_seq is None:
+            return
+        for seq, data in self.inputs.after(server_seq):
+            await ws.send(data)
+            self.input_resent += 1
+            self._resent_upto = seq
 
     async def _heartbeat_loop(self) -> None:
         while not self._ended:
@@ -348,7 +392,31 @@ class DuplexClient:
             except websockets.ConnectionClosed:
                 self._connected.clear()  # the reader resumes; send again on the new socket
 
+    async def _send_input(self, seq: int, data: str | bytes) -> None:
+        """Send input message ``seq``; a socket that breaks meanwhile is resumed, and the
+        resume sends the message again if the server lacks it (never twice)."""
+        self.inputs.add(seq, data)
+        while True:
+            if self._ended:
+                raise ConnectionLost("the session has ended")
+            await self._connected.wait()
+            if seq <= self._resent_upto:
+                return  # the resume sent it
+            ws = self._ws
+            assert ws is not None
+            try:
+                await ws.send(data)
+                return
+            except websockets.ConnectionClosed:
+                self._connected.clear()
+
     async def send_event(self, event: ev.ClientEvent) -> None:
+        if isinstance(event, ev.InputAudioBufferAppend | ev.ConversationItemCreate):
+            seq = self.inputs.next_seq()
+            if event.input_seq is None:
+                event = msgspec.structs.replace(event, input_seq=seq)
+            await self._send_input(seq, _ENCODER.encode(event).decode())
+            return
         await self._send(_ENCODER.encode(event).decode())
 
     async def update_session(self, session: ev.SessionParam | Mapping[str, Any]) -> None:
@@ -385,7 +453,7 @@ class DuplexClient:
         step = max(2, int(rate * chunk_ms / 1000) * 2)
         start = time.monotonic()
         for i, offset in enumerate(range(0, len(pcm), step)):
-            await self._send(pcm[offset : offset + step])
+            await self._send_input(self.inputs.next_seq(), pcm[offset : offset + step])
             if realtime:
                 due = start + (i + 1) * chunk_ms / 1000
                 await asyncio.sleep(max(0.0, due - time.monotonic()))

@@ -255,10 +255,20 @@ class Session {
       case "error":
         addLine("system", "error " + ev.error.code + ": " + ev.error.message);
         break;
+      case "session.handover":
+        // the server is draining for a deploy: the close that follows is resumed (onClose)
+        // through the load balancer on another front end
+        addLine("system", "moving to another server");
+        break;
+      case "session.resync_required":
+        addLine("system", ev.type + (ev.reason ? ": " + ev.reason : ""));
+        // front_end_lost: the session goes on (its server crashed; an answer in progress
+        // may be cut); any other reason ends it
+        if (ev.reason !== "front_end_lost") this.closing = true;
+        break;
       case "session.expired":
       case "session.closed":
       case "session.replaced":
-      case "session.resync_required":
         addLine("system", ev.type + (ev.reason ? ": " + ev.reason : ""));
         this.closing = true;
         break;

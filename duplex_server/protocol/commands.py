@@ -26,6 +26,7 @@ class Append:
     item_id: str | None = None  # the text item (or tool output item) this is
     tool_output: ToolOutput | None = None
     stream_ms: float | None = None  # audio: where it starts on the session's input clock
+    seq: int | None = None  # the newest client input_seq this completes (input exactly once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +97,18 @@ class Speculate:
     traceparent: str | None = None  # input.pause: the turn's trace context (as on Commit)
 
 
-EngineCommand = Append | Commit | Cancel | Update | Touch | CloseSession | Speculate | DeleteItem
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    """Keep this front end's state of the session in the engine (duplex_server/replica.py),
+    so another front end can take the session over (docs/scale.md)."""
+
+    state: bytes
+    event_id: str | None = None
+
+
+EngineCommand = (
+    Append | Commit | Cancel | Update | Touch | CloseSession | Speculate | DeleteItem | Replicate
+)
 
 
 # ---------------------------------------------------------------------------- local actions

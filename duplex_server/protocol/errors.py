@@ -34,7 +34,8 @@ class CloseCode:
     POLICY: Final = 1008  # auth refused, origin refused, client too slow
     TOO_BIG: Final = 1009  # frame over the size cap
     INTERNAL: Final = 1011  # the engine died
-    TRY_AGAIN: Final = 1013  # capacity: no session slot free
+    SERVICE_RESTART: Final = 1012  # after session.handover: resume on another front end
+    TRY_AGAIN: Final = 1013  # capacity: no session slot free, or this front end is draining
 
 
 #: engine ControlError codes -> (wire code, error type). Unlisted codes keep their name.

@@ -18,6 +18,7 @@ from msgspec import UNSET, UnsetType
 
 Modality = Literal["text", "audio"]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+PosInt = Annotated[int, msgspec.Meta(ge=1)]
 
 
 class _Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -194,6 +195,7 @@ class SessionUpdate(ClientEvent, frozen=True, tag="session.update"):
 
 class InputAudioBufferAppend(ClientEvent, frozen=True, tag="input_audio_buffer.append"):
     audio: str
+    input_seq: PosInt | None = None  # extension: input exactly once (§ Input exactly once)
 
 
 class InputAudioBufferCommit(ClientEvent, frozen=True, tag="input_audio_buffer.commit"):
@@ -207,6 +209,7 @@ class InputAudioBufferClear(ClientEvent, frozen=True, tag="input_audio_buffer.cl
 class ConversationItemCreate(ClientEvent, frozen=True, tag="conversation.item.create"):
     item: ItemParam
     previous_item_id: str | None = None
+    input_seq: PosInt | None = None  # extension: input exactly once (§ Input exactly once)
 
 
 class ConversationItemDelete(ClientEvent, frozen=True, tag="conversation.item.delete"):
@@ -719,10 +722,18 @@ class SessionResumed(ServerEvent, frozen=True, tag="session.resumed"):
     resume_token: str
     replayed: int
     lease_generation: int
+    last_input_seq: int | None = None  # extension: the highest input_seq the session has
 
 
 class SessionReplaced(ServerEvent, frozen=True, tag="session.replaced"):
     reason: str = "resumed on another connection"
+
+
+class SessionHandover(ServerEvent, frozen=True, tag="session.handover"):
+    """Extension: this front end is draining (a deploy); resume the session (same id and
+    token, ``?intent=resume``): a load balancer sends it to another front end."""
+
+    reason: str = "server_draining"
 
 
 class SessionExpiring(ServerEvent, frozen=True, tag="session.expiring"):
@@ -803,6 +814,7 @@ AnyServerEvent = (
     | PlaybackAcknowledged
     | SessionResumed
     | SessionReplaced
+    | SessionHandover
     | SessionExpiring
     | SessionExpired
     | ResyncRequired

@@ -25,12 +25,14 @@ from duplex_contract.control import (
     ControlCall,
     ControlResult,
     OpenCall,
+    ReplicaCall,
     ResumeCall,
     SignalCall,
     TouchCall,
 )
 from duplex_contract.errors import ControlError
 from duplex_contract.events import ErrorInfo
+from engine.duplex import replica
 from engine.duplex.control_core import _err
 from engine.duplex.control_epochs import CANCEL_REASONS
 from engine.duplex.control_input import ControlInput
@@ -58,6 +60,8 @@ class DuplexControl(ControlInput):
                 result = self._resume(call, control_id, now)
             elif isinstance(call, CloseCall):
                 result = self._close(call, control_id, now, effects)
+            elif isinstance(call, ReplicaCall):
+                result = replica.keep(self, call, control_id)
             else:
                 result = self._fenced(call, control_id, now, effects)
         except ControlError as exc:

@@ -14,6 +14,7 @@ from duplex_contract.control import CloseCall, ControlResult, OpenCall, ResumeCa
 from duplex_contract.errors import ControlError
 from duplex_contract.events import SessionLifecycle
 from engine.config import DuplexRuntimeConfig
+from engine.duplex import replica
 from engine.duplex.effects import Cancel, Effects
 from engine.duplex.fence import ROUTE_KEY, initial_fence, new_session_id
 from engine.duplex.lease import Lease
@@ -92,6 +93,8 @@ class ControlCore:
 
     def _resume(self, call: ResumeCall, control_id: int, now: float) -> ControlResult:
         session = self._lookup(call.session_id)
+        if call.peek:
+            return replica.peek(self, session, control_id)
         if call.expected_lease_generation != session.lease.generation:
             raise _err(
                 "stale_lease",
@@ -100,7 +103,7 @@ class ControlCore:
             )
         session.lease.generation += 1
         session.lease.attach(now)
-        return self._ok(control_id, session)
+        return self._ok(control_id, session, input_seq=session.last_seq)
 
     def _close(
         self, call: CloseCall, control_id: int, now: float, effects: Effects

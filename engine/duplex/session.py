@@ -57,6 +57,7 @@ class DuplexSession:
     text_items: list[tuple[str | None, str]] = field(default_factory=list)
     tool_outputs: list[ToolOutput] = field(default_factory=list)
     last_seq: int | None = None
+    replica: bytes = b""  # the owning front end's state (engine/duplex/replica.py)
     jobs: deque[TurnJob] = field(default_factory=deque)
     active: TurnJob | None = None
     ops: OrderedDict[str, CachedOp] = field(default_factory=OrderedDict)

@@ -80,7 +80,8 @@ def test_text_turn_in_order() -> None:
     item = ev.ItemParam(content=[ev.ContentPartParam(type="input_text", text="hi")])
     out = c.on_client_event(ev.ConversationItemCreate(item=item), 0)
     assert types(out) == ["conversation.item.added", "conversation.item.done"]
-    assert calls(out) == [Append(0, text="hi", item_id="item_0123456789ab00001")]
+    # the item is input message 1 (implicitly numbered): the engine keeps the number
+    assert calls(out) == [Append(0, text="hi", item_id="item_0123456789ab00001", seq=1)]
     out = c.on_client_event(ev.ResponseCreate(), 0)
     assert calls(out) == [Commit(0, respond=True)]
     fence = start_response(c)

@@ -18,7 +18,8 @@ from duplex_server.attach import Outgoing
 from duplex_server.metrics import Metrics
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import SessionFatal
-from duplex_server.session_runtime import LiveSession, SessionLimits, Sessions
+from duplex_server.session_runtime import LiveSession, SessionLimits
+from duplex_server.sessions import Sessions
 from duplex_server.turns import InputScheduler
 
 SID = "sess_0123456789abcdef0123456789abcdef"
@@ -77,6 +78,7 @@ class FakeTransport:
 class FakeEngine:
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.replicas: list[bytes] = []
         self.events: asyncio.Queue[SessionEvent | None] = asyncio.Queue()
         self.turn = 0
         self.updates: list[SessionUpdate | None] = []
@@ -103,9 +105,15 @@ class FakeEngine:
         self.route_key = route_key
         return self._res(Fence(SID))
 
-    async def resume(self, session_id: str, expected_lease_generation: int) -> ControlResult:
+    async def resume(
+        self, session_id: str, expected_lease_generation: int, *, peek: bool = False
+    ) -> ControlResult:
         self.calls.append("resume")
         return ControlResult(control_id=1, ok=True, session_id=SID, lease_generation=2)
+
+    async def replicate(self, fence: Fence, lease_generation: int, state: bytes) -> ControlResult:
+        self.replicas.append(state)
+        return self._res(fence)
 
     async def append(
         self,
@@ -117,6 +125,7 @@ class FakeEngine:
         item_id: str | None = None,
         tool_output: ToolOutput | None = None,
         stream_ms: float | None = None,
+        seq: int | None = None,
     ) -> ControlResult:
         self.calls.append(f"append:{text}")
         return self._res(fence)

@@ -1,0 +1,56 @@
+"""What a front end keeps of a session in the engine, so any front end can take it over.
+
+A session's protocol state lives in the front end that serves it (the session core, its
+journal). What another front end needs to continue it after that process is gone is small:
+the resume token's digest (to check the client), the session configuration (everything a
+``session.update`` set) and how far the event numbering had gone. The owner sends it to the
+engine as an opaque blob (:class:`Replica`, msgpack) whenever it changes: before the client
+is given a new resume token (open, resume), after a configuration change, and once more when
+the front end hands the session over on a drain. The engine keeps the latest one with the
+session (engine/duplex/replica.py) and hands it to whichever front end resumes it next.
+
+The conversation itself is the engine's (its history); what is *not* replicated (the event
+journal, item ids, a response in progress) is what a crash can lose; the taking-over front
+end says so with ``session.resync_required`` (docs/scale.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+
+from duplex_server.protocol.config import EffectiveSession
+from duplex_server.protocol.session import SessionCore
+
+VERSION = 1
+
+
+class Replica(msgspec.Struct, frozen=True):
+    version: int
+    token_hash: bytes
+    config: EffectiveSession  # without ``voices`` (the taking-over front end's own)
+    event_seq: int  # the highest server_event_seq stamped when this was made
+    #: the owner handed the session over on a drain and sent nothing after ``event_seq``
+    handed_over: bool = False
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Replica)
+
+
+def encode(core: SessionCore, event_seq: int, *, handed_over: bool = False) -> bytes:
+    config = dataclasses.replace(core.config, voices=None)
+    return _ENCODER.encode(Replica(VERSION, core.token_hash, config, event_seq, handed_over))
+
+
+def decode(blob: bytes, template: EffectiveSession) -> Replica:
+    """The replica, its config completed with this front end's ``voices`` and output rate
+    (from ``template``). Raises ``msgspec.DecodeError`` / ``ValidationError`` on junk."""
+    rep = _DECODER.decode(blob)
+    if rep.version != VERSION:
+        raise msgspec.ValidationError(f"replica version {rep.version} (expected {VERSION})")
+    config = dataclasses.replace(
+        rep.config, voices=template.voices, output_rate=template.output_rate
+    )
+    return msgspec.structs.replace(rep, config=config)

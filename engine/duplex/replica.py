@@ -1,0 +1,48 @@
+"""Front-end state kept in the engine, so any front end can take a session over.
+
+The front end that owns a session keeps a small opaque blob of its protocol state in the
+engine (:class:`~duplex_contract.control.ReplicaCall`; duplex_server/replica.py says what is in it
+and when it is sent). A front end asked to resume a session it does not know first *peeks*
+(``ResumeCall(peek=True)``): it gets the current lease generation, the blob and the newest
+client input seq the engine has, checks the client's resume token against the blob, and
+then resumes with that generation (the usual compare and swap: of two front ends racing,
+one wins). The engine never reads the blob. Pure functions of the control plane's state,
+called by :class:`~engine.duplex.control.DuplexControl` (on the orchestrator thread).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from duplex_contract.control import ControlResult, ReplicaCall
+from duplex_contract.errors import ControlError
+from engine.duplex.session import DuplexSession
+
+if TYPE_CHECKING:
+    from engine.duplex.control_core import ControlCore
+
+#: a replica over this is refused (it is the protocol state, not the conversation)
+MAX_REPLICA_BYTES = 64 * 1024
+
+
+def keep(control: ControlCore, call: ReplicaCall, control_id: int) -> ControlResult:
+    """Store the owner's latest replica; a replaced owner's (older lease) is refused."""
+    session = control._lookup(call.fence.session_id)
+    if call.lease_generation != session.lease.generation:
+        raise ControlError(
+            f"lease generation {call.lease_generation} is not current "
+            f"({session.lease.generation}): the session was resumed elsewhere",
+            code="stale_fence",
+        )
+    if len(call.state) > MAX_REPLICA_BYTES:
+        raise ControlError(
+            f"replica of {len(call.state)} bytes is over {MAX_REPLICA_BYTES}",
+            code="invalid_argument",
+        )
+    session.replica = call.state
+    return control._ok(control_id, session)
+
+
+def peek(control: ControlCore, session: DuplexSession, control_id: int) -> ControlResult:
+    """What a front end needs to take the session over; changes nothing."""
+    return control._ok(control_id, session, replica=session.replica, input_seq=session.last_seq)
