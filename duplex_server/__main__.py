@@ -24,6 +24,7 @@ from duplex_server.app import create_app
 from duplex_server.config import ServerConfig, load_app_config
 from duplex_server.drain import DrainingServer
 from duplex_server.scale import haproxy_config, serve_workers
+from duplex_server.supervise import Policy
 from duplex_server.tracing import Tracing
 from duplex_server.ws_protocol import BufferedReadsProtocol
 from engine.config import convert
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         "--workers",
         type=int,
         default=0,
-        help="start one engine process and N front ends on PORT..PORT+N-1 (route keys w1..wN)",
+        help="start one engine process and N front ends on PORT..PORT+N-1 (route keys w1..wN) "
+        "and keep them running (SIGHUP: rolling restart; docs/scale.md)",
     )
     lb = sub.add_parser("haproxy-config", help="print an HAProxy config for --workers N")
     lb.add_argument("--workers", type=int, required=True)
@@ -108,7 +110,15 @@ def main(argv: list[str] | None = None) -> int:
         except listen.ListenError as exc:
             print(f"duplex-server: {exc}", file=sys.stderr)
             return 1
-        return serve_workers(args.config, args.host, args.port, args.workers, args.log_level)
+        s = config.server
+        policy = Policy(
+            restart_limit=s.restart_limit,
+            restart_window_s=s.restart_window_s,
+            stop_timeout_s=s.drain_s + s.shutdown_grace_s + 10,
+        )
+        return serve_workers(
+            args.config, args.host, args.port, args.workers, args.log_level, policy
+        )
     try:  # the port first: a taken one fails now, not after the models load
         sock = listen.bind(args.host, args.port)
     except listen.ListenError as exc:

@@ -102,6 +102,10 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: session is handed over (``session.handover``, close 1012) to resume on another one
     drain_s: PositiveFloat = 10.0
     drain_health_s: Annotated[float, msgspec.Meta(ge=0)] = 2.5
+    #: ``serve --workers`` starts a front end that exits again (docs/scale.md); one that
+    #: exits ``restart_limit`` times within ``restart_window_s`` makes it give up (exit 1)
+    restart_limit: PositiveInt = 5
+    restart_window_s: PositiveFloat = 60.0
     static_dir: str = "clients/web"
     #: negotiate permessage-deflate (RFC 7692) when a client offers it. Off by default: base64
     #: audio barely compresses, and each compressed socket costs zlib CPU per frame and two

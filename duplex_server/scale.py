@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
+
+from duplex_server.supervise import FrontEnd, Policy, Supervisor
 
 
 def route_key(index: int) -> str:
@@ -71,57 +70,28 @@ def haproxy_config(
     return "\n".join(lines) + "\n"
 
 
-def serve_workers(config: str, host: str, port: int, workers: int, log_level: str) -> int:
-    """Start the engine process and the front ends; stop them all when one exits or on
-    SIGTERM/SIGINT. Returns the exit status."""
+def serve_workers(
+    config: str, host: str, port: int, workers: int, log_level: str, policy: Policy | None = None
+) -> int:
+    """Start the engine process and the front ends and keep them running (a front end that
+    exits is started again; SIGHUP restarts them one by one; duplex_server/supervise.py).
+    Returns the exit status: 0 after SIGTERM/SIGINT, 1 when the supervisor gave up."""
     tmp = tempfile.mkdtemp(prefix="duplex-")
     addr = f"unix://{tmp}/engine.sock"
     base = [sys.executable, "-m", "duplex_server"]
-    procs: list[subprocess.Popen[bytes]] = []
-    stop = False
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    engine = [*base, "engine", "--config", config, "--listen", addr, "--log-level", log_level]
+    probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    probe = f"[{probe}]" if ":" in probe else probe
+    fronts = []
+    for i in range(1, workers + 1):
+        cmd = [*base, "serve", "--config", config, "--host", host, "--port", str(port + i - 1)]
+        cmd += ["--engine", addr, "--route-key", route_key(i), "--log-level", log_level]
+        url = f"http://{probe}:{port + i - 1}/health"
+        fronts.append(FrontEnd(route_key(i), url, cmd))
+        print(f"front end {route_key(i)}: http://{host}:{port + i - 1}", flush=True)
     try:
-        procs.append(
-            subprocess.Popen(
-                [*base, "engine", "--config", config, "--listen", addr, "--log-level", log_level]
-            )
-        )
-        for i in range(1, workers + 1):
-            cmd = [*base, "serve", "--config", config, "--host", host, "--port", str(port + i - 1)]
-            cmd += ["--engine", addr, "--route-key", route_key(i), "--log-level", log_level]
-            procs.append(subprocess.Popen(cmd))
-            print(f"front end {route_key(i)}: http://{host}:{port + i - 1}", flush=True)
-        status = 0
-        names = ["engine", *(route_key(i) for i in range(1, workers + 1))]
-        while not stop:
-            for name, p in zip(names, procs, strict=True):
-                if p.poll() is not None:
-                    print(
-                        f"duplex-server: {name} exited ({p.returncode}); stopping all",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    status = 1
-                    stop = True
-                    break
-            time.sleep(0.2)
-        return status
+        return Supervisor(engine, fronts, policy or Policy()).run()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for s, handler in old.items():
-            signal.signal(s, handler)
         with contextlib.suppress(OSError):
             os.unlink(f"{tmp}/engine.sock")
         with contextlib.suppress(OSError):
