@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `make serve-scaled WORKERS=N`: one engine process, N front ends and HAProxy on one machine.
 # HAProxy listens on HOST:PORT; front ends on 127.0.0.1:PORT+1 .. PORT+N (route keys w1..wN).
+# The front ends are supervised (docs/scale.md): a crashed one is started again, and
+# `kill -HUP <pid>` (the pid `duplex-server serve --workers` prints) restarts them one by one.
 set -euo pipefail
 CONFIG=${CONFIG:-configs/cpu.yaml}
 HOST=${HOST:-127.0.0.1}

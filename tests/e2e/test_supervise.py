@@ -27,7 +27,7 @@ from bench.serverproc import free_port
 from duplex_server.scale import haproxy_config
 from engine.duplex.fence import route_key_of
 from tests.e2e.test_failover import ENGINE, _answer, _until
-from tests.server.harness import ROOT, write_config
+from tests.server.harness import ROOT, UNIT, write_config
 
 pytestmark = pytest.mark.skipif(
     not Path(HAPROXY).exists(),
@@ -144,11 +144,41 @@ def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
 
 async def _open(lb: str, n: int) -> list[DuplexClient]:
     clients = [await DuplexClient.connect(f"ws://{lb}/v1/realtime") for _ in range(n)]
-    for client in clients:
+
+    async def first(client: DuplexClient) -> None:
         await client.update_session({"turn_detection": None})
         assert "alpha" in await _answer(client, "alpha")
+
+    await asyncio.gather(*(first(c) for c in clients))
     assert {route_key_of(c.session_id) for c in clients} == {"w1", "w2"}
     return clients
+
+
+async def _reply(
+    client: DuplexClient, text: str | None, seqs: list[int], *, clean: bool = False
+) -> str:
+    """Like test_failover's ``_answer`` (``clean``: no ``session.resync_required`` may come),
+    recording every event's ``server_event_seq`` in ``seqs``."""
+    if text is not None:
+        await client.send_text(text)
+    parts: dict[str, list[str]] = {}
+    while True:
+        event = await client.next_event(40 * UNIT)
+        assert not (clean and isinstance(event, ev.ResyncRequired)), event
+        if event.server_event_seq:
+            seqs.append(event.server_event_seq)
+        if isinstance(event, ev.TranscriptDelta):
+            parts.setdefault(event.response_id, []).append(event.delta)
+        if isinstance(event, ev.ResponseDone) and event.response.status == "completed":
+            return "".join(parts.get(event.response.id, []))
+
+
+async def _mid_answer(clients: list[DuplexClient]) -> None:
+    async def one(client: DuplexClient) -> None:
+        await client.send_text("bravo")
+        await _until(client, ev.AudioDelta)
+
+    await asyncio.gather(*(one(c) for c in clients))
 
 
 def test_kill_9_front_end_is_restarted_and_its_sessions_resume(scaled: Workers) -> None:
@@ -159,18 +189,19 @@ def test_kill_9_front_end_is_restarted_and_its_sessions_resume(scaled: Workers) 
         clients = await _open(w.lb, 4)
         try:
             ids = [c.session_id for c in clients]
-            for client in clients:  # every session mid-answer
-                await client.send_text("bravo")
-                await _until(client, ev.AudioDelta)
+            await _mid_answer(clients)
             victims = [c for c in clients if route_key_of(c.session_id) == "w1"]
             await asyncio.to_thread(lambda: subprocess.run(["kill", "-9", str(old)], check=True))
-            for client in victims:  # resumed on w2 through HAProxy by the SDK
-                await _until(client, ev.ResyncRequired)
-            for client in clients:
-                if client not in victims:
+
+            async def after(client: DuplexClient) -> None:
+                if client in victims:  # resumed on w2 through HAProxy by the SDK
+                    await _until(client, ev.ResyncRequired)
+                else:
                     assert "bravo" in await _answer(client, None)
                 answer = await _answer(client, "charlie")
                 assert "alpha" in answer and "charlie" in answer, answer  # conversation intact
+
+            await asyncio.gather(*(after(c) for c in clients))
             assert [c.session_id for c in clients] == ids
             assert all(c.duplicates_dropped == 0 for c in clients)
             assert all(c.resumes == (1 if c in victims else 0) for c in clients)
@@ -195,39 +226,48 @@ def test_kill_9_front_end_is_restarted_and_its_sessions_resume(scaled: Workers) 
 def test_sighup_rolls_every_front_end_under_live_sessions(scaled: Workers) -> None:
     w = scaled
     old = {key: w.pid(key) for key in w.fronts}
-
-    async def run() -> None:
-        clients = await _open(w.lb, 10)
-        try:
-            ids = [c.session_id for c in clients]
-            for client in clients:  # every session mid-answer
-                await client.send_text("bravo")
-                await _until(client, ev.AudioDelta)
-            w.sup.send_signal(signal.SIGHUP)
-            await asyncio.to_thread(wait_until, lambda: said("SIGTERM (draining)"), 10, "roll")
-            w.sup.send_signal(signal.SIGHUP)  # during the roll: queued, one more roll
-            for client in clients:  # the answer in flight finishes; nothing resynced
-                assert "bravo" in await _answer(client, None, 40, clean=True)
-
-            def rolled_twice() -> bool:  # one "done" line, after both rolls
-                text = w.stderr.read_text()[start:]
-                return "rolling restart done" in text and text.count("is back") == 4
-
-            await asyncio.to_thread(wait_until, rolled_twice, 120, "two rolls")
-            for client in clients:  # everything moved at least once, nothing lost
-                answer = await _answer(client, "charlie", clean=True)
-                assert "alpha" in answer and "bravo" in answer and "charlie" in answer, answer
-            assert [c.session_id for c in clients] == ids
-            assert all(c.duplicates_dropped == 0 for c in clients)
-            assert all(c.resumes >= 1 for c in clients), [c.resumes for c in clients]
-        finally:
-            for client in clients:
-                await client.close()
-
     start = len(w.stderr.read_text())
 
     def said(text: str) -> bool:
         return text in w.stderr.read_text()[start:]
+
+    def rolled_twice() -> bool:  # one "done" line, after both rolls
+        text = w.stderr.read_text()[start:]
+        return "rolling restart done" in text and text.count("is back") == 4
+
+    async def run() -> None:
+        clients = await _open(w.lb, 10)
+        seqs: dict[str, list[int]] = {c.session_id: [] for c in clients}
+        try:
+            ids = [c.session_id for c in clients]
+            await _mid_answer(clients)
+            w.sup.send_signal(signal.SIGHUP)
+            await asyncio.to_thread(wait_until, lambda: said("SIGTERM (draining)"), 10, "roll")
+            w.sup.send_signal(signal.SIGHUP)  # during the roll: queued, one more roll
+
+            async def bravo(client: DuplexClient) -> None:  # the answer in flight finishes
+                reply = await _reply(client, None, seqs[client.session_id], clean=True)
+                assert "bravo" in reply
+
+            await asyncio.gather(*(bravo(c) for c in clients))
+            await asyncio.to_thread(wait_until, rolled_twice, 120, "two rolls")
+
+            async def charlie(client: DuplexClient) -> None:  # moved, nothing lost
+                answer = await _reply(client, "charlie", seqs[client.session_id], clean=True)
+                assert "alpha" in answer and "bravo" in answer and "charlie" in answer, answer
+
+            await asyncio.gather(*(charlie(c) for c in clients))
+            assert [c.session_id for c in clients] == ids
+            assert all(c.duplicates_dropped == 0 for c in clients)
+            assert all(c.resumes >= 1 for c in clients), [c.resumes for c in clients]
+            for client in clients:  # every event once, in order; the only seqs not shown
+                got = seqs[client.session_id]  # are each resume's session.resumed
+                assert got == sorted(set(got)), got
+                hidden = got[-1] - got[0] + 1 - len(got)
+                assert hidden == client.resumes, (hidden, client.resumes, got)
+        finally:
+            for client in clients:
+                await client.close()
 
     asyncio.run(run())
     for key in w.fronts:
@@ -238,7 +278,7 @@ def test_sighup_rolls_every_front_end_under_live_sessions(scaled: Workers) -> No
 
 
 def test_a_front_end_that_keeps_dying_makes_the_supervisor_give_up(tmp_path: Path) -> None:
-    with workers(tmp_path, lb=False, server={"restart_limit": 3}) as w:
+    with workers(tmp_path, lb=False, server={"restart_limit": 3, "drain_health_s": 0}) as w:
         host, port = w.fronts["w2"].rsplit(":", 1)
         pid = w.pid("w2")
         with socket.socket() as squatter:
