@@ -91,11 +91,18 @@ class Workers:
 
 @contextlib.contextmanager
 def workers(
-    tmp: Path, *, lb: bool = True, server: dict[str, object] | None = None
+    tmp: Path,
+    *,
+    lb: bool = True,
+    server: dict[str, object] | None = None,
+    config: Path | None = None,
+    ready_s: float = 60.0,
 ) -> Iterator[Workers]:
-    config = write_config(
-        tmp, engine=ENGINE, server={"drain_s": 10, "drain_health_s": 2.5, **(server or {})}
-    )
+    """``serve --workers 2`` (and HAProxy in front with ``lb``) on the test stages, or on
+    ``config``; ready once both front ends answer /health 200 and HAProxy routes to both."""
+    if config is None:
+        server = {"drain_s": 10, "drain_health_s": 2.5, **(server or {})}
+        config = write_config(tmp, engine=ENGINE, server=server)
     first = _free_pair()
     fronts = {"w1": f"127.0.0.1:{first}", "w2": f"127.0.0.1:{first + 1}"}
     err = tmp / "supervisor.err"
@@ -121,7 +128,7 @@ def workers(
     w = Workers(sup, fronts, addr, err)
     try:
         for key in fronts:
-            w.ready(key)
+            w.ready(key, ready_s)
         yield w
     finally:
         for p in reversed(procs):
