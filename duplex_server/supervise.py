@@ -226,12 +226,15 @@ class Supervisor:
 
     def _stop_all(self) -> None:
         """Every front end drains at once (SIGTERM), then the engine stops."""
-        live = [f.proc for f in self.fronts if f.proc is not None and f.proc.poll() is None]
-        for proc in live:
-            proc.send_signal(signal.SIGTERM)
+        live = [f for f in self.fronts if f.proc is not None and f.proc.poll() is None]
+        for front in live:
+            if not front.draining:  # one a roll drains already: a 2nd SIGTERM stops it at once
+                assert front.proc is not None
+                front.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.policy.stop_timeout_s
-        for proc in live:
-            _wait_or_kill(proc, deadline)
+        for front in live:
+            assert front.proc is not None
+            _wait_or_kill(front.proc, deadline)
         if self.engine is not None:
             if self.engine.poll() is None:
                 self.engine.send_signal(signal.SIGTERM)

@@ -21,9 +21,9 @@ import pytest
 from bench.serverproc import free_port
 from duplex_server.supervise import FrontEnd, Policy, Supervisor
 
-# a stand-in process: logs "start NAME" (and "term NAME" on SIGTERM) to LOG; with a port it
-# answers every HTTP GET with 200 (its /health), else it sleeps; CODE >= 0: it exits with it
-# once LOG has AFTER "start" lines (so the others' SIGTERM handlers are in place)
+# a stand-in process: logs "start NAME" to LOG (and "term NAME" on SIGTERM, then exits 0.3 s
+# later); with a port it answers every HTTP GET with 200 (its /health), else it sleeps;
+# CODE >= 0: it exits with it once LOG has AFTER "start" lines (the others' handlers are set)
 STAND_IN = r"""
 import http.server, os, signal, sys, time
 name, log, port, code = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -33,8 +33,9 @@ while after and open(log).read().count("start") < after:
 def note(what):
     with open(log, "a") as f:
         f.write(f"{what} {name}\n")
-def term(signum, frame):
+def term(signum, frame):  # a drain takes a moment (a 2nd SIGTERM meanwhile: a 2nd line)
     note("term")
+    time.sleep(0.3)
     os._exit(0)
 signal.signal(signal.SIGTERM, term)
 if code >= 0:
@@ -178,3 +179,16 @@ def test_sighup_restarts_the_front_ends_one_after_another(
     assert "SIGHUP: a rolling restart is running; another one follows it" in text
     assert text.count("rolling restart done") == 1
     assert text.count("is back (/health 200)") == 4
+
+
+def test_sigterm_during_a_roll_does_not_signal_the_draining_front_end_twice(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "log"
+    fronts = [front("w1", log, free_port()), front("w2", log, free_port())]
+    later(lambda: len(lines(log)) == 3, signal_me(signal.SIGHUP))
+    later(lambda: "term w1" in lines(log), signal_me(signal.SIGTERM))  # w1 is draining
+    assert Supervisor(stand_in("engine", log), fronts, Policy()).run() == 0
+    got = lines(log)
+    assert got.count("term w1") == 1 and got.count("term w2") == 1, got
+    assert got[-1] == "term engine" and "start w1" not in got[3:], got
