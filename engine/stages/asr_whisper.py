@@ -3,9 +3,10 @@
 Whisper is not streaming: it was trained on a fixed 30 s window, which costs about 0.7-0.9 s
 on 2 cores whatever the utterance's length. CTranslate2's encoder takes a shorter window too,
 and with enough padding after the speech Whisper transcribes it as well (``window: auto``:
-the audio plus 3 s, rounded up to 5 s, at least 10 s: about 4x less work for a short turn;
-windows under ~10 s make it repeat itself). A result that still looks like a loop is decoded
-again in the full window. The stage runs on the batching runtime: the
+the audio plus 3 s, rounded up to a whole second, at least 10 s: about 4x less work for a
+short turn; windows under ~10 s make it repeat itself; narrowband audio decoded after its
+context gets at least 15 s, see ``NARROW_CONTEXT_MIN_S``). A result that still looks like a
+loop is decoded again in the full window. The stage runs on the batching runtime: the
 utterances of several sessions that are ready together are transcribed in one call (their
 30 s mel windows are stacked into one encoder batch, then decoded together greedily by
 CTranslate2's batched ``generate``), up to ``max_batch`` at a time, real-time first.
@@ -44,8 +45,21 @@ log = logging.getLogger(__name__)
 ASR_RATE = 16000
 WINDOW_SAMPLES = 30 * ASR_RATE  # Whisper's fixed window
 FRAMES_PER_S = 100  # mel frames (10 ms hop)
-#: ``window: auto``: at least this much, and this much after the speech, rounded up to STEP
-AUTO_MIN_S, AUTO_PAD_S, AUTO_STEP_S = 10, 3, 5
+#: ``window: auto``: at least this much, and this much after the speech, rounded up to STEP.
+#: The encoder's cost grows with the window (Whisper-base int8, 2 shared vCPUs: ~125 ms for
+#: 10 s, ~160 ms for 12 s, ~220 ms for 15 s), so an 8 s turn gets 12 s rather than 15 s.
+AUTO_MIN_S, AUTO_PAD_S, AUTO_STEP_S = 10, 3, 1
+#: The least window for a turn decoded after its context when the audio is narrowband
+#: (``narrowband``: telephone G.711 at 8 kHz, or any audio with nothing above 4 kHz).
+#: Band-limited speech after a forced prefix in a 10-12 s window is misheard where the batch
+#: route, decoding the whole recording in 15 s, hears it right (beckett.wav over mu-law:
+#: "Failed better?" in 10-12 s, "Fail better." in 13 s and more). A minimum for all
+#: narrowband turns would cost every short telephone turn ~60% more and changes the words of
+#: short questions heard alone both ways ("water" -> "Walker"), so it is only for context.
+NARROW_CONTEXT_MIN_S = 15
+#: Narrowband: the share of the energy above NARROW_HZ under this (-50 dB). Speech
+#: recorded at 16 kHz or more has 2e-3 to 6e-2 of it there; resampled 8 kHz audio under 2e-7.
+NARROW_HZ, NARROW_SHARE = 4000.0, 1e-5
 NO_SPEECH_PROB = 0.6  # faster-whisper's defaults for skipping a silent window
 LOGPROB_FLOOR = -1.0
 #: Words a second a turn decoded after its context may hold; more is a decoding loop.
@@ -95,6 +109,19 @@ def looks_looped(text: str, seconds: float) -> bool:
     return False
 
 
+def narrowband(audio: npt.NDArray[np.float32], rate: int = ASR_RATE) -> bool:
+    """Is ``audio`` band-limited to 4 kHz (sampled at 8 kHz before, e.g. G.711)? Silence
+    is not."""
+    if audio.size < 2:
+        return False
+    power = np.abs(np.fft.rfft(audio.astype(np.float64))) ** 2
+    total = float(power.sum())
+    if total <= 0.0:
+        return False
+    high = float(power[np.fft.rfftfreq(audio.size, 1.0 / rate) > NARROW_HZ].sum())
+    return high < NARROW_SHARE * total
+
+
 def too_few_words(text: str, seconds: float) -> bool:
     """Fewer than a word a second over a turn of more than 1.5 s (speech runs at 2-3; the
     turn's quiet edges are already trimmed): after a forced context, the decoder stopped
@@ -127,9 +154,10 @@ class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # stretch of speech. A new utterance after the assistant's answer is decoded alone
     # (with the previous words forced first, Whisper carried them into it or lost it).
     context_max_gap_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
-    # Encoder window: 30 (s, Whisper's own) or "auto" (the audio + 3 s, rounded up to 5 s, at
-    # least 10 s; ~4x faster on a short turn, the same words on the bench's clips but for a
-    # few near-homophones; a looping result is decoded again in 30 s).
+    # Encoder window: 30 (s, Whisper's own) or "auto" (the audio + 3 s, rounded up to 1 s, at
+    # least 10 s, 15 s for narrowband audio after its context; ~4x faster on a short turn,
+    # the same words on the bench's clips but for a few near-homophones; a looping result is
+    # decoded again in 30 s).
     window: Literal["auto", 30] = "auto"
 
 
@@ -188,14 +216,16 @@ class WhisperAsr(BatchingBackend):
         """Transcribe float32 mono 16 kHz audio (worker thread)."""
         return self.transcribe_batch([audio], [language])[0]
 
-    def window_frames(self, samples: int) -> int:
-        """The encoder window (mel frames) for ``samples`` of 16 kHz audio."""
+    def window_frames(self, samples: int, least_s: int | None = None) -> int:
+        """The encoder window (mel frames) for ``samples`` of 16 kHz audio, at least
+        ``least_s`` seconds (default ``AUTO_MIN_S``) in ``window: auto``."""
         full = WINDOW_SAMPLES * FRAMES_PER_S // ASR_RATE
         if self.opts.window != "auto":
             return full
         step = AUTO_STEP_S * FRAMES_PER_S
         need = samples * FRAMES_PER_S // ASR_RATE + AUTO_PAD_S * FRAMES_PER_S
-        return min(full, max(AUTO_MIN_S * FRAMES_PER_S, -(-need // step) * step))
+        least = (AUTO_MIN_S if least_s is None else least_s) * FRAMES_PER_S
+        return min(full, max(least, -(-need // step) * step))
 
     def transcribe_batch(
         self,
@@ -233,7 +263,9 @@ class WhisperAsr(BatchingBackend):
         for i in short:
             c = ctx[i]
             size = audios[i].size + (c[0].size if c is not None else 0)
-            groups.setdefault(full if full_window else self.window_frames(size), []).append(i)
+            least = NARROW_CONTEXT_MIN_S if c is not None and narrowband(audios[i]) else None
+            frames = full if full_window else self.window_frames(size, least)
+            groups.setdefault(frames, []).append(i)
         for frames, items in groups.items():
             self._decode(audios, languages, ctx, items, frames, texts)
         return texts

@@ -11,18 +11,22 @@ import asyncio
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 import soundfile as sf
 
-from audio_kit.pcm import resample_pcm16
+from audio_kit.g711 import g711_to_pcm16, pcm16_to_g711
+from audio_kit.pcm import pcm16_to_float32, resample, resample_pcm16
 from duplex_contract.batch import TranscriptOut
 from engine.messages import AsrRequest, StageDone
+from engine.stages import asr_whisper
 from engine.stages.asr_pocketsphinx import PocketsphinxAsr, PocketsphinxStream
 from engine.stages.asr_whisper import (
     WhisperAsr,
     WhisperOptions,
     closed_phrase,
     looks_looped,
+    narrowband,
     too_few_words,
 )
 from tests.stages.helpers import BECKETT_REF, run_request, wer
@@ -152,16 +156,85 @@ def test_whisper_on_a_gpu_replica(piper_question: bytes) -> None:
 
 
 def test_whisper_auto_window_sizes() -> None:
-    """``window: auto``: the audio plus 3 s, rounded up to 5 s, at least 10 s, at most 30 s
-    (mel frames, 100 a second); ``window: 30`` is always Whisper's full window."""
+    """``window: auto``: the audio plus 3 s, rounded up to a whole second, at least 10 s (or
+    the floor asked for), at most 30 s (mel frames, 100 a second); ``window: 30`` is always
+    Whisper's full window. An 8 s turn gets 11-12 s, not 15 s (~60 ms less encoder work)."""
     auto = WhisperAsr(WhisperOptions(), "asr")
     assert auto.window_frames(16000) == 1000  # 1 s -> the 10 s floor
-    assert auto.window_frames(8 * 16000) == 1500  # 8 s + 3 -> 11 -> 15 s
+    assert auto.window_frames(7 * 16000) == 1000  # 7 s + 3 -> 10 s exactly
+    assert auto.window_frames(7 * 16000 + 160) == 1100  # 10.01 s -> 11 s
+    assert auto.window_frames(8 * 16000) == 1100  # 8 s + 3 -> 11 s
+    assert auto.window_frames(8 * 16000 + 1440) == 1200  # two_cities.wav trimmed: 8.09 s
     assert auto.window_frames(12 * 16000) == 1500  # 15 s exactly
-    assert auto.window_frames(12 * 16000 + 160) == 2000
+    assert auto.window_frames(12 * 16000 + 160) == 1600
     assert auto.window_frames(29 * 16000) == 3000
+    assert auto.window_frames(16000, least_s=15) == 1500  # a floor asked for
+    assert auto.window_frames(14 * 16000, least_s=15) == 1700
     full = WhisperAsr(WhisperOptions(window=30), "asr")
     assert full.window_frames(16000) == 3000
+    assert full.window_frames(16000, least_s=15) == 3000
+
+
+def test_narrowband(beckett: bytes, piper_question: bytes) -> None:
+    """Audio sampled at 8 kHz on its way (G.711 mu-law, PCM16 8 kHz, then 8 or 24 kHz to
+    16 kHz) is narrowband; the same speech recorded or synthesized at 16 kHz is not, nor
+    is silence."""
+    for pcm in (beckett, piper_question):
+        wide = pcm16_to_float32(pcm)
+        assert not narrowband(wide)
+        assert not narrowband(
+            resample(pcm16_to_float32(resample_pcm16(pcm, 16000, 24000)), 24000, 16000)
+        )
+        low = resample_pcm16(pcm, 16000, 8000)
+        ulaw = g711_to_pcm16(pcm16_to_g711(low, "g711_ulaw"), "g711_ulaw")
+        for nb, rate in ((low, 8000), (ulaw, 8000), (resample_pcm16(ulaw, 8000, 24000), 24000)):
+            assert narrowband(resample(pcm16_to_float32(nb), rate, 16000))
+    assert not narrowband(np.zeros(16000, dtype=np.float32))
+    assert not narrowband(np.zeros(1, dtype=np.float32))
+
+
+def test_whisper_narrowband_turn_after_its_context_gets_a_15s_window(
+    whisper: WhisperAsr, beckett: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """beckett.wav's last phrase over G.711 mu-law as the live path cuts it (the session's
+    decoder and resampler give these samples within 1 LSB), decoded after "Fail again.":
+    Whisper-base says "Failed better?" in the 10 s window and "Fail better." (the batch
+    route's words) in 15 s, which narrowband audio after its context gets. Wideband turns
+    and narrowband turns alone keep the 10 s window."""
+    ulaw = g711_to_pcm16(
+        pcm16_to_g711(resample_pcm16(beckett, 16000, 8000), "g711_ulaw"), "g711_ulaw"
+    )
+    live = resample_pcm16(ulaw, 8000, 16000)
+    cut = lambda a, b: live[2 * a : 2 * b]  # noqa: E731  (samples)
+    req = AsrRequest(
+        request_id="n",
+        audio=cut(126784, 143680),  # 7.92-8.98 s: "Fail better."
+        context_audio=cut(101504, 126784),  # the turn before, "Fail again."
+        context_text="Fail again.",
+    )
+    windows: list[int] = []
+    decode = whisper._decode
+
+    def spy(*args: object) -> None:
+        windows.append(args[4])  # type: ignore[arg-type]
+        decode(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(whisper, "_decode", spy)
+    text = next(o.text for o in run_request(whisper, req).outputs if isinstance(o, TranscriptOut))
+    assert (windows, text) == ([1500], "Fail better."), (windows, text)
+    # alone, or wideband: the usual 10 s floor
+    windows.clear()
+    run_request(whisper, msgspec.structs.replace(req, context_audio=b"", context_text=""))
+    wide = msgspec.structs.replace(
+        req, audio=beckett[2 * 126784 : 2 * 143680], context_audio=beckett[2 * 101504 : 2 * 126784]
+    )
+    run_request(whisper, wide)
+    assert windows[0] == 1000 and windows[-1] == 1000, windows
+    # without the floor, the live path's words of issue 26 (the cause, kept measured)
+    monkeypatch.setattr(asr_whisper, "NARROW_CONTEXT_MIN_S", 10)
+    windows.clear()
+    text = next(o.text for o in run_request(whisper, req).outputs if isinstance(o, TranscriptOut))
+    assert windows[0] == 1000 and text.lower().startswith("failed"), (windows, text)
 
 
 def test_whisper_short_window_is_as_accurate_as_the_full_one(
