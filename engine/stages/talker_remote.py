@@ -56,20 +56,22 @@ class RemoteTalkerOptions(OpenAIOptions, frozen=True, forbid_unknown_fields=True
     voice: str | None = None  # type: ignore[assignment]  # None: the layout's default
     voices: dict[str, VoiceSampling] = {}
     temperature: Annotated[float, msgspec.Meta(ge=0)] = 0.6
-    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8  # type: ignore[assignment]
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
     top_k: Annotated[int, msgspec.Meta(ge=0)] = 0
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] = 1.1
     max_frames: Annotated[int, msgspec.Meta(ge=1)] = 512  # per segment
     # the server's --max-model-len: caps a segment's frames to what fits; None: no cap here
     max_model_len: Annotated[int, msgspec.Meta(ge=64)] | None = None
     seed: int | None = None
-    send_priority: bool = False  # send the request's priority (server: --scheduling-policy priority)
+    send_priority: bool = (
+        False  # send the request's priority (server: --scheduling-policy priority)
+    )
 
 
 class RemoteTalker(OpenAIStage):
     """Text segments -> codec codes, streamed from a vLLM server running the talker."""
 
-    Options: ClassVar[type[RemoteTalkerOptions]] = RemoteTalkerOptions  # type: ignore[assignment]
+    Options: ClassVar[type[RemoteTalkerOptions]] = RemoteTalkerOptions
 
     def __init__(
         self,

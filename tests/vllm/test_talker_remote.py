@@ -137,7 +137,12 @@ def test_remote_talker_streams_whole_in_range_frames(talker_server: TalkerServer
         talker = RemoteTalker(_options(talker_server, max_frames=6), "talker")
         await talker.start()
         try:
-            outs = [o async for o in talker.submit(TtsRequest(request_id="s/e0/t1/r1/talker", text="Hi there."))]
+            outs = [
+                o
+                async for o in talker.submit(
+                    TtsRequest(request_id="s/e0/t1/r1/talker", text="Hi there.")
+                )
+            ]
             # the same prompt without the processor's request args: the random weights then
             # sample anything in the 156,940-id vocabulary (what the processor prevents)
             body = talker.body(TtsRequest(request_id="raw", text="Hi there."))
@@ -150,7 +155,7 @@ def test_remote_talker_streams_whole_in_range_frames(talker_server: TalkerServer
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: ASYNC210 (a test's one call)
             raw = json.loads(resp.read())["choices"][0]["token_ids"]
         frames = [o for o in outs[:-1] if isinstance(o, TokensOut)]
         assert len(frames) == len(outs) - 1
