@@ -63,6 +63,9 @@ class RemoteTalkerOptions(OpenAIOptions, frozen=True, forbid_unknown_fields=True
     # the server's --max-model-len: caps a segment's frames to what fits; None: no cap here
     max_model_len: Annotated[int, msgspec.Meta(ge=64)] | None = None
     seed: int | None = None
+    # tokens per streamed chunk (vLLM's stream_interval; the server's --stream-interval is
+    # the floor); None: one frame. Fewer, larger chunks: less parsing on the engine's loop.
+    stream_interval: Annotated[int, msgspec.Meta(ge=1)] | None = None
     send_priority: bool = (
         False  # send the request's priority (server: --scheduling-policy priority)
     )
@@ -136,6 +139,7 @@ class RemoteTalker(OpenAIStage):
             "skip_special_tokens": False,
             "stream": True,
             "return_token_ids": True,
+            "stream_interval": o.stream_interval or f,
             "vllm_xargs": {
                 "codec_frames": [lay.audio_base, lay.codebook_size, f, *lay.end_ids],
             },
