@@ -82,7 +82,7 @@ def test_what_cannot_run_is_refused_naming_the_option(
 def test_ray_places_its_workers_on_its_cluster() -> None:
     # more workers than this node's GPUs: fine on Ray (the cluster has them), not on mp
     opts = VllmOptions(tensor_parallel_size=8, pipeline_parallel_size=2)
-    check(VllmOptions(**{**_fields(opts), "distributed_executor_backend": "ray"}), cuda=8)
+    check(msgspec.structs.replace(opts, distributed_executor_backend="ray"), cuda=8)
     with pytest.raises(ConfigError, match="needs 16 GPUs"):
         check(opts, cuda=8)
 
@@ -100,7 +100,3 @@ def test_the_stage_refuses_at_construction(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(vllm_options, "ray_installed", lambda: False)
     with pytest.raises(ConfigError, match="distributed_executor_backend: 'ray' needs the ray"):
         VllmLlm(VllmOptions(distributed_executor_backend="ray"), "llm", device="cpu")
-
-
-def _fields(opts: VllmOptions) -> dict[str, object]:
-    return msgspec.structs.asdict(opts)
