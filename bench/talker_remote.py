@@ -59,9 +59,7 @@ def _serve(opts: dict[str, Any], port: int, log: Path) -> subprocess.Popen[bytes
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0)
     deadline = time.monotonic() + 600
     while True:
         if proc.poll() is not None:

@@ -40,7 +40,8 @@ LONG = "The sea is wide and deep. Waves roll in from far away. Ships have crosse
 
 
 class TalkerServer:
-    """`vllm serve` of the tiny talker on 127.0.0.1 (its own process group: killable whole)."""
+    """`vllm serve` of the tiny talker on 127.0.0.1 (its own process group: killable whole;
+    not its own session, whose scheduler group would starve this process's codec)."""
 
     def __init__(self, log_dir: Path) -> None:
         self.port = free_port()
@@ -76,7 +77,7 @@ class TalkerServer:
         started = time.perf_counter()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, process_group=0
             )
         deadline = time.monotonic() + 300
         while True:
