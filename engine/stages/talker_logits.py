@@ -3,7 +3,9 @@
 Loaded by vLLM's engine (``logits_processors=["engine.stages.talker_logits:CodecFrameLogits"]``),
 so it imports torch and vLLM and is only imported where vLLM runs. A request opts in with
 ``SamplingParams.extra_args["codec_frames"] = [audio_base, codebook_size, frame_size,
-[end ids]]``: at every step the request's logits keep only the token ids of the codebook its
+[end ids]]`` (or the flat ``[audio_base, codebook_size, frame_size, *end ids]``, the form
+``vllm serve`` passes: its ``vllm_xargs`` takes lists of numbers, not nested lists): at every
+step the request's logits keep only the token ids of the codebook its
 next frame position needs (``audio_base + position * codebook_size + code``), plus the end
 ids when the next token starts a frame. Whatever the weights, the talker then samples whole,
 in-range frames and stops only between frames (engine/codec_layout.py).
@@ -30,7 +32,10 @@ def frame_spec(params: SamplingParams) -> Spec | None:
     spec = extra.get(KEY)
     if spec is None:
         return None
-    base, size, frame, ends = spec
+    if len(spec) == 4 and isinstance(spec[3], list | tuple):
+        base, size, frame, ends = spec  # in-process: [base, size, frame, [ends]]
+    else:
+        base, size, frame, *ends = spec  # from vllm_xargs: [base, size, frame, *ends]
     return int(base), int(size), int(frame), tuple(int(e) for e in ends)
 
 

@@ -62,3 +62,28 @@ def test_talker_configs_validate(name: str) -> None:
         assert talker.topts.model and codec.opts.model and talker.topts.device == "cuda"
     else:
         assert talker.topts.model is None and codec.opts.model is None
+
+
+@pytest.mark.parametrize("name", ["cpu-talker-remote-test.yaml", "gpu-talker-remote.yaml"])
+def test_remote_talker_configs_validate(name: str) -> None:
+    """The remote-talker configs build their graph: the talker a client of `vllm serve`
+    (text -> codec), the codec here (GPU placements checked as CPU: no GPU on this machine)."""
+    import msgspec
+
+    from engine.stages.codec_snac import SnacCodec
+    from engine.stages.talker_remote import RemoteTalker
+
+    config = load_app_config(ROOT / "configs" / name).engine
+    stages = {
+        k: msgspec.structs.replace(
+            s, devices=None if s.devices is None else ("cpu",) * len(s.devices)
+        )
+        for k, s in config.stages.items()
+    }
+    graph = build_graph(msgspec.structs.replace(config, stages=stages))
+    (talker,) = graph.replicas["talker"]
+    (codec,) = graph.replicas["codec"]
+    assert isinstance(talker, RemoteTalker) and isinstance(codec, SnacCodec)
+    assert graph.routes["speech"].describe() == "talker(text -> codec) -> codec(codec -> audio)"
+    assert talker.topts.request_id_field and talker.base_url.startswith("http://")
+    assert codec.exact
