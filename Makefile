@@ -73,6 +73,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check audio_kit duplex_contract duplex_server engine clients bench tests tools
 	$(VENV)/bin/ruff format --check audio_kit duplex_contract duplex_server engine clients bench tests tools
 	$(PY) -m tools.import_boundary
+	$(PY) -m tools.file_size
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict audio_kit duplex_contract duplex_server engine clients tools

@@ -77,9 +77,9 @@ def _serve(opts: dict[str, Any], port: int, log: Path) -> subprocess.Popen[bytes
 
 
 async def _first_audio(stages: dict[str, Any], clauses: int) -> list[float]:
+    from duplex_contract.batch import AudioOut, SpeechJob
     from engine.client import AsyncEngine
     from engine.config import engine_config
-    from engine.messages import AudioOut, SpeechJob
 
     cfg = engine_config({"stages": stages, "routes": {"speech": ["talker", "codec"]}})
     engine = await AsyncEngine.start(cfg)

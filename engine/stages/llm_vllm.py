@@ -278,24 +278,8 @@ class VllmLlm:
         return {"CUDA_VISIBLE_DEVICES": self._child_visible()}
 
     def _resolve_model(self) -> str:
-        model = self.options.model
-        if model is None:
-            try:
-                from engine.vllm_prepare import prepare
-
-                path = prepare()
-            except ConfigError as exc:
-                raise ConfigError(f"{self.field}.model: default SmolLM2: {exc}") from None
-            except Exception as exc:
-                log.exception("%s: preparing the default model failed", self.name)
-                raise ConfigError(
-                    f"{self.field}.model: preparing the default SmolLM2: {exc}"
-                ) from None
-            self.model_path = str(path)
-            return self.model_path
-        model = vo.model_dir(model, self.field)
-        self.model_path = model
-        return model
+        self.model_path = vo.resolve_model(self.options.model, self.field, self.name)
+        return self.model_path
 
     # ------------------------------------------------------------------ health
     def _engine_dead(self) -> str | None:

@@ -36,9 +36,9 @@ from typing import Annotated, Any, ClassVar
 import httpx
 import msgspec
 
+from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
 from engine.edges import Edge
-from engine.errors import ConfigError, StageError
 from engine.messages import StageDone, TokensOut, TtsRequest
 from engine.stages.openai_remote import Kind, OpenAIOptions, OpenAIStage, _Failure
 from engine.stages.talker_vllm import LOGITS_PROCESSOR, VoiceSampling

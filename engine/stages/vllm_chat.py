@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engine.errors import StageError
-from engine.messages import ChatMessage
+from duplex_contract.batch import ChatMessage
+from duplex_contract.errors import StageError
 
 
 def render(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:

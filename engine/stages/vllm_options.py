@@ -22,12 +22,15 @@ naming its version.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 
-from engine.errors import ConfigError
+from duplex_contract.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 Executor = Literal["mp", "ray", "uni", "external_launcher"]
 PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
@@ -211,3 +214,19 @@ __all__ = [
     "ray_installed",
     "workers",
 ]
+
+
+def resolve_model(model: str | None, field: str, name: str) -> str:
+    """The model directory to serve: ``model`` checked (:func:`model_dir`), or the default
+    SmolLM2 prepared once (engine/vllm_prepare.py) when none is given."""
+    if model is not None:
+        return model_dir(model, field)
+    try:
+        from engine.vllm_prepare import prepare
+
+        return str(prepare())
+    except ConfigError as exc:
+        raise ConfigError(f"{field}.model: default SmolLM2: {exc}") from None
+    except Exception as exc:
+        log.exception("%s: preparing the default model failed", name)
+        raise ConfigError(f"{field}.model: preparing the default SmolLM2: {exc}") from None

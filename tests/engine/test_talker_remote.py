@@ -13,8 +13,8 @@ import httpx
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import ORPHEUS
-from engine.errors import ConfigError, StageError
 from engine.messages import StageDone, TokensOut, TtsRequest
 from engine.stages.talker_remote import RemoteTalker, RemoteTalkerOptions
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from duplex_contract.errors import ConfigError
 from engine.config import convert
-from engine.errors import ConfigError
 from engine.stages import vllm_options
 from engine.stages.llm_vllm import VllmLlm
 from engine.stages.talker_vllm import TalkerOptions
