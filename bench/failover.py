@@ -46,6 +46,7 @@ from duplex_client import DuplexClient
 from duplex_client import events as ev
 
 from bench.cluster import Cluster, cluster
+from bench.probe import probe_ms
 from engine.duplex.fence import route_key_of
 from tests.server.harness import write_config
 
@@ -209,6 +210,35 @@ async def run(c: Cluster, n: int) -> dict[str, Any]:
     }
 
 
+ROWS = (
+    (
+        "sessions (on the killed front end)",
+        lambda r: f"{r['sessions']} ({r['sessions_on_killed_front_end']})",
+    ),
+    ("sessions_lost", lambda r: r["sessions_lost"]),
+    ("events_duplicated", lambda r: r["events_duplicated"]),
+    ("input_duplicated / input_lost", lambda r: f"{r['input_duplicated']} / {r['input_lost']}"),
+    (
+        "resume after crash p50 / p99 ms",
+        lambda r: f"{r['resume_after_crash_ms_p50']} / {r['resume_after_crash_ms_p99']}",
+    ),
+    ("drain_s (longest of the two)", lambda r: r["drain_s"]),
+    ("resync_after_drain", lambda r: r["resync_after_drain"]),
+    ("resumes", lambda r: r["resumes"]),
+)
+
+
+def table(result: dict[str, Any]) -> str:
+    """The figures as a two-column table, with the load and the machine probe under it."""
+    lines = [f"{'figure':<36} value"]
+    lines += [f"{name:<36} {get(result)}" for name, get in ROWS]
+    lines.append(
+        f"load average at start {result['loadavg_start']}, end {result['loadavg_end']}; "
+        f"{result['cpus']} CPUs; probe {result['probe_ms']} ms (bench/probe.py)"
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sessions", type=int, default=50)
@@ -233,7 +263,8 @@ def main() -> None:
     result["loadavg_start"] = [round(x, 2) for x in load0]
     result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["cpus"] = os.cpu_count()
-    print(json.dumps(result, indent=1))
+    result["probe_ms"] = probe_ms()
+    print(table(result))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=1))
 
