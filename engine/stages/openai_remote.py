@@ -38,7 +38,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import Annotated, Any, ClassVar, Literal
 
 import httpx
@@ -320,6 +321,32 @@ class OpenAIStage:
                 retry=resp.status_code in _RETRY_STATUS,
             )
 
+    async def _events(
+        self, client: httpx.AsyncClient, path: str, body: dict[str, Any], rid: str
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """POST ``body`` to ``path``, streamed (server-sent events): each event's JSON up to
+        the stream's ``[DONE]``. An error event, an event that is not JSON or a stream that
+        ends before ``[DONE]`` is a failure. Close it (``aclosing``) so that leaving early
+        closes the connection at once, which is how the remote learns of an abort."""
+        url = f"{self.base_url}{path}"
+        async with client.stream("POST", url, json=body, headers=self._headers(rid)) as resp:
+            await self._check(resp)
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                try:
+                    chunk = json.loads(data)
+                except json.JSONDecodeError:
+                    msg = f"not JSON in the event stream: {data[:80]!r}"
+                    raise _Failure(msg, retry=False) from None
+                if "error" in chunk:
+                    raise _Failure(f"the server reported: {chunk['error']}", retry=False)
+                yield chunk
+        raise _Failure("the event stream ended without [DONE] (truncated)", retry=False)
+
     # -- llm: streamed chat completions (SSE) ------------------------------------------
     async def _chat(self, client: httpx.AsyncClient, req: LlmRequest, emit: Any) -> None:
         rid = req.request_id
@@ -336,26 +363,10 @@ class OpenAIStage:
         )
         if self.options.top_p is not None:
             body.setdefault("top_p", self.options.top_p)
-        url = f"{self.base_url}/chat/completions"
         reason: Literal["stop", "length"] = "stop"
         tokens = prompt = 0
-        finished = False
-        async with client.stream("POST", url, json=body, headers=self._headers(rid)) as resp:
-            await self._check(resp)
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    finished = True
-                    break
-                try:
-                    chunk = json.loads(data)
-                except json.JSONDecodeError:
-                    msg = f"not JSON in the event stream: {data[:80]!r}"
-                    raise _Failure(msg, retry=False) from None
-                if "error" in chunk:
-                    raise _Failure(f"the server reported: {chunk['error']}", retry=False)
+        async with aclosing(self._events(client, "/chat/completions", body, rid)) as events:
+            async for chunk in events:
                 usage = chunk.get("usage") or {}
                 tokens = int(usage.get("completion_tokens", tokens))
                 prompt = int(usage.get("prompt_tokens", prompt))
@@ -365,8 +376,6 @@ class OpenAIStage:
                         emit(TextOut(request_id=rid, text=text))
                     if choice.get("finish_reason") == "length":
                         reason = "length"
-        if not finished:
-            raise _Failure("the event stream ended without [DONE] (truncated)", retry=False)
         emit(StageDone(request_id=rid, finish_reason=reason, tokens=tokens, prompt_tokens=prompt))
 
     # -- asr: one upload, one transcript -----------------------------------------------

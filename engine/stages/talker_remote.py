@@ -28,8 +28,8 @@ emitted after the abort.
 
 from __future__ import annotations
 
-import json
 import zlib
+from contextlib import aclosing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
@@ -162,27 +162,12 @@ class RemoteTalker(OpenAIStage):
         except StageError as exc:
             emit(exc)  # a segment that can't fit: this request fails, not the remote
             return
-        url = f"{self.base_url}/completions"
         pending: list[int] = []  # codes of the frame being sampled
         sent = 0  # codes emitted (whole frames)
         reason: str | None = None
-        ended = finished = False
-        async with client.stream("POST", url, json=body, headers=self._headers(rid)) as resp:
-            await self._check(resp)
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    finished = True
-                    break
-                try:
-                    chunk = json.loads(data)
-                except json.JSONDecodeError:
-                    msg = f"not JSON in the event stream: {data[:80]!r}"
-                    raise _Failure(msg, retry=False) from None
-                if "error" in chunk:
-                    raise _Failure(f"the server reported: {chunk['error']}", retry=False)
+        ended = False
+        async with aclosing(self._events(client, "/completions", body, rid)) as events:
+            async for chunk in events:
                 for choice in (chunk.get("choices") or [])[:1]:
                     tokens = choice.get("token_ids")
                     if tokens is None:
@@ -205,8 +190,6 @@ class RemoteTalker(OpenAIStage):
                             sent += f
                             pending.clear()
                     reason = choice.get("finish_reason") or reason
-        if not finished:
-            raise _Failure("the event stream ended without [DONE] (truncated)", retry=False)
         if pending:
             raise _Failure(
                 f"the talker stopped {len(pending)} codes into a frame of {f} ({PROCESSOR_HINT})",

@@ -29,7 +29,10 @@ audio decoded after its context now gets at least 15 s (engine/stages/asr_whispe
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,7 +42,6 @@ import soundfile
 
 from audio_kit.g711 import g711_to_pcm16, pcm16_to_g711
 from audio_kit.pcm import resample_pcm16
-from engine.stages.tts_espeak import EspeakOptions, EspeakTts
 from tests.e2e.test_live_parity import RECORDINGS, _batch, _live, _wer
 from tests.server.harness import ROOT, running_server
 
@@ -62,14 +64,30 @@ SPEED = 4.0  # faster than real time: the VAD judges samples, the context gap th
 
 
 def _questions() -> list[bytes]:
-    """The questions in eSpeak NG's default voice, PCM16 16 kHz."""
-    tts = EspeakTts(EspeakOptions(), "parity-espeak")
-    tts.load()
-    out = []
-    for q in QUESTIONS:
-        pcm = tts.synthesize(q, speed=1.0, keep_going=lambda: True)
-        out.append(resample_pcm16(pcm, tts.native_rate, 16000))
-    return out
+    """The questions in eSpeak NG's default voice, PCM16 16 kHz, rendered in a process of
+    their own: libespeak-ng carries state from one synthesis to the next in a process (the
+    same text comes out a few samples different after other speech, e.g. test_language's
+    French), so rendered here they would depend on which tests ran before."""
+    out = subprocess.run(
+        [sys.executable, "-c", _RENDER, *QUESTIONS],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    return [base64.b64decode(line) for line in out.split()]
+
+
+_RENDER = """
+import base64, sys
+from audio_kit.pcm import resample_pcm16
+from engine.stages.tts_espeak import EspeakOptions, EspeakTts
+tts = EspeakTts(EspeakOptions(), "parity-espeak")
+tts.load()
+for q in sys.argv[1:]:
+    pcm = tts.synthesize(q, speed=1.0, keep_going=lambda: True)
+    print(base64.b64encode(resample_pcm16(pcm, tts.native_rate, 16000)).decode())
+"""
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,10 @@ ROLES: dict[str, tuple[str, ...]] = {
     "openai": ("llm", "asr", "tts"),
 }
 #: options a backend cannot run without (everything else: its defaults)
-REQUIRED_OPTIONS: dict[str, dict[str, Any]] = {"openai": {"base_url": "http://127.0.0.1:9/v1"}}
+REQUIRED_OPTIONS: dict[str, dict[str, Any]] = {
+    "openai": {"base_url": "http://127.0.0.1:9/v1"},
+    "openai-talker": {"base_url": "http://127.0.0.1:9/v1"},
+}
 
 
 def _cases() -> list[tuple[str, str]]:
