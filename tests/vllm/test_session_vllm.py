@@ -46,7 +46,9 @@ def test_realtime_session_completes_turns_on_vllm() -> None:
                     for e in c.events
                     if e["type"] == "conversation.item.input_audio_transcription.completed"
                 )
-                assert len(heard.split()) >= 3
+                # the server VAD ends the turn at the pause after the first phrase (the
+                # rest of the 4 s is a turn of its own, talking over the reply)
+                assert heard.lower().startswith("ever tried"), heard
                 audio = [e for e in c.events if e["type"] == "response.output_audio.delta"]
                 assert audio and response["audio_ms"] > 200
                 assert _spoken(done).strip()

@@ -321,8 +321,11 @@ def test_the_vllm_processor_refuses_malformed_specs() -> None:
     for spec, message in [
         ([0, 0, 7, []], "codebook size and frame size must be >= 1"),
         ([0, 4, 7, [-1]], "end ids must be >= 0"),
-        ([0, 4, 7], "expected \\[base, size, frame, \\[ends\\]\\]"),
+        ([0, 4], "expected \\[base, size, frame, \\[ends\\]\\]"),
+        ([0, 4, 7, "x"], "expected \\[base, size, frame, \\[ends\\]\\]"),
     ]:
         with pytest.raises(ValueError, match=message):
             CodecFrameLogits.validate_params(SamplingParams(extra_args={"codec_frames": spec}))
-    CodecFrameLogits.validate_params(SamplingParams(extra_args={"codec_frames": [0, 4, 7, [3]]}))
+    # the in-process form, and the flat form vllm_xargs carries (a remote talker's request)
+    for spec in ([0, 4, 7, [3]], [0, 4, 7, 3], [0, 4, 7]):
+        CodecFrameLogits.validate_params(SamplingParams(extra_args={"codec_frames": spec}))
