@@ -227,8 +227,12 @@ def main() -> int:
     if args.remote:
         import yaml
 
+        from bench.probe import probe_ms
         from bench.talker_remote import remote_bench
 
+        result["loadavg_1m_before"] = os.getloadavg()[0]
+        result["probe_ms"] = probe_ms()
+        print(f"load {result['loadavg_1m_before']:.2f}, probe {result['probe_ms']} ms", flush=True)
         raw = yaml.safe_load(args.config.read_text())["engine"]
         result.update(remote_bench(raw, args.clauses, ROOT / "artifacts" / "talker-remote"))
         return _report(result, args.json)

@@ -5,7 +5,11 @@ codec stage, route ``speech: [talker, codec]``, one clause at a time: first the 
 (vLLM's AsyncLLM in this process), then the same model served by ``vllm serve`` on loopback
 with the codec-frame logits processor, behind ``backend: openai-talker``. First audio = one
 clause in -> its first PCM chunk out. Each side runs alone (the other is shut down), with
-the same torch threads. JSON keys: ``remote_talker_first_audio_ms_p50``,
+the same torch threads and the same process layout on a CPU build: the model inside
+vLLM's EngineCore process with ``cpu_threads`` threads (the local stage's
+``cpu_inproc_executor``; ``vllm serve``'s own default starts a worker process bound to one
+core, which on two cores leaves the codec a core of its own and flatters the remote side).
+JSON keys: ``remote_talker_first_audio_ms_p50``,
 ``local_talker_first_audio_ms_p50`` and ``remote_talker_first_audio_overhead_ms_p50``
 (remote p50 - local p50; goal <= 30).
 """
@@ -56,6 +60,9 @@ def _serve(opts: dict[str, Any], port: int, log: Path) -> subprocess.Popen[bytes
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": str(opts.get("cpu_threads", 2)),
+        # as the local talker runs it (cpu_inproc_executor): the model inside the EngineCore
+        # process with both threads; vLLM's default starts a worker bound to one core
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if opts.get("cpu_inproc_executor", True) else "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     with log.open("wb") as out:

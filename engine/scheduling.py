@@ -10,9 +10,10 @@ in flight: queued or running) by kind, and lets the policy hold batch requests b
 Two policies:
 
 * ``serial`` (the CPU default, ``configs/cpu.yaml``): the stages share two cores, so any
-  extra work delays a turn. Batch stage requests run one at a time and none while a session
-  waits for its first audio (:class:`engine.admission.BatchAdmission`); a pause is guessed
-  (and answered ahead) only while no other session's real turn runs, and a real turn drops
+  extra work delays a turn. Batch jobs run one at a time (a job's chained stage requests
+  share its slot), and none of their stage requests starts while a session waits for its
+  first audio (:class:`engine.admission.BatchAdmission`); a pause is guessed (and answered
+  ahead) only while no other session's real turn runs, and a real turn drops
   every other session's draft.
 * ``capacity`` (GPU stages that batch): each stage has a capacity (request slots: replicas x
   ``max_batch``, vLLM's ``max_num_seqs``, 1 for a one-at-a-time worker, or
@@ -32,7 +33,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from engine.admission import BatchAdmission
+from engine.admission import BatchAdmission, batch_job
 from engine.config import SchedulingConfig
 from engine.duplex.fence import is_draft_request
 from engine.messages import Priority, StageRequest
@@ -124,7 +125,7 @@ class Scheduler:
     async def slot(self, stage: str, request: StageRequest) -> AsyncIterator[Ticket]:
         """Hold ``request``'s place in ``stage`` for the whole of the request."""
         kind = request_kind(request)
-        async with self._admit(stage, kind):
+        async with self._admit(stage, kind, request.request_id):
             st = self.stages[stage]
             st.load += 1
             st.by_kind[kind] += 1
@@ -160,7 +161,7 @@ class Scheduler:
 
     # ---------------------------------------------------------------- policy hooks
     @asynccontextmanager
-    async def _admit(self, stage: str, kind: Kind) -> AsyncIterator[None]:
+    async def _admit(self, stage: str, kind: Kind, request_id: str) -> AsyncIterator[None]:
         yield
 
     def _pressure(self, stage: str, st: StageLoad) -> None:
@@ -203,8 +204,9 @@ class SerialScheduler(Scheduler):
         self.admission = BatchAdmission()
 
     @asynccontextmanager
-    async def _admit(self, stage: str, kind: Kind) -> AsyncIterator[None]:
-        async with self.admission.slot(Priority.BATCH if kind == "batch" else Priority.REALTIME):
+    async def _admit(self, stage: str, kind: Kind, request_id: str) -> AsyncIterator[None]:
+        priority = Priority.BATCH if kind == "batch" else Priority.REALTIME
+        async with self.admission.slot(priority, batch_job(request_id)):
             yield
 
     def enter_critical(self, key: str) -> None:
@@ -259,7 +261,7 @@ class CapacityScheduler(Scheduler):
         return self.batch_running < self.config.batch_concurrency and self.spare(stage)
 
     @asynccontextmanager
-    async def _admit(self, stage: str, kind: Kind) -> AsyncIterator[None]:
+    async def _admit(self, stage: str, kind: Kind, request_id: str) -> AsyncIterator[None]:
         if kind != "batch":
             yield
             return

@@ -106,6 +106,45 @@ def test_request_kinds() -> None:
 
 
 # ----------------------------------------------------------------------------- the policy
+def test_serial_runs_one_batch_job_at_a_time_and_its_chained_stages_together() -> None:
+    """A batch job's stage requests share its slot: on the talker route the codec's first
+    window runs while the talker still samples the segment (it used to wait for the whole
+    segment, so batch speech on that route did not stream); another job waits for the
+    slot until every request of the first has ended."""
+
+    async def main() -> None:
+        sched = SerialScheduler(SchedulingConfig(), {"talker": 1, "codec": 1}, lambda _: False)
+        order: list[str] = []
+        talker_ends, codec_ends = asyncio.Event(), asyncio.Event()
+
+        async def req(stage: str, rid: str, until: asyncio.Event) -> None:
+            async with sched.slot(stage, _llm(rid, Priority.BATCH)):
+                order.append(rid)
+                await until.wait()
+
+        talker = asyncio.create_task(req("talker", "batch/a/talker0", talker_ends))
+        await asyncio.sleep(0)
+        codec = asyncio.create_task(req("codec", "batch/a/codec0", codec_ends))
+        other = asyncio.create_task(req("talker", "batch/b/talker0", asyncio.Event()))
+        await asyncio.sleep(0.01)
+        # job a's codec window runs beside its talker; job b waits for a's slot
+        assert order == ["batch/a/talker0", "batch/a/codec0"]
+        assert sched.admission.jobs == 1
+        talker_ends.set()
+        await talker
+        await asyncio.sleep(0.01)
+        assert order == ["batch/a/talker0", "batch/a/codec0"]  # a's codec still holds it
+        codec_ends.set()
+        await codec
+        await asyncio.sleep(0.01)
+        assert order[-1] == "batch/b/talker0" and sched.admission.jobs == 1
+        other.cancel()
+        await asyncio.gather(other, return_exceptions=True)
+        assert sched.admission.jobs == 0
+
+    run(main())
+
+
 def test_capacity_admits_batch_while_room_remains_and_yields_to_waiting_realtime() -> None:
     async def main() -> None:
         sched = CapacityScheduler(
@@ -284,6 +323,42 @@ def test_capacity_drops_a_draft_that_holds_a_full_stage_a_real_turn_needs() -> N
             assert orch.counters.drafts_yielded == 1 and orch.counters.drafts["dropped"] == 1
             assert a.session_id not in orch._drafts
             assert orch.scheduler.snapshot()["llm"]["draft"] == 0
+        finally:
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_batch_speech_on_the_talker_route_streams_under_the_serial_policy() -> None:
+    """POST /v1/audio/speech on ``[talker, codec]`` with the CPU rules: the first audio
+    comes out while the talker still samples the segment (the codec's first window of 4
+    frames shares the job's batch slot), not after the segment's last frame."""
+
+    async def main() -> None:
+        cfg = engine_config(
+            {
+                "stages": {
+                    "talker": {"backend": "test", "options": {"token_interval_s": 0.1}},
+                    "codec": {"backend": "test"},
+                },
+                "routes": {"speech": ["talker", "codec"]},
+                "segmenter": {"first_min_words": 12, "first_max_words": 12},
+                "scheduling": {"policy": "serial"},
+            }
+        )
+        engine = await AsyncEngine.start(cfg)
+        try:
+            words = " ".join(f"word{i}" for i in range(12))  # one segment: 12 frames, 1.2 s
+            t0 = asyncio.get_running_loop().time()
+            first: float | None = None
+            async for item in engine.generate(SpeechJob(text=words)):
+                if isinstance(item, AudioOut) and first is None:
+                    first = asyncio.get_running_loop().time() - t0
+            total = asyncio.get_running_loop().time() - t0
+            # the first window is ready after 4 of the 12 frames (0.4 s); before, it waited
+            # for the 12th (1.2 s). Frames are 0.1 s apart: the gap is 8 frames wide.
+            assert first is not None and total >= 1.2
+            assert first < total - 0.4, (first, total)
         finally:
             await engine.shutdown()
 
