@@ -87,6 +87,8 @@ class TtsRequest(Msg, frozen=True, tag="tts"):
     sample_rate: int = OUTPUT_RATE
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
+    #: the first clause of a response's speech: its first audio waits on it (engine/compute.py)
+    first: bool = False
 
 
 class TokensRequest(Msg, frozen=True, tag="tokens"):

@@ -171,6 +171,7 @@ class Pipeline:
         chunk: Chunk,
         voice: Voice,
         meta: tuple[Priority, str | None],
+        first: bool = False,
     ) -> StageRequest:
         priority, session_id = meta
         if stage.consumes is Edge.TEXT:
@@ -182,6 +183,7 @@ class Pipeline:
                 sample_rate=voice.sample_rate,
                 priority=priority,
                 session_id=session_id,
+                first=first,
             )
         return TokensRequest(
             request_id=rid,
@@ -219,7 +221,9 @@ class Pipeline:
             try:
                 while (item := await inq.get()) is not _END:
                     chunk, mark = item
-                    req = self._request(stage, f"{prefix}/{stage.name}{n}", chunk, voice, meta)
+                    req = self._request(
+                        stage, f"{prefix}/{stage.name}{n}", chunk, voice, meta, first=i == n == 0
+                    )
                     n += 1
                     chunker = None if outq is None else self._chunker(stages[i + 1])
                     pending_mark = mark

@@ -60,6 +60,11 @@ class LlamaCppOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # before every token: a lone answer decodes faster, and it drops back to ``n_threads``
     # as soon as the TTS (or ASR) starts. None: always ``n_threads``.
     n_threads_alone: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # Pause decoding while this response's first clause is being spoken (engine/compute.py,
+    # "urgent"), at most this long per pause: on a small CPU the TTS then has the cores and
+    # the first audio comes sooner; the text after the clause is needed only once the
+    # clause has played. 0: never pause.
+    first_clause_pause_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     n_batch: Annotated[int, msgspec.Meta(ge=1)] = 512  # prompt tokens evaluated per batch
     # Sampling when temperature > 0 (temperature 0 is greedy and ignores these).
     top_k: Annotated[int, msgspec.Meta(ge=0)] = 40
@@ -128,6 +133,7 @@ class LlamaCppLlm(ThreadedBackend):
         self._vocab: Any = None
         self._threads = options.n_threads  # what the context decodes with now
         self.thread_switches = 0  # n_threads_alone <-> n_threads changes (tests)
+        self.first_clause_pauses = 0  # decoding paused for its first clause (tests)
 
     def load(self) -> None:
         import llama_cpp
@@ -156,8 +162,11 @@ class LlamaCppLlm(ThreadedBackend):
         cancelled: threading.Event | None,
         tools: tuple[Tool, ...] = (),
         tool_required: bool = False,
+        group: str | None = None,
     ) -> Iterator[str | tuple[Literal["stop", "length", "aborted"], int, int]]:
-        """Yield text pieces, then ``(finish_reason, n_generated, n_prompt)`` (worker thread)."""
+        """Yield text pieces, then ``(finish_reason, n_generated, n_prompt)`` (worker thread).
+        ``group``: the response this decoding is for; between tokens it pauses while that
+        response's first clause is spoken (``first_clause_pause_s``)."""
         import llama_cpp
 
         if self._llama is None or self._prompt is None:
@@ -207,6 +216,10 @@ class LlamaCppLlm(ThreadedBackend):
                     yield text
                 if len(generated) >= budget:
                     break
+                if group is not None and self.opts.first_clause_pause_s > 0:
+                    paused = compute.wait_urgent(group, cancelled, self.opts.first_clause_pause_s)
+                    if paused:
+                        self.first_clause_pauses += 1
                 self._fit_threads()  # for the next token
             if not restart:
                 break
@@ -253,6 +266,7 @@ class LlamaCppLlm(ThreadedBackend):
             cancelled=cancelled,
             tools=request.tools,
             tool_required=request.tool_required,
+            group=compute.group_of(rid),
         ):
             if isinstance(item, str):
                 yield TextOut(request_id=rid, text=item)

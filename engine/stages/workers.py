@@ -19,6 +19,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -27,7 +28,7 @@ import msgspec
 from duplex_contract.errors import StageError
 from engine import compute
 from engine.edges import Edge
-from engine.messages import StageDone, StageOutput, StageRequest
+from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
 
 log = logging.getLogger(__name__)
 
@@ -288,8 +289,12 @@ class ThreadedBackend(WorkerBackend):
             return
         job.batch_max = 1  # one request at a time
         self._waited(job)
+        first = isinstance(request, TtsRequest) and request.first
         try:
-            with compute.working(self.name):
+            with (
+                compute.working(self.name),
+                compute.urgent(compute.group_of(request.request_id)) if first else nullcontext(),
+            ):
                 for out in self.run(request, job.cancelled):
                     if job.cancelled.is_set():
                         break

@@ -29,6 +29,39 @@ def test_working_counts_nested_units_and_others_busy_excludes_itself() -> None:
     assert compute.busy() == {} and not compute.others_busy("llm")
 
 
+def test_wait_urgent_blocks_while_its_group_has_urgent_work() -> None:
+    """A decoder pauses while its own response's first clause is spoken: only for its own
+    group, at most ``limit_s``, and not past a cancel."""
+    assert compute.group_of("sess_a/e0/draft3/tts0") == "sess_a/e0/draft3"
+    assert compute.wait_urgent("g", None, 1.0) == 0.0  # nothing urgent: no wait
+    done = threading.Event()
+
+    def hold(seconds: float) -> None:
+        with compute.urgent("g"):
+            done.wait(seconds)
+
+    t = threading.Thread(target=hold, args=(0.3,))
+    t.start()
+    while "g" not in compute.urgent_groups():
+        pass
+    assert compute.wait_urgent("other", None, 1.0) == 0.0  # another response's: no wait
+    waited = compute.wait_urgent("g", None, 5.0)
+    assert 0.2 < waited < 2.0 and compute.urgent_groups() == {}
+    t.join()
+    # the limit and a cancel each end the wait while the work goes on
+    t = threading.Thread(target=hold, args=(5.0,))
+    t.start()
+    while "g" not in compute.urgent_groups():
+        pass
+    assert compute.wait_urgent("g", None, 0.1) < 1.0
+    cancelled = threading.Event()
+    threading.Timer(0.1, cancelled.set).start()
+    assert compute.wait_urgent("g", cancelled, 5.0) < 1.0
+    done.set()
+    t.join()
+    assert compute.urgent_groups() == {}
+
+
 class _Opts(msgspec.Struct, frozen=True):
     pass
 
@@ -52,9 +85,11 @@ class _Recording:
 class _Threaded(_Recording, ThreadedBackend):
     def __init__(self) -> None:
         super().__init__("threaded-x")
+        self.urgent: list[dict[str, int]] = []
 
     def run(self, request: StageRequest, cancelled: threading.Event) -> Iterator[StageOutput]:
         self.seen.append(compute.busy())
+        self.urgent.append(compute.urgent_groups())
         yield TextOut(request_id=request.request_id, text="x")
         yield StageDone(request_id=request.request_id, finish_reason="stop")
 
@@ -85,5 +120,26 @@ def test_the_stage_runtimes_mark_their_work() -> None:
                 assert compute.busy() == {}  # released when the work ends
             finally:
                 await backend.close()
+
+    asyncio.run(main())
+
+
+def test_the_threaded_runtime_marks_a_first_clause_urgent() -> None:
+    """A response's first clause (``TtsRequest.first``) is urgent work of its response's
+    group while it runs; later clauses are not."""
+
+    async def main() -> None:
+        from engine.messages import TtsRequest
+
+        backend = _Threaded()
+        await backend.start()
+        try:
+            for rid, first in (("sess_a/e0/t1/r1/tts0", True), ("sess_a/e0/t1/r1/tts1", False)):
+                outs = [o async for o in backend.submit(TtsRequest(rid, "x", first=first))]
+                assert isinstance(outs[-1], StageDone)
+            assert backend.urgent == [{"sess_a/e0/t1/r1": 1}, {}]
+            assert compute.urgent_groups() == {}
+        finally:
+            await backend.close()
 
     asyncio.run(main())

@@ -163,6 +163,41 @@ def test_auto_tools_plain_text_reply_is_not_constrained(llm: LlamaCppLlm) -> Non
     assert not texts[0].lstrip().startswith("{") and texts[0] == texts[1]
 
 
+def test_decoding_pauses_while_its_own_first_clause_is_spoken(reference: Any) -> None:
+    """``first_clause_pause_s``: between tokens the LLM waits while urgent work of its own
+    response runs (its first clause in the TTS, engine/compute.py), not for another
+    response's; the reply is the same."""
+    import threading
+    import time
+
+    from engine import compute
+
+    llm = LlamaCppLlm(LlamaCppOptions(n_threads=1), "llm-pause")
+    asyncio.run(llm.start())
+    try:
+        plain = run_request(llm, LlmRequest(request_id="s/e0/r0/llm", messages=(SYSTEM, QUESTION)))
+        assert llm.first_clause_pauses == 0
+        release = threading.Event()
+
+        def hold() -> None:
+            with compute.urgent("s/e0/r1"):
+                release.wait(5)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        # another response's first clause: no pause
+        other = run_request(llm, LlmRequest(request_id="s/e0/r2/llm", messages=(SYSTEM, QUESTION)))
+        assert llm.first_clause_pauses == 0
+        threading.Timer(0.5, release.set).start()
+        t0 = time.monotonic()
+        own = run_request(llm, LlmRequest(request_id="s/e0/r1/llm", messages=(SYSTEM, QUESTION)))
+        assert llm.first_clause_pauses == 1 and time.monotonic() - t0 >= 0.4
+        holder.join()
+        assert own.text == other.text == plain.text
+    finally:
+        asyncio.run(llm.close())
+
+
 def test_threads_alone_while_no_other_stage_computes(reference: Any) -> None:
     """``n_threads_alone``: the LLM decodes with more threads while no other stage of the
     engine computes (engine/compute.py), and with ``n_threads`` while one does, switching
