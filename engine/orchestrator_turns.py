@@ -224,6 +224,8 @@ class OrchestratorTurns(OrchestratorCore):
                 )
         elif record:
             history.finish_assistant(turn, resp, "completed")
+        if self.speculation is not None:  # the session's next words are a new utterance
+            self.speculation.answered(sid)
         self.emit(
             sid,
             ResponseDone(

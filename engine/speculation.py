@@ -19,13 +19,16 @@
   transcript ride on the ASR request, with the silence between the two), so a short turn
   cut by the VAD ("Ever failed.") is decoded with the words around it, as the batch route
   decodes one whole recording. The ASR uses it only across a short gap (Whisper:
-  ``context_max_gap_s``): after the assistant's answer or a long silence the user starts a
-  new utterance, and the previous words would leak into it. The context must not depend on
-  timing: a transcription waits for the previous turn's transcript when that is still
-  running (a slow or busy ASR stage), and the gap is measured on the session's input clock
-  (``AppendCall.stream_ms``: the audio the front end processed, silence included), not on
-  the wall clock, which a stalled microphone stream or a slow machine stretches. Only a
-  front end that sends no ``stream_ms`` falls back to the wall clock.
+  ``context_max_gap_s``), and never once the assistant's answer to that turn has completed
+  (``answered``): after a long silence or an answer the user starts a new utterance, and
+  the previous words would leak into it (or swallow it: "it was the age of foolish" right
+  after "... it was the age of foolishness." came out empty, then cost a second decode).
+  The context must not depend on timing: a transcription waits for the previous turn's
+  transcript when that is still running (a slow or busy ASR stage), and the gap is measured
+  on the session's input clock (``AppendCall.stream_ms``: the audio the front end processed,
+  silence included), not on the wall clock, which a stalled microphone stream or a slow
+  machine stretches. Only a front end that sends no ``stream_ms`` falls back to the wall
+  clock.
 
 Runs on the orchestrator loop; the ASR itself runs in its stage.
 """
@@ -68,6 +71,9 @@ class _Committed:
     stream_ms: float | None  # where ``audio`` starts on the session's input clock
     at: float  # when it was committed (monotonic clock): the fallback for the gap
     words: asyncio.Future[str]
+    #: the assistant's answer to it was complete before the session spoke again: what the
+    #: session says next is a new utterance, never decoded after this one
+    answered: bool = False
 
     def seconds(self, rate: int) -> float:
         return len(self.audio) / (2 * rate)
@@ -178,7 +184,7 @@ class SpeculativeAsr:
         priority: Priority,
     ) -> str:
         context: tuple[bytes, str] | None = None
-        if last is not None:
+        if last is not None and not last.answered:
             text = await last.text()  # the previous turn's words, however slow they are
             context = (last.audio, text) if text.strip() else None
         return await self._pipeline.transcribe(
@@ -229,6 +235,14 @@ class SpeculativeAsr:
         words: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         turn = _Committed(audio, stream_ms, time.monotonic(), words)
         self._turns.setdefault(session_id, []).append(turn)
+
+    def answered(self, session_id: str) -> None:
+        """A response to the session's latest committed turn completed: the session's next
+        words answer it, and are transcribed without that turn as context, however soon
+        they come (a client that speaks right after the answer's last event)."""
+        turns = self._turns.get(session_id)
+        if turns:
+            turns[-1].answered = True
 
     def abandon(self, session_id: str) -> None:
         """The session's committed turns not transcribed yet were dropped (its input was

@@ -447,7 +447,9 @@ def test_a_turn_carries_the_previous_turn_as_context_with_the_gap_between() -> N
     """Context decoding (engine/speculation.py): each turn's ASR request carries the
     session's previous turn (audio and transcript) and the silence between the two by the
     engine's clock, so the ASR can decode phrases of one stretch of speech together and a
-    new utterance after a long gap alone."""
+    new utterance after a long gap alone. Once the assistant's answer to a turn has
+    completed, the next turn is a new utterance: it carries no context, however soon it
+    comes."""
 
     async def main() -> None:
         backends = stages(transcript="some words")
@@ -455,20 +457,31 @@ def test_a_turn_carries_the_previous_turn_as_context_with_the_gap_between() -> N
         try:
             sid, f, gen = await open_session(engine)
             half_s = b"\1\0" * 8000  # 0.5 s at 16 kHz, sent at once
-            for pause_s in (0.0, 0.0, 2.0):
+            # turns 1-3 unanswered (0, 0 and 2 s apart), turn 4 answered, turn 5 right after
+            for pause_s, respond in ((0.0, False), (0.0, False), (2.0, False), (0.0, True),
+                                     (0.0, False)):  # fmt: skip
                 await asyncio.sleep(pause_s)
                 await engine.append(f, gen, audio=half_s)
-                f = (await engine.commit(f, gen)).accepted_fence or f
-                await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
+                f = (await engine.commit(f, gen, respond=respond)).accepted_fence or f
+                if respond:
+                    done = await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
+                    assert isinstance(done[-1], ResponseDone)
+                    assert done[-1].status == "completed"
             asr = backends["asr"][0]
             assert isinstance(asr, TestStage)
+            deadline = time.monotonic() + 10 * UNIT
+            while len([r for r in asr.requests if isinstance(r, AsrRequest)]) < 5:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
             reqs = [r for r in asr.requests if isinstance(r, AsrRequest)]
-            assert len(reqs) == 3
             assert reqs[0].context_audio == b"" and reqs[0].context_text == ""
             assert reqs[1].context_audio == half_s and reqs[1].context_text == "some words"
             assert reqs[1].context_gap_s < 0.5  # right after the previous turn
             assert reqs[2].context_audio == half_s
             assert reqs[2].context_gap_s >= 1.3  # 2 s later, less the turn's 0.5 s
+            assert reqs[3].context_audio == half_s  # turn 3 was not answered
+            # turn 4's answer completed before turn 5: no context, though right after
+            assert reqs[4].context_audio == b"" and reqs[4].context_text == ""
         finally:
             await engine.shutdown()
 
