@@ -229,7 +229,9 @@ class VadSegmenter:
 
     With ``pause_ms`` set, a ``pause`` event fires once ``pause_ms`` of silence has passed
     inside speech (the server then starts ASR speculatively), and a ``resume`` event if speech
-    returns before the stop (the speculation is dropped).
+    returns before the stop (the speculation is dropped). With ``short_pause_ms`` too, a
+    pause comes after that much silence instead while the speech so far (onset -> silence)
+    is under ``short_turn_ms``: a guess of a short turn is cheap, so it may start sooner.
     """
 
     def __init__(
@@ -240,6 +242,8 @@ class VadSegmenter:
         silence_duration_ms: float = 320.0,
         prefix_padding_ms: float = 300.0,
         pause_ms: float | None = None,
+        short_pause_ms: float | None = None,
+        short_turn_ms: float = 3000.0,
     ) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], got {threshold}")
@@ -249,6 +253,8 @@ class VadSegmenter:
         self.silence_duration_ms = silence_duration_ms
         self.prefix_padding_ms = prefix_padding_ms
         self.pause_ms = pause_ms
+        self.short_pause_ms = short_pause_ms
+        self.short_turn_ms = short_turn_ms
         #: this silence ends the turn after this long instead of ``silence_duration_ms``
         #: (set at a pause by a semantic verdict; cleared when speech returns or stops)
         self.stop_after_ms: float | None = None
@@ -295,11 +301,20 @@ class VadSegmenter:
             if (
                 self.pause_ms is not None
                 and not self.paused
-                and end_ms - self._silence >= self.pause_ms
+                and end_ms - self._silence >= self._pause_after()
             ):
                 self.paused = True
                 return VadEvent("pause", self._silence, end_ms, self._silence)
         return None
+
+    def _pause_after(self) -> float:
+        """The silence (ms) after which the pause in progress fires."""
+        assert self.pause_ms is not None and self._silence is not None
+        short = self.short_pause_ms
+        if short is not None and self._onset is not None:
+            if self._silence - self._onset < self.short_turn_ms:
+                return min(short, self.pause_ms)
+        return self.pause_ms
 
     def end_now(self, at_ms: float) -> VadEvent | None:
         """End the speech in progress now (a semantic end of turn during a pause); the

@@ -44,6 +44,13 @@ MIN_SPEECH_MS = 64.0
 #: so the transcript is ready when silence_duration_ms later ends the turn. Capped at half the
 #: silence window. Speech that resumes drops the speculation (``input.resume``).
 SPECULATE_AFTER_MS = 96.0
+#: ... and after this much while the turn has less than SPECULATE_SHORT_TURN_MS of speech: a
+#: short turn's guess is cheap (Whisper's cost grows with the audio), so a guess made stale
+#: by speech that resumes costs little, and a short question's answer starts 32 ms sooner.
+#: A long turn keeps SPECULATE_AFTER_MS: its guesses cost ~0.3-0.4 s each, and one started
+#: at a brief dip late in a long sentence held the ASR when the real pause came.
+SPECULATE_SHORT_AFTER_MS = 64.0
+SPECULATE_SHORT_TURN_MS = 3000.0
 #: semantic_vad: silence after which Smart Turn judges how finished the turn sounds. At or
 #: above the eagerness's threshold the turn ends there; below SEMANTIC_UNFINISHED (it sounds
 #: unfinished) it waits silence_duration_ms (the eagerness's longest wait); in between, the
@@ -91,10 +98,12 @@ class InputProcessor:
         if turn_detection is not None:
             td = turn_detection
             pause_ms = min(SPECULATE_AFTER_MS, td.silence_duration_ms / 2)
+            short_pause: float | None = min(SPECULATE_SHORT_AFTER_MS, td.silence_duration_ms / 2)
             end_of_turn: Callable[[npt.NDArray[np.float32]], float | None] | None = None
             short_wait: float | None = None
             if td.type == "semantic_vad":
                 pause_ms = min(SEMANTIC_CHECK_MS, td.silence_duration_ms / 2)
+                short_pause = None
                 short_wait = min(SEMANTIC_PLAIN_WAIT_MS, float(td.silence_duration_ms))
                 end_of_turn = _turn_wait(SEMANTIC_THRESHOLD[td.eagerness or "auto"], short_wait)
             segmenter = VadSegmenter(
@@ -103,6 +112,8 @@ class InputProcessor:
                 silence_duration_ms=float(td.silence_duration_ms),
                 prefix_padding_ms=float(td.prefix_padding_ms),
                 pause_ms=pause_ms,
+                short_pause_ms=short_pause,
+                short_turn_ms=SPECULATE_SHORT_TURN_MS,
             )
             self._vad = VadStream(
                 make_vad(vad_backend), segmenter, end_of_turn, SEMANTIC_MIN_SPEECH_MS, short_wait

@@ -85,6 +85,9 @@ def test_pocketsphinx_stream_partials_then_final(piper_question: bytes) -> None:
         assert len(partials[0].split()) < len(partials[-1].split())
         assert wer(final, partials[-1]) <= 0.35, (partials[-1], final)
         assert stream.partial == ""
+    # first pass only: end_utt (each reset at a commit) runs no pass over the whole turn
+    assert stream._decoder.config["fwdflat"] is False
+    assert stream._decoder.config["bestpath"] is False
     stream.feed(piper_question[:16000])
     stream.reset()
     assert stream.finish() == ""

@@ -143,6 +143,37 @@ def test_segmenter_pause_and_resume_inside_speech() -> None:
     assert events[1][1] == 160.0  # the pause is dated where the silence began
 
 
+def test_segmenter_pauses_sooner_inside_a_short_turn() -> None:
+    """``short_pause_ms``: while the speech so far is under ``short_turn_ms`` a pause fires
+    after the shorter silence; later in a long turn, after ``pause_ms``."""
+    from audio_kit.vad import VadSegmenter
+
+    def pauses(speech_chunks: int) -> list[tuple[str, float, float]]:
+        seg = VadSegmenter(
+            threshold=0.5,
+            min_speech_ms=64,
+            silence_duration_ms=500,
+            pause_ms=96,
+            short_pause_ms=64,
+            short_turn_ms=1000,
+        )
+        out = []
+        t = 0.0
+        for p in [0.9] * speech_chunks + [0.0] * 20:
+            ev = seg.update(p, t, t + 32)
+            if ev is not None:
+                out.append((ev.kind, ev.audio_ms, ev.at_ms))
+            t += 32
+        return out
+
+    short = pauses(10)  # 320 ms of speech
+    assert [k for k, *_ in short] == ["speech_started", "pause", "speech_stopped"]
+    assert short[1][2] - short[1][1] == 64.0  # two chunks of silence
+    long = pauses(40)  # 1,280 ms of speech: over short_turn_ms
+    assert [k for k, *_ in long] == ["speech_started", "pause", "speech_stopped"]
+    assert long[1][2] - long[1][1] == 96.0  # three chunks
+
+
 @pytest.mark.models
 def test_batched_silero_scores_like_one_stream_at_a_time(beckett: bytes) -> None:
     """Three streams at different offsets of a real recording: one onnxruntime call per
