@@ -21,7 +21,7 @@ BROWSER_STAMP := .cache/.browser-installed
 HAPROXY_STAMP := .cache/.haproxy-installed
 WORKERS ?= 2
 
-.PHONY: install serve serve-scaled wscat test test-matrix lint typecheck pytest bench clean
+.PHONY: install serve serve-scaled wscat test test-matrix test-long lint typecheck pytest bench clean
 
 include mk/vllm.mk
 
@@ -91,6 +91,11 @@ test: lint typecheck pytest
 # append sizes make test leaves out, a later CI tier (.ci/run)
 test-matrix: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m matrix tests/e2e/test_live_parity_matrix.py $(PYTEST_ARGS)
+
+# the process-heavy end-to-end tests (~4 min: the 3-minute CI soak, failover through HAProxy,
+# the supervisor's restarts and rolls), a later CI tier (.ci/run), so make test stays ~10 min
+test-long: $(STAMP) $(HAPROXY_STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m long tests/e2e $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/engine_overhead.py --quick

@@ -110,9 +110,18 @@ QUESTIONS = [
 ESPEAK = [Utterance(f"q{i + 1}", "espeak", 0.0, 0.0, q, False) for i, q in enumerate(QUESTIONS)]
 
 
+_RENDERED: dict[str, tuple[np.ndarray, int]] = {}
+
+
 def espeak_render(texts: list[str]) -> dict[str, tuple[np.ndarray, int]]:
     """Each text in eSpeak NG's default voice, through the project's TTS stage: (float32
-    samples, their rate). Imported here: the human-voice runs need none of the engine."""
+    samples, their rate). Imported here: the human-voice runs need none of the engine.
+
+    Rendered once per process: libespeak-ng carries state from one synthesis to the next,
+    so the same text rendered again comes out a few samples different, and each of
+    ``--runs`` would hear (and transcribe) slightly different audio."""
+    if all(t in _RENDERED for t in texts):
+        return {t: _RENDERED[t] for t in texts}
     import sys
 
     sys.path.insert(0, str(ROOT))
@@ -124,6 +133,7 @@ def espeak_render(texts: list[str]) -> dict[str, tuple[np.ndarray, int]]:
     for text in texts:
         pcm = tts.synthesize(text, speed=1.0, keep_going=lambda: True)
         out[text] = (np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0, tts.native_rate)
+    _RENDERED.update(out)
     return out
 
 

@@ -4,8 +4,10 @@ The same tiny talker (configs/cpu-talker-test.yaml's ``talker`` options) and the
 codec stage, route ``speech: [talker, codec]``, one clause at a time: first the local talker
 (vLLM's AsyncLLM in this process), then the same model served by ``vllm serve`` on loopback
 with the codec-frame logits processor, behind ``backend: openai-talker``. First audio = one
-clause in -> its first PCM chunk out. Each side runs alone (the other is shut down), with
-the same torch threads and the same process layout on a CPU build: the model inside
+clause in -> its first PCM chunk out. Both sides are loaded at once and take turns clause
+by clause (which goes first alternates), so drift of a shared machine's speed over the run
+hits both alike; a clause runs alone (the other side is idle). Both have the same torch
+threads and the same process layout on a CPU build: the model inside
 vLLM's EngineCore process with ``cpu_threads`` threads (the local stage's
 ``cpu_inproc_executor``; ``vllm serve``'s own default starts a worker process bound to one
 core, which on two cores leaves the codec a core of its own and flatters the remote side).
@@ -83,18 +85,35 @@ def _serve(opts: dict[str, Any], port: int, log: Path) -> subprocess.Popen[bytes
         time.sleep(0.5)
 
 
-async def _first_audio(stages: dict[str, Any], clauses: int) -> list[float]:
+async def _first_audio(
+    local_stages: dict[str, Any], remote_stages: dict[str, Any], clauses: int
+) -> tuple[list[float], list[float]]:
+    """First audio of ``clauses`` clauses on each side, interleaved: both engines are up
+    (the idle one computes nothing), and the sides take turns clause by clause, which goes
+    first alternating, so drift of the machine's speed over the run hits both alike."""
     from duplex_contract.batch import AudioOut, SpeechJob
     from engine.client import AsyncEngine
     from engine.config import engine_config
 
-    cfg = engine_config({"stages": stages, "routes": {"speech": ["talker", "codec"]}})
-    engine = await AsyncEngine.start(cfg)
+    def config(stages: dict[str, Any]) -> Any:
+        return engine_config({"stages": stages, "routes": {"speech": ["talker", "codec"]}})
+
+    local = await AsyncEngine.start(config(local_stages))
     try:
-        await _clause(engine, AudioOut, SpeechJob)  # warm: the first clause is not timed
-        return [await _clause(engine, AudioOut, SpeechJob) for _ in range(clauses)]
+        remote = await AsyncEngine.start(config(remote_stages))
+        try:
+            for engine in (local, remote):  # warm: the first clause is not timed
+                await _clause(engine, AudioOut, SpeechJob)
+            times: tuple[list[float], list[float]] = ([], [])
+            for i in range(clauses):
+                sides = [(local, times[0]), (remote, times[1])]
+                for engine, out in sides if i % 2 == 0 else sides[::-1]:
+                    out.append(await _clause(engine, AudioOut, SpeechJob))
+            return times
+        finally:
+            await remote.shutdown()
     finally:
-        await engine.shutdown()
+        await local.shutdown()
 
 
 async def _clause(engine: Any, audio_out: type, speech_job: type) -> float:
@@ -111,8 +130,6 @@ def remote_bench(raw: dict[str, Any], clauses: int, log_dir: Path) -> dict[str, 
     talker = raw["stages"]["talker"]
     codec = raw["stages"]["codec"]
     opts = dict(talker.get("options") or {})
-    local = asyncio.run(_first_audio({"talker": talker, "codec": codec}, clauses))
-    print(f"  local talker first audio p50 {np.median(local):.0f} ms", flush=True)
     port = _free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -128,8 +145,9 @@ def remote_bench(raw: dict[str, Any], clauses: int, log_dir: Path) -> dict[str, 
                                 "seed", "voice") if k in opts},
     }  # fmt: skip
     try:
-        remote = asyncio.run(
+        local, remote = asyncio.run(
             _first_audio(
+                {"talker": talker, "codec": codec},
                 {"talker": {"backend": "openai-talker", "options": remote_opts}, "codec": codec},
                 clauses,
             )
@@ -140,6 +158,7 @@ def remote_bench(raw: dict[str, Any], clauses: int, log_dir: Path) -> dict[str, 
             proc.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+    print(f"  local talker first audio p50 {np.median(local):.0f} ms", flush=True)
     lp, rp = float(np.median(local)), float(np.median(remote))
     print(f"  remote talker first audio p50 {rp:.0f} ms (+{rp - lp:.1f} ms)", flush=True)
     return {

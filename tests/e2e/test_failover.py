@@ -23,10 +23,13 @@ from bench.cluster import HAPROXY, Cluster, cluster, health
 from engine.duplex.fence import route_key_of
 from tests.server.harness import UNIT, Client, text_item, write_config
 
-pytestmark = pytest.mark.skipif(
-    not Path(HAPROXY).exists(),
-    reason="needs haproxy (Debian: apt-get install -y haproxy; `make test` installs it)",
-)
+pytestmark = [
+    pytest.mark.long,  # make test-long, a CI tier after make test
+    pytest.mark.skipif(
+        not Path(HAPROXY).exists(),
+        reason="needs haproxy (Debian: apt-get install -y haproxy; `make test` installs it)",
+    ),
+]
 
 ENGINE = {
     "stages": {

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.server.harness import ROOT, UNIT
 
 MINUTES = 3.0
@@ -32,6 +34,7 @@ WARMUP_MIN = 1.0
 RSS_SLOPE_MAX_MB_PER_H = 200.0
 
 
+@pytest.mark.long  # make test-long (~3 min), a CI tier after make test
 def test_ci_soak_keeps_memory_flat_and_returns_every_session(tmp_path: Path) -> None:
     out, png = tmp_path / "soak.json", tmp_path / "soak.png"
     cmd = [sys.executable, str(ROOT / "bench" / "soak.py")]

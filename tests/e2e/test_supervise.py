@@ -29,10 +29,13 @@ from engine.duplex.fence import route_key_of
 from tests.e2e.test_failover import ENGINE, _answer, _until
 from tests.server.harness import ROOT, UNIT, write_config
 
-pytestmark = pytest.mark.skipif(
-    not Path(HAPROXY).exists(),
-    reason="needs haproxy (Debian: apt-get install -y haproxy; `make test` installs it)",
-)
+pytestmark = [
+    pytest.mark.long,  # make test-long, a CI tier after make test
+    pytest.mark.skipif(
+        not Path(HAPROXY).exists(),
+        reason="needs haproxy (Debian: apt-get install -y haproxy; `make test` installs it)",
+    ),
+]
 
 
 def _free_pair() -> int:

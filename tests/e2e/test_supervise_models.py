@@ -21,6 +21,7 @@ from tests.e2e.test_supervise import HAPROXY, workers
 from tests.server.harness import ROOT
 
 pytestmark = [
+    pytest.mark.long,  # make test-long, a CI tier after make test
     pytest.mark.models,
     pytest.mark.skipif(
         not Path(HAPROXY).exists(), reason="needs haproxy (`make test` installs it)"
