@@ -15,6 +15,7 @@ import base64
 import contextlib
 import json
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -216,10 +217,13 @@ class TwilioSim:
 
 
 class SendAfterDrop:
-    """Server-side patch: once armed, the server's third media send (counted from arming)
-    waits until the server has seen that caller drop, then runs for real and fails as a
-    send to a vanished Twilio does. A caller that drops after two media chunks then meets
-    the race of a call dropped mid-send every time."""
+    """Server-side patch: once armed, the server's third media send to a call that had none
+    before arming waits until the server has seen that caller drop, then runs for real and
+    fails as a send to a vanished Twilio does. A caller that drops after two media chunks
+    then meets the race of a call dropped mid-send every time. Calls that got media before
+    arming are not counted: a call dropped just before, whose last sends the server makes
+    late on a loaded machine, would otherwise take the count, and the new call's first
+    send would be the one held, so it never got the two chunks it waits for."""
 
     def __init__(self, monkeypatch: Any, *, armed: bool = False) -> None:
         from duplex_server.twilio import TwilioAttachment
@@ -228,10 +232,14 @@ class SendAfterDrop:
         self.armed = armed
         self.held = 0  # sends held, then failed
         self._media = 0
+        #: calls (attachments) sent media while unarmed; weak: an ended call's id may be reused
+        self._before: weakref.WeakSet[Any] = weakref.WeakSet()
         real = TwilioAttachment._send
 
         async def send(att: TwilioAttachment, obj: Outbound) -> None:
-            if self.armed and obj.event == "media":
+            if obj.event == "media" and not self.armed:
+                self._before.add(att)
+            elif self.armed and obj.event == "media" and att not in self._before:
                 self._media += 1
                 if self._media == 3:
                     self.armed, self._media = False, 0
