@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 __all__ = [
     "busy",
@@ -46,19 +46,26 @@ _urgent_done = threading.Condition(_lock)
 
 
 @contextmanager
-def working(name: str) -> Iterator[None]:
-    """Mark the stage replica ``name`` as computing for the duration of the block."""
+def _held(table: dict[str, int], key: str) -> Iterator[None]:
+    """Count one unit under ``key`` in ``table`` for the duration of the block; the last to
+    leave removes the key and wakes the waiters of :func:`wait_urgent`."""
     with _lock:
-        _busy[name] = _busy.get(name, 0) + 1
+        table[key] = table.get(key, 0) + 1
     try:
         yield
     finally:
         with _lock:
-            left = _busy[name] - 1
+            left = table[key] - 1
             if left:
-                _busy[name] = left
+                table[key] = left
             else:
-                del _busy[name]
+                del table[key]
+                _urgent_done.notify_all()
+
+
+def working(name: str) -> AbstractContextManager[None]:
+    """Mark the stage replica ``name`` as computing for the duration of the block."""
+    return _held(_busy, name)
 
 
 def others_busy(name: str) -> bool:
@@ -78,21 +85,9 @@ def group_of(request_id: str) -> str:
     return request_id.rsplit("/", 1)[0]
 
 
-@contextmanager
-def urgent(group: str) -> Iterator[None]:
+def urgent(group: str) -> AbstractContextManager[None]:
     """Mark work that ``group``'s first output waits for, for the duration of the block."""
-    with _lock:
-        _urgent[group] = _urgent.get(group, 0) + 1
-    try:
-        yield
-    finally:
-        with _lock:
-            left = _urgent[group] - 1
-            if left:
-                _urgent[group] = left
-            else:
-                del _urgent[group]
-                _urgent_done.notify_all()
+    return _held(_urgent, group)
 
 
 def wait_urgent(group: str, cancelled: threading.Event | None, limit_s: float) -> float:
