@@ -3,20 +3,39 @@
 A caller on a phone or a speakerphone sends back what the bot said. :class:`EchoControl`
 runs the WebRTC audio-processing module's echo canceller (through ``livekit.rtc``'s
 ``AudioProcessingModule``, a maintained wheel of the WebRTC APM) with the server's own
-output as the far-end reference, at 16 kHz in 10 ms frames, plus a barge-in guard.
+output as the far-end reference, at 16 kHz in 10 ms frames, and decides per frame whether
+the caller is talking (:class:`EchoPath`), so that a caller is never swallowed.
 
 Alignment: the transport tells :meth:`EchoControl.playing` what it plays, in order, and the
 reference for each 10 ms of microphone input is the next 10 ms of that playout, so the
 reference advances at the microphone's pace (both are real-time clocks on the far end).
 Twilio reports what was played with ``mark`` echoes (:meth:`EchoControl.played_through`
 moves the reference to the position reported, either way); WebRTC hands over what its
-track sends as it sends it. The canceller's own delay estimator absorbs the rest (the
-echo path, 120 ms in the test).
+track sends as it sends it. What is left of the delay (the far end's own echo path,
+0-300 ms) is measured by :class:`EchoPath`.
 
-Barge-in guard: while the reference is loud (the bot speaks), a frame whose level after
-cancellation stays below ``GUARD_RATIO`` of the reference's recent level, or below
-``ECHO_MARGIN`` times the echo level learned for the call, is echo-level and reaches VAD
-as silence; speech louder than that passes and can interrupt.
+Why not the canceller alone: WebRTC's AEC3 suppresses the near end while it has not
+converged, and with no echo path at all (a line that carries no echo, a headset) it never
+converges: a caller talking over the reply came out as silence, so on a call a barge-in
+never happened. So:
+
+- :class:`EchoPath` measures the echo from the signals themselves every 100 ms while the
+  bot speaks: the cross-correlation of the microphone with the reference over lags
+  0-300 ms gives the path's delay and its one-lag gain (a regression, which the caller's
+  speech does not bias: it is uncorrelated with the reference). The microphone's level
+  against the reference's bounds the echo's from above (the caller and noise only add to
+  it); where the window is not mostly echo, the gain (times ``SPREAD``) is the echo's level;
+  the least of the recent windows' is the path's. A line with no echo is known as such
+  from the first window that could have heard the longest echo (~0.4 s into a reply).
+- A frame heard while the bot speaks is the caller's (double-talk) when the microphone,
+  less the echo the one-lag path predicts, is ``NEAR_MARGIN`` (6 dB) above the echo that
+  prediction leaves; the caller's speech then holds for ``HANGOVER_FRAMES``. Any other
+  frame is echo and reaches VAD as silence (the guard).
+- The caller's frames pass as the canceller cleaned them where it is known to work (it
+  removed most of the echo in frames that were echo alone) or kept them; where it
+  suppressed them, as the microphone less the predicted echo.
+- Until the first measurement the path is assumed loud (``INITIAL_ECHO_RATIO``, -6 dB: a
+  speakerphone), so a reply's first words never interrupt themselves.
 """
 
 from __future__ import annotations
@@ -28,20 +47,38 @@ import numpy as np
 RATE = 16000
 FRAME = RATE // 100  # 10 ms, what the APM processes
 _FRAME_BYTES = FRAME * 2
+_FRAME8 = FRAME // 2  # a frame at 8 kHz, where the path is measured
 #: reference RMS (int16) above which the bot counts as speaking
 SPEAKING_RMS = 200.0
-#: near-end RMS needed while the bot speaks, as a fraction of the reference's recent RMS
-GUARD_RATIO = 0.2
-#: ... and as a multiple of the echo level learned for this call (6 dB above the echo)
-ECHO_MARGIN = 2.0
-#: echo level (mic RMS / reference RMS) assumed until measured (-6 dB, a loud speakerphone),
-#: how fast it is learned from echo the canceller removes, and how fast it fades while no
-#: echo is heard (a headset: about 1.4 s of the bot speaking halves it)
+#: echo level (mic RMS / reference RMS) assumed until measured (-6 dB, a loud speakerphone)
 INITIAL_ECHO_RATIO = 0.5
-ECHO_RATIO_ALPHA = 0.1
-ECHO_RATIO_DECAY = 0.995
-#: how far back the guard looks at the reference (echo path + jitter)
-GUARD_WINDOW_FRAMES = 40  # 400 ms
+#: a frame is the caller's when it is this many times the echo left in it (6 dB) ...
+NEAR_MARGIN = 2.0
+#: ... and above this RMS (line noise alone is not a caller)
+NEAR_FLOOR_RMS = 100.0
+#: the caller's speech is believed to go on this long after a frame above the echo
+HANGOVER_FRAMES = 8  # 80 ms
+#: a window whose correlation with the reference reaches this is mostly echo: its level is
+#: the path's at once (a louder path), and one lag explains that much of the echo
+ECHO_DOMINANT = 0.6
+#: a path spread over many lags correlates at its strongest with up to 1/SPREAD of its echo
+SPREAD = 1.5
+#: the least share of the echo a measured path is believed to leave unexplained (-20 dB)
+RESIDUAL_FLOOR = 0.1
+#: the path's level is the least of this many recent windows' (one without the caller)
+LEVEL_WINDOWS = 15  # 1.5 s
+#: echo delays searched (ms; Twilio's marks align the reference to within a media frame)
+MAX_LAG_MS = 300
+#: the path is measured every ANALYSE_FRAMES over the last WINDOW_FRAMES of microphone
+ANALYSE_FRAMES = 10  # 100 ms
+WINDOW_FRAMES = 40  # 400 ms
+MIN_WINDOW_FRAMES = 20
+#: frames kept: the window plus the longest lag
+_KEEP_FRAMES = WINDOW_FRAMES + MAX_LAG_MS // 10 + 4
+#: the canceller counts as converged when frames of echo alone leave it below this share
+#: of the microphone (-10 dB), smoothed over frames by CONVERGED_ALPHA
+CONVERGED_SHARE = 0.3
+CONVERGED_ALPHA = 0.05
 #: a mark is echoed up to one 20 ms media frame after its position played: the reference
 #: is moved when it is off that by more than RESYNC_SAMPLES
 MARK_LATE_SAMPLES = RATE // 100  # 10 ms, half a media frame
@@ -54,6 +91,135 @@ MAX_REFERENCE_S = 60.0
 
 def _rms(frame: np.ndarray) -> float:
     return float(np.sqrt(np.mean(frame.astype(np.float64) ** 2))) if frame.size else 0.0
+
+
+def _half(pcm: np.ndarray) -> np.ndarray:
+    """16 -> 8 kHz by averaging pairs (phone audio has nothing above 4 kHz)."""
+    x = pcm[: pcm.size - pcm.size % 2].astype(np.float64)
+    return 0.5 * (x[0::2] + x[1::2])
+
+
+class EchoPath:
+    """The echo path from the far end's playout to the microphone, measured (pure numpy).
+
+    Fed one 10 ms frame pair at a time (:meth:`add`): a microphone frame and the reference
+    played as it was heard. :attr:`ratio` is the echo's level relative to the reference
+    (RMS), :attr:`delay` the path's delay (frames), :attr:`gain` its one-lag gain and
+    :attr:`fit` how much of the echo that one lag explains."""
+
+    def __init__(self) -> None:
+        self._mic: deque[np.ndarray] = deque(maxlen=_KEEP_FRAMES)
+        self._ref: deque[np.ndarray] = deque(maxlen=_KEEP_FRAMES)
+        self._ref_rms: deque[float] = deque(maxlen=_KEEP_FRAMES)
+        self._levels: deque[float] = deque(maxlen=LEVEL_WINDOWS)
+        self._since = 0  # frames since the last measurement
+        self.ratio = INITIAL_ECHO_RATIO
+        self.delay: int | None = None  # None: not measured yet
+        self.lag = 0  # samples at 8 kHz
+        self.gain = 0.0
+        self.correlation = 0.0  # of the latest window
+        #: the correlation of the last window that was mostly echo (0: none seen yet)
+        self.fit = 0.0
+
+    def add(self, mic: np.ndarray, ref: np.ndarray) -> None:
+        """One 10 ms frame pair at 16 kHz; kept and measured at 8 kHz (the band a phone
+        line carries; the prediction then holds nothing the line removed)."""
+        ref8 = _half(ref)
+        self._mic.append(_half(mic))
+        self._ref.append(ref8)
+        self._ref_rms.append(_rms(ref8))
+        self._since += 1
+        if self._since >= ANALYSE_FRAMES:
+            self._since = 0
+            self._measure()
+
+    def speaking(self) -> bool:
+        """Could the microphone hear the bot now (the reference was loud within the
+        longest lag)?"""
+        return max(self._ref_rms, default=0.0) > SPEAKING_RMS
+
+    def echo_level(self) -> float:
+        """The RMS of the echo expected in the latest microphone frame."""
+        levels = list(self._ref_rms)
+        if self.delay is not None:  # around the measured delay (it may be off a frame)
+            end = len(levels) - self.delay
+            levels = levels[max(0, end - 3) : max(0, end + 2)]
+        return self.ratio * max(levels, default=0.0)
+
+    def unexplained(self) -> float:
+        """The RMS of the echo that :meth:`predicted` leaves in the latest frame: all of
+        it until a window that was mostly echo was seen; after, the part one lag does not
+        explain (a spread or distorted path), at least ``RESIDUAL_FLOOR`` of it."""
+        echo = self.echo_level()
+        if self.fit == 0.0:
+            return echo
+        return echo * max(float(np.sqrt(max(1.0 - self.fit**2, 0.0))), RESIDUAL_FLOOR)
+
+    def latest_mic(self) -> np.ndarray:
+        return self._mic[-1]
+
+    def residual(self) -> np.ndarray:
+        """The latest microphone frame (8 kHz) less the echo the one-lag path predicts."""
+        mic = self._mic[-1]
+        if self.delay is None or self.gain == 0.0:
+            return mic
+        frames = list(self._ref)
+        back, rest = divmod(self.lag, _FRAME8)  # whole frames back, then within a frame
+        idx = len(frames) - 1 - back
+        if idx < 0:
+            return mic
+        prev = frames[idx - 1] if idx > 0 else np.zeros(_FRAME8)
+        joined = np.concatenate((prev, frames[idx]))
+        return mic - self.gain * joined[_FRAME8 - rest : 2 * _FRAME8 - rest]
+
+    def _measure(self) -> None:
+        n = min(len(self._mic), WINDOW_FRAMES)
+        if n < MIN_WINDOW_FRAMES:
+            return
+        mic = np.concatenate(list(self._mic)[-n:])
+        top = MAX_LAG_MS * 8  # lags in 8 kHz samples
+        # the frames before the first one kept were silence (the session's start)
+        ref = np.concatenate(list(self._ref))[-(mic.size + top) :]
+        seg = np.concatenate((np.zeros(mic.size + top - ref.size), ref))
+        # mic[i] was heard as seg[top + i] played; at lag k its echo is seg[top + i - k]
+        shifts = np.arange(top + 1)  # shift s = top - k: sum_i mic[i] * seg[i + s]
+        csum = np.concatenate(([0.0], np.cumsum(seg**2)))
+        ref_energy = csum[shifts + mic.size] - csum[shifts]
+        loud = ref_energy / mic.size > SPEAKING_RMS**2
+        if not loud.all():  # the window might have missed an echo that comes late
+            return
+        mic_energy = float(np.dot(mic, mic))
+        if mic_energy <= 0.0:  # digital silence while the bot spoke: no echo at all
+            self._found(0.0, 0.0, 0, 0.0)
+            return
+        size = 1 << int(np.ceil(np.log2(seg.size + mic.size)))
+        full = np.fft.irfft(np.fft.rfft(seg, size) * np.conj(np.fft.rfft(mic, size)), size)
+        corr = full[shifts]
+        rho = corr / np.sqrt(ref_energy * mic_energy)
+        best = int(np.argmax(np.abs(rho)))
+        r = float(rho[best])
+        gain = float(corr[best] / ref_energy[best])
+        # the microphone's level bounds the echo's from above (the caller and noise only add
+        # to it); where the window is not mostly echo, the correlated part is the echo
+        # (a spread path correlates at its strongest lag with part of it: SPREAD)
+        level = float(np.sqrt(mic_energy / ref_energy[best]))
+        if abs(r) < ECHO_DOMINANT:
+            level = min(level, SPREAD * abs(gain))
+        self._found(level, gain, top - best, r)
+
+    def _found(self, level: float, gain: float, lag: int, correlation: float) -> None:
+        """One window's measurement (``lag`` in 8 kHz samples, ``level`` its mic/reference
+        RMS ratio at that lag): the path's level is the least of the recent windows', or a
+        window's that was mostly echo at once (a louder path is believed without waiting)."""
+        self.correlation = correlation
+        if abs(correlation) >= ECHO_DOMINANT:
+            self.fit = abs(correlation)
+            self._levels.clear()
+        self._levels.append(level)
+        self.ratio = min(self._levels)
+        self.gain = gain
+        self.lag = lag
+        self.delay = lag // _FRAME8
 
 
 class EchoControl:
@@ -69,11 +235,22 @@ class EchoControl:
         self._ref_pos = 0  # samples of playout consumed so far (matched with input)
         self._ref_total = 0  # samples of playout queued so far
         self._mic = b""  # an incomplete 10 ms frame
-        self._levels: deque[float] = deque(maxlen=GUARD_WINDOW_FRAMES)
-        self.guarded_frames = 0  # frames the guard silenced (for tests and metrics)
-        #: the echo's level relative to the reference (RMS ratio), learned while the bot
-        #: speaks and the canceller removes what the microphone hears
-        self.echo_ratio = INITIAL_ECHO_RATIO
+        self.path = EchoPath()
+        self.guarded_frames = 0  # frames heard as echo and silenced (for tests and metrics)
+        self.near_frames = 0  # frames heard as the caller's while the bot spoke
+        self._hold = 0  # frames the caller's speech is still believed to go on
+        #: what the canceller leaves of frames of echo alone (smoothed share of the mic)
+        self.left = 1.0
+
+    @property
+    def echo_ratio(self) -> float:
+        """The echo's level relative to the reference (RMS), as measured."""
+        return self.path.ratio
+
+    @property
+    def converged(self) -> bool:
+        """Does the canceller remove most of the echo (frames of echo alone)?"""
+        return self.left < CONVERGED_SHARE
 
     # ------------------------------------------------------------------ far end
     def playing(self, pcm16k: bytes) -> int:
@@ -127,36 +304,42 @@ class EchoControl:
             self._skip(len(ref) // 2)
             if len(ref) < _FRAME_BYTES:
                 ref += b"\x00" * (_FRAME_BYTES - len(ref))
-            self._levels.append(_rms(np.frombuffer(ref, dtype="<i2")))
+            raw = data[i : i + _FRAME_BYTES]
+            mic = np.frombuffer(raw, dtype="<i2")
+            self.path.add(mic, np.frombuffer(ref, dtype="<i2"))
             self._apm.process_reverse_stream(rtc.AudioFrame(ref, RATE, 1, FRAME))
-            frame = rtc.AudioFrame(data[i : i + _FRAME_BYTES], RATE, 1, FRAME)
+            frame = rtc.AudioFrame(raw, RATE, 1, FRAME)
             self._apm.process_stream(frame)
-            cleaned = np.frombuffer(bytes(frame.data), dtype="<i2")
-            loudest = max(self._levels)
-            if loudest > SPEAKING_RMS and self._guarded(
-                data[i : i + _FRAME_BYTES], cleaned, loudest
-            ):
-                self.guarded_frames += 1
-                out += b"\x00" * _FRAME_BYTES
-            else:
-                out += cleaned.tobytes()
+            out += self._decide(mic, np.frombuffer(bytes(frame.data), dtype="<i2"))
         return bytes(out)
 
-    def _guarded(self, raw: bytes, cleaned: np.ndarray, loudest: float) -> bool:
-        """Is this frame, heard while the bot speaks, no more than its echo?
-
-        It must pass ``GUARD_RATIO`` of the reference and ``ECHO_MARGIN`` times the echo
-        level learned for this call: what the canceller leaves while it adapts (a reply's
-        first words after a silence, a changed echo path) is echo-level and stays out."""
-        level = _rms(cleaned)
-        mic = _rms(np.frombuffer(raw, dtype="<i2"))
-        ratio = min(mic / loudest, 1.0)
-        # the canceller took (nearly) all of it: echo; not near-end speech it suppressed while
-        # adapting (far louder than the echo so far)
-        heard = mic > max(50.0, 0.05 * loudest)  # not the silence before the echo arrives
-        if heard and level < 0.1 * mic and ratio <= ECHO_MARGIN * self.echo_ratio:
-            self.echo_ratio += ECHO_RATIO_ALPHA * (ratio - self.echo_ratio)
+    def _decide(self, mic: np.ndarray, cleaned: np.ndarray) -> bytes:
+        """What VAD hears of one frame: the canceller's output while the bot is silent;
+        while it speaks, the caller's speech (double-talk) or silence (echo alone)."""
+        path = self.path
+        if not path.speaking():
+            self._hold = 0
+            return cleaned.tobytes()
+        # the microphone less the echo the measured path predicts, against the echo that
+        # prediction leaves (all of it until the path is known); at 8 kHz
+        residual = path.residual()
+        level = _rms(residual)
+        if level > max(NEAR_MARGIN * path.unexplained(), NEAR_FLOOR_RMS):
+            self._hold = HANGOVER_FRAMES
+        elif self._hold > 0:
+            self._hold -= 1  # the caller's speech dips between syllables
         else:
-            self.echo_ratio *= ECHO_RATIO_DECAY
-        threshold = max(GUARD_RATIO, ECHO_MARGIN * self.echo_ratio) * loudest
-        return level < threshold
+            heard = _rms(mic)
+            if path.delay is not None and NEAR_FLOOR_RMS < heard <= NEAR_MARGIN * path.echo_level():
+                # echo alone, as loud as the measured path says: what the canceller leaves
+                share = min(_rms(cleaned) / heard, 1.0)
+                self.left += CONVERGED_ALPHA * (share - self.left)
+            self.guarded_frames += 1
+            return b"\x00" * _FRAME_BYTES
+        self.near_frames += 1
+        if self.converged or _rms(cleaned) >= 0.5 * level:
+            return cleaned.tobytes()  # the canceller works, or it kept the caller
+        # it suppressed the caller (double-talk before it converged, or no echo path): the
+        # microphone less the predicted echo, back at 16 kHz
+        less = np.repeat(path.residual() - path.latest_mic(), 2)
+        return bytes(np.clip(mic + less, -32768, 32767).astype("<i2").tobytes())

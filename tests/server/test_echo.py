@@ -7,6 +7,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import numpy as np
+
 from tests.server.harness import running_server, write_config
 from tests.server.twilio_sim import TwilioSim, tone8k
 
@@ -144,30 +146,140 @@ def test_echo_cancellation_session_field() -> None:
     assert "echo_cancellation" in str(err.value)
 
 
-def test_echo_control_without_echo_the_guard_fades() -> None:
-    """A headset: the bot's playout (speech, here the test WAV) never reaches the
-    microphone. The guard's learned echo level fades, and a caller can still interrupt.
-    (Stationary noise as the far end would not do: AEC3 suppresses a near end that has no
-    echo path while such a far end plays.)"""
+def _human(name: str, start_s: float, end_s: float, rms: float) -> np.ndarray:
+    """A stretch of a shipped human recording at 8 kHz, scaled to ``rms`` (int16)."""
     import numpy as np
     import soundfile
     import soxr
 
-    from audio_kit.echo import GUARD_RATIO, EchoControl
     from tests.server.harness import ROOT
 
-    rate = 16000
-    wav, wav_rate = soundfile.read(ROOT / "tests/data/beckett.wav", dtype="float32")
-    speech = soxr.resample(wav, wav_rate, rate)[: rate * 4]
-    far = (speech / np.sqrt(np.mean(speech**2)) * 2000).clip(-32768, 32767).astype("<i2")
+    wav, rate = soundfile.read(ROOT / "tests/data" / name, dtype="float32")
+    clip = soxr.resample(wav[int(start_s * rate) : int(end_s * rate)], rate, 8000)
+    return np.asarray(clip / np.sqrt(np.mean(clip**2)) * rms)
+
+
+def _phone(pcm8k: np.ndarray) -> np.ndarray:
+    """Through the line: mu-law both ways, 8 kHz int16."""
+    import numpy as np
+
+    from audio_kit.g711 import g711_to_pcm16, pcm16_to_g711
+
+    data = pcm16_to_g711(pcm8k.clip(-32768, 32767).astype("<i2").tobytes(), "g711_ulaw")
+    return np.frombuffer(g711_to_pcm16(data, "g711_ulaw"), dtype="<i2").astype(np.float64)
+
+
+def _speech_share(
+    *, caller: bool, echo_gain: float, echo_ms: float, noise_rms: float
+) -> tuple[float, float, float | None]:
+    """A human reply (two_cities.wav, the bot) plays; its echo reaches the caller's line
+    ``echo_ms`` later at ``echo_gain``, with line noise; 0.5 s into the reply the caller
+    (beckett.wav, another human voice, as loud as the reply) talks over it. Everything
+    goes through the line as on a call (mu-law 8 kHz, the server's 2x upsampling) and
+    :class:`EchoControl`, then Silero VAD: (share of the caller's 32 ms chunks heard as
+    speech, share of the chunks outside the caller's speech heard as speech, the first
+    speech after the caller began, in s)."""
+    import numpy as np
+
+    from audio_kit.echo import EchoControl
+    from audio_kit.vad import SileroVad
+    from duplex_server.media import InputFeed
+
+    rng = np.random.default_rng(7)
+    reply = _phone(_human("two_cities.wav", 0.75, 4.75, 2500.0))  # speech from the start
+    mic = rng.standard_normal(reply.size) * noise_rms
+    delay = int(8000 * echo_ms / 1000)
+    if echo_gain:
+        mic[delay:] += reply[: reply.size - delay] * echo_gain
+    onset, length = 4000, 0
+    if caller:
+        voice = _human("beckett.wav", 0.30, 2.85, 2500.0)  # "Ever tried. Ever failed."
+        length = voice.size
+        mic[onset : onset + length] += voice
+    mic = _phone(mic)
+    up = InputFeed.__new__(InputFeed)
+    up._last8k = 0
+    ref16 = up._upsample2x(reply.astype("<i2").tobytes())
+    up._last8k = 0
+    mic16 = up._upsample2x(mic.astype("<i2").tobytes())
     ec = EchoControl()
-    ec.playing(far.tobytes())
-    quiet = np.zeros(rate * 3, dtype="<i2")
-    for i in range(0, quiet.size, 320):
-        ec.process(quiet[i : i + 320].tobytes())
-    assert ec.echo_ratio < 0.15  # no echo heard: from -6 dB down to about the floor
-    assert GUARD_RATIO == 0.2
-    t = np.arange(rate // 2) / rate
-    voice = (np.sin(2 * np.pi * 300 * t) * 2800).astype("<i2")  # RMS ~2000, the bot's level
-    out = np.frombuffer(ec.process(voice.tobytes()), dtype="<i2")
-    assert np.sqrt(np.mean(out[rate // 4 :].astype(np.float64) ** 2)) > 1000
+    ec.playing(ref16)
+    out = b"".join(ec.process(mic16[i : i + 640]) for i in range(0, len(mic16), 640))
+    audio = np.frombuffer(out, dtype="<i2").astype(np.float32) / 32768.0
+    vad = SileroVad()
+    probs = np.array([vad.probability(audio[i : i + 512]) for i in range(0, audio.size - 511, 512)])
+    t = np.arange(probs.size) * 512 / 16000
+    during = (t >= onset / 8000) & (t < (onset + length) / 8000)
+    outside = (t < onset / 8000 - 0.05) | (t > (onset + length) / 8000 + 0.3)
+    spoken = probs > 0.5
+    share = float(spoken[during].mean()) if caller else 0.0
+    first = t[spoken & (t >= onset / 8000 - 0.05)]
+    return (
+        share,
+        float(spoken[outside].mean()),
+        (float(first[0]) - onset / 8000) if first.size else None,
+    )
+
+
+def _caller_alone() -> float:
+    """The share of the caller's chunks Silero hears as speech with nothing else on the
+    line (the pause between its two phrases is in every share)."""
+    import numpy as np
+
+    from audio_kit.vad import SileroVad
+
+    line = np.repeat(_phone(_human("beckett.wav", 0.30, 2.85, 2500.0)), 2) / 32768.0
+    audio = line.astype(np.float32)
+    vad = SileroVad()
+    probs = [vad.probability(audio[i : i + 512]) for i in range(0, audio.size - 511, 512)]
+    return float(np.mean(np.array(probs) > 0.5))
+
+
+def test_echo_control_a_caller_over_a_reply_on_a_line_without_echo() -> None:
+    """The phone barge-in bug: no echo on the line, a real voice over a real reply. The
+    canceller alone (AEC3, never converged: there is no echo) turned the caller into
+    silence; the echo path is measured as absent and the caller passes whole."""
+    heard, outside, first = _speech_share(caller=True, echo_gain=0.0, echo_ms=0, noise_rms=30)
+    assert heard >= 0.95 * _caller_alone()
+    assert first is not None and first <= 0.1
+    assert outside == 0.0
+
+
+def test_echo_control_a_caller_over_a_reply_and_its_echo() -> None:
+    """Double-talk over a loud speakerphone echo (-6 dB, 40 and 120 ms) and fainter long
+    ones (-12 and -20 dB, 200 ms): the caller is heard from its first syllable, most of its
+    speech passes, and no echo outside it."""
+    alone = _caller_alone()
+    for gain, ms in ((0.5, 40), (0.5, 120), (0.25, 200), (0.1, 200)):
+        heard, outside, first = _speech_share(caller=True, echo_gain=gain, echo_ms=ms, noise_rms=30)
+        assert heard >= 0.7 * alone, (gain, ms)
+        assert first is not None and first <= 0.1, (gain, ms)
+        assert outside == 0.0, (gain, ms)
+
+
+def test_echo_control_echo_alone_is_never_speech() -> None:
+    """The reply's echo alone, -6 to -20 dB, 40-200 ms late, with line noise: Silero hears
+    no speech at all in what the guard passes."""
+    for gain, ms in ((0.5, 40), (0.5, 200), (0.2, 120), (0.1, 200)):
+        _, outside, first = _speech_share(caller=False, echo_gain=gain, echo_ms=ms, noise_rms=60)
+        assert outside == 0.0 and first is None, (gain, ms)
+
+
+def test_echo_path_measures_delay_level_and_absence() -> None:
+    """EchoPath alone: a human voice as the reference, its echo at -6 dB 120 ms later is
+    measured within a window; a silent line is measured as no echo."""
+    import numpy as np
+
+    from audio_kit.echo import INITIAL_ECHO_RATIO, EchoPath
+
+    far = np.repeat(_human("two_cities.wav", 0.4, 2.4, 2500.0), 2)  # 16 kHz, held samples
+    delay = int(0.12 * 16000)
+    echo = np.zeros(far.size)
+    echo[delay:] = far[:-delay] * 0.5
+    path, quiet = EchoPath(), EchoPath()
+    assert path.ratio == INITIAL_ECHO_RATIO  # assumed loud until measured
+    for i in range(0, far.size - 159, 160):
+        path.add(echo[i : i + 160], far[i : i + 160])
+        quiet.add(np.zeros(160), far[i : i + 160])
+    assert path.delay == 12 and abs(path.ratio - 0.5) < 0.05 and path.fit > 0.95
+    assert quiet.ratio == 0.0

@@ -1,0 +1,117 @@
+"""A caller talks over the answer with a real voice, on a phone call with the default echo
+control (on for /v1/twilio), with and without the reply's echo on the line.
+
+The reply is a real voice too (the eSpeak NG stage), played in real time by a far end that
+echoes marks as it plays them (:class:`~tests.server.twilio_sim.TwilioSim`). A tone passed
+this while a voice was swallowed: the echo canceller, never converged on a line that
+carries no echo, suppressed the caller during double-talk (audio_kit/echo.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile
+import soxr
+import yaml
+
+from tests.server.harness import ROOT, running_server, write_config
+from tests.server.twilio_sim import TwilioSim
+
+REPLY = (
+    "Full duplex means that both sides can talk at the same time, like on a telephone "
+    "call, and the model keeps listening while it speaks its answer to you."
+)
+ENGINE = {
+    "stages": {
+        "llm": {"backend": "test", "options": {"reply": REPLY, "token_interval_s": 0.005}},
+    },
+    "vad": {"backend": "silero"},
+}
+
+
+def _config(tmp: Path) -> Path:
+    path = write_config(tmp, engine=ENGINE)
+    raw = yaml.safe_load(path.read_text())
+    raw["engine"]["stages"]["tts"] = {"backend": "espeak"}  # not the test stage's options
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _beckett8k(start_s: float, end_s: float) -> bytes:
+    """A stretch of the shipped human recording at 8 kHz PCM16, at a phone voice's level."""
+    wav, rate = soundfile.read(ROOT / "tests/data/beckett.wav", dtype="float32")
+    clip = soxr.resample(wav[int(start_s * rate) : int(end_s * rate)], rate, 8000)
+    clip = clip / np.sqrt(np.mean(clip**2)) * 2500.0
+    return bytes(clip.clip(-32768, 32767).astype("<i2").tobytes())
+
+
+def _events(app: Any) -> list[dict[str, Any]]:
+    (session,) = list(app.state.hub.sessions.live.values())
+    frames = session.journal.replay_after(0, time.monotonic()) or []
+    return [json.loads(f) for f in frames]
+
+
+@pytest.mark.parametrize("echo_ms", [None, 120], ids=["no-echo", "echo-6dB-120ms"])
+def test_a_voice_over_the_reply_stops_it_and_is_the_next_turn(
+    tmp_path: Path, echo_ms: int | None
+) -> None:
+    path = _config(tmp_path)
+    apps: list[Any] = []
+
+    async def run(addr: str) -> None:
+        app = apps[0]
+        async with TwilioSim.call(addr, echo_delay_ms=echo_ms, echo_gain=0.5) as sim:
+            sim.speak(_beckett8k(0.25, 1.35))  # "Ever tried."
+            await sim.wait(lambda: sim.media_in > 0, within=15)
+            start = sim.played
+            await sim.wait(lambda: sim.played - start >= 8000, within=5)  # 0.5 s heard
+            assert sim.playout and sim.clears == 0  # the reply plays on, and is long
+            sim.speak(_beckett8k(1.8, 3.0))  # "Ever failed." over it
+            await sim.wait(lambda: sim.clears >= 1, within=5)
+            await sim.wait(
+                lambda: [e["type"] for e in _events(app)].count("response.created") >= 2,
+                within=15,
+            )
+            events = _events(app)
+            assert sim.clears == 1
+            # the reply (done: the voice is far faster than real time) was cut to what the
+            # caller heard, about 0.5 s and the time to decide, far short of its ~9 s
+            (cut,) = [e for e in events if e["type"] == "conversation.item.truncated"]
+            assert 400 <= cut["audio_end_ms"] <= 3000
+            await sim.stop()
+
+    with running_server(path, apps=apps) as addr:
+        asyncio.run(run(addr))
+
+
+def test_the_reply_and_its_echo_alone_never_stop_it(tmp_path: Path) -> None:
+    """The caller asks and listens: the whole voice reply, echoed back at -6 dB 120 ms
+    later, plays to its end without a clear or a second turn."""
+    path = _config(tmp_path)
+    apps: list[Any] = []
+
+    async def run(addr: str) -> None:
+        app = apps[0]
+        async with TwilioSim.call(addr, echo_delay_ms=120, echo_gain=0.5) as sim:
+            sim.speak(_beckett8k(0.25, 1.35))
+            await sim.wait(lambda: sim.media_in > 0, within=15)
+            await sim.wait(lambda: "response.done" in [e["type"] for e in _events(app)], 15)
+            await sim.wait(
+                lambda: not sim.playout and len(sim.marks_echoed) == len(sim.marks_in), 20
+            )
+            await asyncio.sleep(1.0)  # the echo's tail and the VAD's silence window
+            events = _events(app)
+            assert sim.clears == 0
+            assert [e["type"] for e in events].count("response.created") == 1
+            done = next(e for e in events if e["type"] == "response.done")
+            assert done["response"]["status"] == "completed"
+            await sim.stop()
+
+    with running_server(path, apps=apps) as addr:
+        asyncio.run(run(addr))
