@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.serverproc import ROOT, free_port, server_env
-from duplex_server.scale import haproxy_config
+from duplex_server.ops.scale import haproxy_config
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 

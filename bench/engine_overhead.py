@@ -22,7 +22,7 @@ from pathlib import Path
 from duplex_contract.events import AudioChunk, ResponseDone
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings
-from engine.client import AsyncEngine
+from engine.api.client import AsyncEngine
 from engine.config import load_engine_config
 from engine.stages.testing import TestStage, TestStageOptions
 

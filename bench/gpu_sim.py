@@ -2,8 +2,8 @@
 playback underruns at 16..128 concurrent spoken sessions, per scheduling policy.
 
 Starts the real server (``duplex-server serve``) on the sim config with the policy asked for
-(``--policy serial``: today's CPU gates; ``capacity``: engine/scheduling.py), then, for each
-step of the ladder, N real WebSocket clients on one asyncio loop in this process. Each
+(``--policy serial``: today's CPU gates; ``capacity``: engine/orchestration/scheduling.py), then,
+for each step of the ladder, N real WebSocket clients on one asyncio loop in this process. Each
 session speaks a short turn every 8-12 s (1 s of a 300 Hz tone, then 0.8 s of silence, in
 real-time 20 ms binary PCM frames; the server's energy VAD ends the turn) and listens to the
 whole answer before its next turn. Measured at the client:

@@ -4,7 +4,7 @@
 
 N sessions stream a real recording (tests/data/beckett.wav, resampled to 24 kHz, the
 Realtime API's default rate) in 20 ms frames. Each tick, every session's frame is processed
-by the server's own input-lane code (``duplex_server.turns``) in one of two ways:
+by the server's own input-lane code (``duplex_server.session.input_lane``) in one of two ways:
 
 * ``per_session``: one job per session, as when sessions' frames arrive one at a time (the
   cost before issue 12's step 4: one Silero call per 32 ms window per session);
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from audio_kit.pcm import resample_pcm16
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
-from duplex_server.turns import InputLane, InputScheduler, _Config, _run_jobs
+from duplex_server.session.input_lane import InputLane, InputScheduler, _Config, _run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 24000

@@ -110,13 +110,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def export_children(pid: int) -> list[int]:
-    """The OTLP export children of a server process (``--otel``: duplex_server.otel_child)."""
+    """The OTLP export children of a server process (``--otel``: duplex_server.ops.otel_child)."""
     out = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         with contextlib.suppress(OSError):
             for child in (task / "children").read_text().split():
                 cmd = Path(f"/proc/{child}/cmdline").read_bytes()
-                if b"duplex_server.otel_child" in cmd:
+                if b"duplex_server.ops.otel_child" in cmd:
                     out.append(int(child))
     return out
 

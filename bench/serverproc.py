@@ -95,7 +95,7 @@ def running_scaled(
         wait_healthy(sup, fronts, time.monotonic() + ready_s)
         targets = fronts
         if via_lb:
-            from duplex_server.scale import haproxy_config
+            from duplex_server.ops.scale import haproxy_config
 
             lb_port = free_port()
             cfg = Path(tempfile.mkdtemp(prefix="duplex-lb-")) / "haproxy.cfg"

@@ -127,7 +127,7 @@ async def talker_bench(quick: bool, raw: dict[str, Any]) -> dict[str, Any]:
     import asyncio
 
     from duplex_contract.batch import AudioOut, SpeechJob
-    from engine.client import AsyncEngine
+    from engine.api.client import AsyncEngine
     from engine.config import engine_config
 
     stages = {k: v for k, v in raw["stages"].items() if k in ("talker", "codec")}

@@ -92,7 +92,7 @@ async def _first_audio(
     (the idle one computes nothing), and the sides take turns clause by clause, which goes
     first alternating, so drift of the machine's speed over the run hits both alike."""
     from duplex_contract.batch import AudioOut, SpeechJob
-    from engine.client import AsyncEngine
+    from engine.api.client import AsyncEngine
     from engine.config import engine_config
 
     def config(stages: dict[str, Any]) -> Any:

@@ -35,7 +35,7 @@ from duplex_contract.batch import (
 )
 from duplex_contract.events import AudioChunk, ResponseDone, UserTranscript
 from duplex_contract.settings import SessionSettings
-from engine.client import AsyncEngine
+from engine.api.client import AsyncEngine
 from engine.config import load_engine_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -39,7 +39,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Route, WebSocketRoute
 from starlette.responses import PlainTextResponse
-from duplex_server.ws_protocol import BufferedReadsProtocol
+from duplex_server.transports.ws_protocol import BufferedReadsProtocol
 
 import asyncio, base64, json
 

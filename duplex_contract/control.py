@@ -26,7 +26,7 @@ from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 class OpenCall(Msg, frozen=True, tag="open"):
     config: SessionSettings = SessionSettings()
     route_key: str | None = None  # the opening front end's; carried in the session id
-    traceparent: str | None = None  # W3C trace context of the session's span (engine/tracing.py)
+    traceparent: str | None = None  # W3C trace context of the session's span (engine/spans.py)
 
 
 class AppendCall(Msg, frozen=True, tag="append"):
@@ -42,7 +42,8 @@ class AppendCall(Msg, frozen=True, tag="append"):
     tool_output: ToolOutput | None = None  # a function_call_output item
     #: where ``audio`` starts on the session's input clock (ms of input the front end has
     #: processed, silence included): the engine times the pause between two turns in audio,
-    #: not wall-clock, time (engine/speculation.py). None: not known (wall clock instead).
+    #: not wall-clock, time (engine/orchestration/speculation.py). None: not known (wall clock
+    #: instead).
     stream_ms: float | None = None
 
 
@@ -53,7 +54,7 @@ class CommitCall(Msg, frozen=True, tag="commit"):
     operation_id: str | None = None
     item_id: str | None = None  # the user audio item this commit closes
     response: ResponseOptions | None = None  # overrides of the response (if respond)
-    traceparent: str | None = None  # W3C trace context of the turn's span (engine/tracing.py)
+    traceparent: str | None = None  # W3C trace context of the turn's span (engine/spans.py)
 
 
 SignalEvent = Literal[
@@ -80,9 +81,9 @@ class SignalCall(Msg, frozen=True, tag="signal"):
     operation_id: str | None = None
     item: ItemRef | None = None  # item.delete
     # input.pause: the commit that may follow will ask for a response (so the engine may
-    # answer the pause ahead of it: engine/drafts.py)
+    # answer the pause ahead of it: engine/orchestration/drafts.py)
     respond: bool = True
-    # input.pause: W3C trace context of the turn's span (engine/tracing.py)
+    # input.pause: W3C trace context of the turn's span (engine/spans.py)
     traceparent: str | None = None
 
 

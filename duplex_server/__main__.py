@@ -22,14 +22,14 @@ from duplex_contract.errors import ConfigError
 from duplex_server import listen, logs
 from duplex_server.app import create_app
 from duplex_server.config import ServerConfig, load_app_config
-from duplex_server.drain import DrainingServer
-from duplex_server.scale import haproxy_config, serve_workers
-from duplex_server.supervise import Policy
-from duplex_server.tracing import Tracing
-from duplex_server.ws_protocol import BufferedReadsProtocol
+from duplex_server.ops.drain import DrainingServer
+from duplex_server.ops.scale import haproxy_config, serve_workers
+from duplex_server.ops.supervise import Policy
+from duplex_server.ops.tracing import Tracing
+from duplex_server.transports.ws_protocol import BufferedReadsProtocol
+from engine.api.remote import parse_address, serve_engine
 from engine.config import convert
-from engine.graph import build_graph
-from engine.remote import parse_address, serve_engine
+from engine.orchestration.graph import build_graph
 
 log = logging.getLogger("duplex_server")
 

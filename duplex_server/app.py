@@ -24,16 +24,17 @@ from starlette.staticfiles import StaticFiles
 
 from duplex_contract.errors import ConfigError, EngineDeadError
 from duplex_contract.voices import VoiceCatalog
-from duplex_server import batch, webrtc
 from duplex_server.auth import HttpAuth
 from duplex_server.config import AppConfig
-from duplex_server.hub import Hub
-from duplex_server.metrics import BatchTiming, Metrics
-from duplex_server.realtime import realtime_endpoint
-from duplex_server.tracing import Tracing
-from duplex_server.twilio import twilio_endpoint
-from engine.client import AsyncEngine
-from engine.remote_client import RemoteEngine
+from duplex_server.http import batch
+from duplex_server.ops.metrics import BatchTiming, Metrics
+from duplex_server.ops.tracing import Tracing
+from duplex_server.session.hub import Hub
+from duplex_server.transports import webrtc
+from duplex_server.transports.realtime import realtime_endpoint
+from duplex_server.transports.twilio import twilio_endpoint
+from engine.api.client import AsyncEngine
+from engine.api.remote_client import RemoteEngine
 from engine.voices import voices_of
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         down = engine.stats().stages_down if engine is not None and engine.ready else {}
         if down:
             return JSONResponse({"status": "degraded", "stages_down": down}, status_code=503)
-        if hub.draining:  # a load balancer takes this front end out (duplex_server/drain.py)
+        if hub.draining:  # a load balancer takes this front end out (duplex_server/ops/drain.py)
             body = {"status": "draining", "route_key": config.server.route_key}
             return JSONResponse(body, status_code=503)
         if engine is not None and engine.ready:

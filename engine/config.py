@@ -77,7 +77,7 @@ class DuplexRuntimeConfig(_Frozen, frozen=True):
 
 class SchedulingConfig(_Frozen, frozen=True):
     """How batch requests, speculative transcripts and draft responses share the stages
-    with real-time turns (engine/scheduling.py; docs/engine.md, "Scheduling")."""
+    with real-time turns (engine/orchestration/scheduling.py; docs/engine.md, "Scheduling")."""
 
     # serial: the CPU rules (one batch stage request at a time and none while a session
     # waits for its first audio; no guess or draft while another session's turn runs).
@@ -93,7 +93,8 @@ class SchedulingConfig(_Frozen, frozen=True):
 
 
 class EngineConfig(_Frozen, frozen=True):
-    # Named stages and the routes work takes through them (engine/graph.py, docs/engine.md).
+    # Named stages and the routes work takes through them (engine/orchestration/graph.py,
+    # docs/engine.md).
     stages: dict[str, StageConfig]
     routes: dict[str, tuple[str, ...]]
     vad: VadConfig = VadConfig()
@@ -105,7 +106,7 @@ class EngineConfig(_Frozen, frozen=True):
     default_instructions: str = "You are a helpful voice assistant. Answer briefly."
     max_output_tokens: PositiveInt = 96
     # Answer a pause's speculative transcript ahead of the commit and hold the output until
-    # the turn commits (engine/drafts.py); false: a response starts at the commit.
+    # the turn commits (engine/orchestration/drafts.py); false: a response starts at the commit.
     speculative_response: bool = True
     scheduling: SchedulingConfig = SchedulingConfig()
     control_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
@@ -149,7 +150,7 @@ _DEVICE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
 
 def engine_config(data: Any, where: str = "engine") -> EngineConfig:
     """Convert and check the engine section (structure only; backends are checked by
-    :func:`engine.graph.build_graph` before any model loads)."""
+    :func:`engine.orchestration.graph.build_graph` before any model loads)."""
     if isinstance(data, dict) and "routes" not in data and isinstance(data.get("stages"), dict):
         raise ConfigError(
             f"{where}.routes: missing (an old-form config?). Since 0.2 {MIGRATE_HINT}"

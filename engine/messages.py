@@ -36,8 +36,8 @@ class Priority(IntEnum):
     """Lower runs first: real-time work is scheduled ahead of batch work.
 
     ``SPECULATIVE``: real-time work that may be thrown away (an ASR guess at a pause in the
-    user's speech, engine/speculation.py): it runs when no committed turn's work waits, so
-    on a loaded stage the guesses never delay a turn (they are admitted like real-time
+    user's speech, engine/orchestration/speculation.py): it runs when no committed turn's work
+    waits, so on a loaded stage the guesses never delay a turn (they are admitted like real-time
     work, not held back like batch requests)."""
 
     REALTIME = 0
@@ -87,7 +87,8 @@ class TtsRequest(Msg, frozen=True, tag="tts"):
     sample_rate: int = OUTPUT_RATE
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
-    #: the first clause of a response's speech: its first audio waits on it (engine/compute.py)
+    #: the first clause of a response's speech: its first audio waits on it
+    #: (engine/orchestration/compute.py)
     first: bool = False
 
 

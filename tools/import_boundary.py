@@ -5,10 +5,11 @@
     duplex_server.protocol    the sans-I/O core: itself and duplex_contract only
     duplex_client             the SDK: itself, the protocol core and duplex_contract
     duplex_server (the rest)  itself, duplex_contract, audio_kit and the engine's public
-                              API only: ENGINE_PUBLIC (engine.client, engine.config,
-                              engine.remote, engine.remote_client, engine.graph,
-                              engine.voices); never a stage,
-                              engine.messages, engine.orchestrator or engine.pipeline
+                              API only: ENGINE_PUBLIC (engine.api.client, engine.config,
+                              engine.api.remote, engine.api.remote_client,
+                              engine.orchestration.graph, engine.voices); never a stage,
+                              engine.messages, engine.orchestration.orchestrator or
+                              engine.orchestration.pipeline
     engine/stages             anything but the control side: no control call
                               (duplex_contract.control), no session event (the members of
                               duplex_contract.events.SessionEvent), no control envelope
@@ -32,15 +33,15 @@ from pathlib import Path
 
 FIRST_PARTY = ("audio_kit", "duplex_contract", "duplex_server", "duplex_client", "engine")
 
-#: the engine modules the server may import: its client API (engine.remote_client is the
-#: front end's RemoteEngine, the AsyncEngine API over a socket; its frames, engine.remote_wire,
+#: the engine modules the server may import: its client API (engine.api.remote_client is the
+#: front end's RemoteEngine, the AsyncEngine API over a socket; its frames, engine.api.remote_wire,
 #: are not public)
 ENGINE_PUBLIC = (
-    "engine.client",
+    "engine.api.client",
     "engine.config",
-    "engine.remote",
-    "engine.remote_client",
-    "engine.graph",
+    "engine.api.remote",
+    "engine.api.remote_client",
+    "engine.orchestration.graph",
     "engine.voices",
 )
 

@@ -37,7 +37,7 @@ class Commit:
     item_id: str | None = None  # the user audio item this commit closes
     response: ResponseOptions | None = None  # overrides of the response it asks for
     #: the turn's W3C trace context: set by the runtime when the session is traced (the
-    #: core never sets it; duplex_server/tracing.py)
+    #: core never sets it; duplex_server/ops/tracing.py)
     traceparent: str | None = None
 
 
@@ -99,7 +99,7 @@ class Speculate:
 
 @dataclass(frozen=True, slots=True)
 class Replicate:
-    """Keep this front end's state of the session in the engine (duplex_server/replica.py),
+    """Keep this front end's state of the session in the engine (duplex_server/session/snapshot.py),
     so another front end can take the session over (docs/scale.md)."""
 
     state: bytes

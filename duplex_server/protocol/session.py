@@ -4,7 +4,7 @@
 decisions), engine session events and engine call results, each with the current time in
 milliseconds passed in, and returns :mod:`~duplex_server.protocol.commands` actions: server
 events to send, engine calls to make, local actions. It never awaits, never touches a
-socket and never reads the clock. The session runtime (``duplex_server.session_runtime``)
+socket and never reads the clock. The session runtime (``duplex_server.session.live``)
 executes actions in order and makes no protocol decisions of its own; that includes
 opening, resuming and taking a session over and ending it for a slow client, all decided
 here. Its parts: :mod:`~duplex_server.protocol.items` (conversation items),

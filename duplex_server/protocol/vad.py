@@ -1,4 +1,5 @@
-"""VAD decisions as the protocol core receives them (made off the loop by duplex_server.turns).
+"""VAD decisions as the protocol core receives them (made off the loop by
+duplex_server.session.input_lane).
 
 Times are milliseconds of session input audio.
 """

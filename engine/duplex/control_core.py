@@ -19,8 +19,8 @@ from engine.duplex.effects import Cancel, Effects
 from engine.duplex.fence import ROUTE_KEY, initial_fence, new_session_id
 from engine.duplex.lease import Lease
 from engine.duplex.session import DuplexSession
-from engine.history import ConversationHistory
 from engine.messages import SessionOutput
+from engine.orchestration.history import ConversationHistory
 
 _TOMBSTONES = 100_000
 

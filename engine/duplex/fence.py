@@ -41,7 +41,7 @@ def epoch_prefix(session_id: str, epoch: int) -> str:
 
 def draft_prefix(session_id: str, epoch: int, n: int) -> str:
     """Prefix of the stage requests of a session's ``n``-th draft response in ``epoch``
-    (engine/drafts.py)."""
+    (engine/orchestration/drafts.py)."""
     return f"{epoch_prefix(session_id, epoch)}draft{n}"
 
 

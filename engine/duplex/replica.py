@@ -1,8 +1,8 @@
 """Front-end state kept in the engine, so any front end can take a session over.
 
 The front end that owns a session keeps a small opaque blob of its protocol state in the
-engine (:class:`~duplex_contract.control.ReplicaCall`; duplex_server/replica.py says what is in it
-and when it is sent). A front end asked to resume a session it does not know first *peeks*
+engine (:class:`~duplex_contract.control.ReplicaCall`; duplex_server/session/snapshot.py says what
+is in it and when it is sent). A front end asked to resume a session it does not know first *peeks*
 (``ResumeCall(peek=True)``): it gets the current lease generation, the blob and the newest
 client input seq the engine has, checks the client's resume token against the blob, and
 then resumes with that generation (the usual compare and swap: of two front ends racing,

@@ -12,7 +12,7 @@ from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings
 from duplex_contract.tools import ResponseOptions, ToolOutput
 from engine.duplex.lease import Lease
-from engine.history import ConversationHistory
+from engine.orchestration.history import ConversationHistory
 
 SessionState = Literal["open", "closing", "closed"]
 
@@ -32,7 +32,7 @@ class TurnJob:
     audio_item: str | None = None  # the user audio item of ``audio``
     audio_deleted: bool = False  # the audio item was deleted: its words stay out
     response: ResponseOptions | None = None  # overrides of this job's response
-    traceparent: str | None = None  # the caller's turn span (engine/tracing.py)
+    traceparent: str | None = None  # the caller's turn span (engine/spans.py)
 
 
 @dataclass

@@ -23,8 +23,8 @@ import msgspec
 from audio_kit.pcm import resample_pcm16
 from duplex_contract.batch import TranscriptOut
 from duplex_contract.errors import StageError
-from engine.edges import Edge
 from engine.messages import AsrRequest, StageDone, StageOutput, StageRequest
+from engine.orchestration.edges import Edge
 from engine.stages.workers import ThreadedBackend
 
 log = logging.getLogger(__name__)

@@ -35,9 +35,9 @@ import numpy.typing as npt
 from audio_kit.pcm import edge_trim, pcm16_to_float32, resample
 from duplex_contract.batch import TranscriptOut
 from duplex_contract.errors import StageError
-from engine.edges import Edge
 from engine.messages import AsrRequest, StageDone, StageRequest
 from engine.models import whisper_base_dir
+from engine.orchestration.edges import Edge
 from engine.stages.batching import BatchingBackend, BatchSlot
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The stage interface: what the engine asks of every stage backend, and what it may ask.
 
-A backend declares what it consumes and emits (``consumes``/``emits``, engine/edges.py)
-and implements four calls::
+A backend declares what it consumes and emits (``consumes``/``emits``,
+engine/orchestration/edges.py) and implements four calls::
 
     await backend.start()                      # load models; raises on failure
     async for out in backend.submit(request):  # stream outputs of one request
@@ -33,9 +33,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from engine.chunkers import Chunker
-from engine.edges import Edge
 from engine.messages import StageOutput, StageRequest
+from engine.orchestration.chunkers import Chunker
+from engine.orchestration.edges import Edge
 
 
 @runtime_checkable
@@ -44,7 +44,7 @@ class StageBackend(Protocol):
 
     name: str  # the replica's name (the stage's, or ``<stage><i>`` with several)
     device: str  # its resolved placement: ``cpu``, ``cuda:N`` (or ``auto``: it places itself)
-    consumes: Edge  # what one request carries in (engine/edges.py)
+    consumes: Edge  # what one request carries in (engine/orchestration/edges.py)
     emits: Edge  # what its outputs carry
 
     @property
@@ -92,7 +92,7 @@ class StageBackendClass(Protocol):
 @runtime_checkable
 class CapacitySource(Protocol):
     """Request slots of one replica: requests it serves at once (batch size, sequences).
-    The scheduler sizes its admission by it (engine/scheduling.py); 1 without it."""
+    The scheduler sizes its admission by it (engine/orchestration/scheduling.py); 1 without it."""
 
     @property
     def capacity(self) -> int: ...
@@ -101,7 +101,7 @@ class CapacitySource(Protocol):
 @runtime_checkable
 class ChunkerSource(Protocol):
     """The chunker that cuts this stage's input from the stage before it (None: the
-    default for the edge it consumes, engine/chunkers.py)."""
+    default for the edge it consumes, engine/orchestration/chunkers.py)."""
 
     def make_chunker(self) -> Chunker | None: ...
 

@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from duplex_contract.errors import StageError
-from engine import compute
 from engine.messages import StageOutput, StageRequest
+from engine.orchestration import compute
 from engine.stages.workers import _END, WorkerBackend, WorkerCrash, _aborted, _Job
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class BatchingBackend(WorkerBackend):
 
     @property
     def capacity(self) -> int:
-        """Request slots (engine/scheduling.py): requests one step takes at most."""
+        """Request slots (engine/orchestration/scheduling.py): requests one step takes at most."""
         return self.max_batch
 
     # -- to implement -----------------------------------------------------------------

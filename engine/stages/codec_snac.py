@@ -52,10 +52,10 @@ import numpy as np
 from audio_kit.pcm import StreamResampler, split_pcm
 from duplex_contract.batch import AudioOut
 from duplex_contract.errors import ConfigError, StageError
-from engine.chunkers import Chunk
 from engine.codec_layout import CodecLayout, FrameError, IntArray, get_layout
-from engine.edges import Edge
 from engine.messages import StageDone, StageOutput, StageRequest, TokensOut, TokensRequest
+from engine.orchestration.chunkers import Chunk
+from engine.orchestration.edges import Edge
 from engine.snac_model import EXACT_MARGIN_FRAMES, SNAC_24KHZ, build_snac, decode_rows
 from engine.stages.batching import BatchingBackend, BatchSlot
 

@@ -43,8 +43,8 @@ from typing import Any, ClassVar, TypeVar
 from duplex_contract.batch import ChatMessage, TextOut
 from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.tools import call_schema
-from engine.edges import Edge
 from engine.messages import LlmRequest, StageDone, StageOutput, StageRequest
+from engine.orchestration.edges import Edge
 from engine.placement import child_visible_devices, replica_gpus
 from engine.stage_figures import StageEngineFigures
 from engine.stages import vllm_options as vo
@@ -154,7 +154,7 @@ class VllmLlm:
 
     @property
     def capacity(self) -> int:
-        """Request slots (engine/scheduling.py): sequences per batch."""
+        """Request slots (engine/orchestration/scheduling.py): sequences per batch."""
         return self.options.max_num_seqs
 
     @property

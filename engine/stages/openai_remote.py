@@ -51,8 +51,8 @@ from audio_kit.pcm import PcmChunker, StreamResampler
 from duplex_contract.batch import AudioOut, TextOut, TranscriptOut
 from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.voices import OPENAI_VOICES
-from engine.edges import Edge
 from engine.messages import AsrRequest, LlmRequest, StageDone, StageOutput, StageRequest, TtsRequest
+from engine.orchestration.edges import Edge
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from engine.messages import StageOutput, StageRequest
+from engine.spans import EngineTracing
 from engine.stage_figures import DecodeSource, QueueWaitSource, StepSource
 from engine.stages.base import BatchSizeSource, StageBackend
-from engine.tracing import EngineTracing
 
 
 class StagePool:

@@ -49,7 +49,6 @@ from audio_kit.pcm import split_pcm
 from duplex_contract.batch import AudioOut, TextOut, TranscriptOut
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import ORPHEUS
-from engine.edges import Edge
 from engine.messages import (
     AsrRequest,
     LlmRequest,
@@ -60,6 +59,7 @@ from engine.messages import (
     TokensRequest,
     TtsRequest,
 )
+from engine.orchestration.edges import Edge
 from engine.stages.codec_snac import CodecChunker
 
 Role = Literal["asr", "llm", "talker", "codec"]
@@ -196,7 +196,8 @@ class SimStage:
 
     @property
     def capacity(self) -> int:
-        """Request slots (engine/scheduling.py): items per call, or sequences per step."""
+        """Request slots (engine/orchestration/scheduling.py): items per call, or sequences per
+        step."""
         return self.max_batch
 
     @classmethod

@@ -38,8 +38,8 @@ import msgspec
 
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
-from engine.edges import Edge
 from engine.messages import StageDone, TokensOut, TtsRequest
+from engine.orchestration.edges import Edge
 from engine.stages.openai_remote import Kind, OpenAIOptions, OpenAIStage, _Failure
 from engine.stages.talker_vllm import LOGITS_PROCESSOR, VoiceSampling
 

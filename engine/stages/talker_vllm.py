@@ -37,8 +37,8 @@ import msgspec
 
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
-from engine.edges import Edge
 from engine.messages import StageDone, StageRequest, TokensOut, TtsRequest
+from engine.orchestration.edges import Edge
 from engine.stages.llm_vllm import VllmLlm, VllmOptions
 from engine.stages.vllm_loop import _END, FinishReason, _Job
 

@@ -28,8 +28,6 @@ from duplex_contract.audio import duration_ms
 from duplex_contract.batch import AudioOut, TextOut, TranscriptOut
 from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.tools import TOOL_RESULT_MARK
-from engine.chunkers import Chunker, WindowChunker, WindowOptions
-from engine.edges import Edge
 from engine.messages import (
     AsrRequest,
     LlmRequest,
@@ -40,6 +38,8 @@ from engine.messages import (
     TokensRequest,
     TtsRequest,
 )
+from engine.orchestration.chunkers import Chunker, WindowChunker, WindowOptions
+from engine.orchestration.edges import Edge
 from engine.stages.batching import BatchingBackend, BatchSlot
 from engine.stages.workers import WorkerCrash
 
@@ -182,7 +182,8 @@ class TestStage:
 
     @property
     def capacity(self) -> int:
-        """Request slots the scheduler counts (engine/scheduling.py): ``max_batch``."""
+        """Request slots the scheduler counts (engine/orchestration/scheduling.py):
+        ``max_batch``."""
         return self.options.max_batch
 
     def voices(self) -> tuple[str, ...]:

@@ -25,9 +25,9 @@ import msgspec
 from audio_kit.pcm import PcmChunker, StreamResampler
 from duplex_contract.batch import AudioOut
 from duplex_contract.errors import StageError
-from engine.edges import Edge
 from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
 from engine.models import espeak_ng_data, espeak_ng_library
+from engine.orchestration.edges import Edge
 from engine.stages.workers import ThreadedBackend
 
 log = logging.getLogger(__name__)

@@ -25,9 +25,9 @@ import numpy as np
 from audio_kit.pcm import PcmChunker, StreamResampler, float32_to_pcm16
 from duplex_contract.batch import AudioOut
 from duplex_contract.errors import StageError
-from engine.edges import Edge
 from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
 from engine.models import cache_dir, piper_voice
+from engine.orchestration.edges import Edge
 from engine.stages.workers import ThreadedBackend
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 import msgspec
 
 from duplex_contract.errors import StageError
-from engine import compute
-from engine.edges import Edge
 from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
+from engine.orchestration import compute
+from engine.orchestration.edges import Edge
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class WorkerBackend(ABC):
     serves jobs, and is restarted when it dies; ``submit``/``abort``/``close`` on the loop.
 
     Subclasses declare ``Options`` (a msgspec struct), ``consumes``/``emits`` (edge types,
-    engine/edges.py) and, when they can use a GPU, ``device_kinds`` and
+    engine/orchestration/edges.py) and, when they can use a GPU, ``device_kinds`` and
     ``cuda_device_count()``. ``device`` is this replica's resolved device (``cpu``,
     ``cuda:N``); ``stage`` is the configured stage name the replica belongs to. With
     those it implements :class:`engine.stages.base.StageBackend` (and

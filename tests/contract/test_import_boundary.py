@@ -61,11 +61,11 @@ def test_planted_violations_in_the_sdk_and_the_contract_fail(tmp_path: Path) -> 
     contract = root / "duplex_contract/fence.py"
     contract.write_text(contract.read_text() + "\nfrom duplex_server.protocol import events\n")
     core = root / "duplex_server/protocol/codec.py"  # the core may not reach the adapters
-    core.write_text(core.read_text() + "\nfrom .. import turns\n")
+    core.write_text(core.read_text() + "\nfrom ..session import input_lane\n")
     errors = "\n".join(check(root))
     assert "client SDK imports engine.messages" in errors
     assert "contract imports duplex_server.protocol" in errors
-    assert "protocol core imports duplex_server.turns" in errors
+    assert "protocol core imports duplex_server.session" in errors
 
 
 def test_importing_the_sdk_and_the_core_loads_no_engine_module() -> None:
@@ -96,28 +96,33 @@ def test_a_planted_import_of_either_side_in_the_audio_kit_fails(tmp_path: Path) 
 def test_the_server_reaches_the_engine_only_through_its_public_api(tmp_path: Path) -> None:
     root = _copy_layers(tmp_path)
     assert check(root) == []
-    _plant(root, "duplex_server/turns.py", "from engine.messages import AsrRequest")
-    _plant(root, "duplex_server/media.py", "from engine import orchestrator")
-    _plant(root, "duplex_server/batch.py", "import engine.stages.sim")
-    _plant(root, "duplex_server/app.py", "from engine.pipeline import Pipeline")
+    _plant(root, "duplex_server/session/input_lane.py", "from engine.messages import AsrRequest")
+    _plant(root, "duplex_server/transports/media.py", "from engine.orchestration import orchestrator")
+    _plant(root, "duplex_server/http/batch.py", "import engine.stages.sim")
+    _plant(root, "duplex_server/app.py", "from engine.orchestration.pipeline import Pipeline")
     # the public API is fine
-    _plant(root, "duplex_server/output.py", "from engine.client import AsyncEngine")
-    _plant(root, "duplex_server/hub.py", "from engine import voices")
+    _plant(
+        root, "duplex_server/session/output_audio.py", "from engine.api.client import AsyncEngine"
+    )
+    _plant(root, "duplex_server/session/hub.py", "from engine import voices")
     errors = "\n".join(check(root))
-    assert "duplex_server/turns.py" in errors and "server imports engine.messages" in errors
-    assert "server imports engine.orchestrator" in errors
+    assert (
+        "duplex_server/session/input_lane.py" in errors
+        and "server imports engine.messages" in errors
+    )
+    assert "server imports engine.orchestration.orchestrator" in errors
     assert "server imports engine.stages.sim" in errors
-    assert "server imports engine.pipeline" in errors
+    assert "server imports engine.orchestration.pipeline" in errors
     assert "output.py" not in errors and "hub.py" not in errors
     assert len(errors.splitlines()) == 4
 
 
 def test_the_core_keeps_its_stricter_rule_inside_the_server(tmp_path: Path) -> None:
     root = _copy_layers(tmp_path)
-    _plant(root, "duplex_server/protocol/input.py", "from engine.client import AsyncEngine")
+    _plant(root, "duplex_server/protocol/input.py", "from engine.api.client import AsyncEngine")
     errors = check(root)
     # reported once, by the core's rule (the server's rule leaves the core to it)
-    assert errors == [errors[0]] and "the protocol core imports engine.client" in errors[0]
+    assert errors == [errors[0]] and "the protocol core imports engine.api.client" in errors[0]
 
 
 def test_stage_backends_import_no_control_messages(tmp_path: Path) -> None:

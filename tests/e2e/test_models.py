@@ -138,7 +138,7 @@ def test_real_model_forced_tool_call_round_trip(cpu_server: str) -> None:
             assert item.type == "message"
             text = (item.content or [])[0].text or ""  # type: ignore[union-attr]
             # an answer that uses the result, not the call JSON again (the prompt after a
-            # function_call_output: engine/history.py, "Tools and deletion")
+            # function_call_output: engine/orchestration/history.py, "Tools and deletion")
             assert "21" in text and "{" not in text and "get_weather" not in text, text
         await client.close()
 

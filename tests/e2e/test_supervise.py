@@ -1,4 +1,4 @@
-"""`duplex-server serve --workers 2` keeps its front ends running (duplex_server/supervise.py,
+"""`duplex-server serve --workers 2` keeps its front ends running (duplex_server/ops/supervise.py,
 docs/scale.md): real processes on 127.0.0.1 behind a real HAProxy, SDK clients, the test
 stages. ``kill -9`` of a front end mid-answer: the supervisor starts it again on its port and
 route key, its sessions resume on the other front end meanwhile and it takes new sessions
@@ -24,7 +24,7 @@ from duplex_client import events as ev
 
 from bench.cluster import HAPROXY, health
 from bench.serverproc import free_port
-from duplex_server.scale import haproxy_config
+from duplex_server.ops.scale import haproxy_config
 from engine.duplex.fence import route_key_of
 from tests.e2e.test_failover import ENGINE, _answer, _until
 from tests.server.harness import ROOT, UNIT, write_config

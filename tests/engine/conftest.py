@@ -14,10 +14,10 @@ import msgspec
 import pytest
 
 from duplex_contract.events import SessionEvent
-from engine.client import AsyncEngine
+from engine.api.client import AsyncEngine
+from engine.api.remote import EngineServer
+from engine.api.remote_client import RemoteEngine
 from engine.config import EngineConfig, load_engine_config
-from engine.remote import EngineServer
-from engine.remote_client import RemoteEngine
 from engine.stages.base import StageBackend
 from engine.stages.testing import TestStage, TestStageOptions
 

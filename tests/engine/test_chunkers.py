@@ -6,9 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from duplex_contract.batch import TextOut
-from engine.chunkers import SegmentChunker, WindowChunker, WindowOptions
 from engine.config import SegmenterConfig
 from engine.messages import TokensOut
+from engine.orchestration.chunkers import SegmentChunker, WindowChunker, WindowOptions
 
 
 def test_windows_first_small_then_with_left_context() -> None:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from duplex_contract.control import ControlCall, ControlResult, OpenCall
-from engine.client import AsyncEngine
+from engine.api.client import AsyncEngine
 from tests.engine.conftest import make_config
 
 

@@ -1,4 +1,5 @@
-"""engine/compute.py: which stage replicas compute now, as the stage runtimes mark it."""
+"""engine/orchestration/compute.py: which stage replicas compute now, as the stage runtimes mark
+it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any, ClassVar
 import msgspec
 
 from duplex_contract.batch import TextOut
-from engine import compute
-from engine.edges import Edge
 from engine.messages import StageDone, StageOutput, StageRequest
+from engine.orchestration import compute
+from engine.orchestration.edges import Edge
 from engine.stages.batching import BatchingBackend, BatchSlot
 from engine.stages.workers import ThreadedBackend
 

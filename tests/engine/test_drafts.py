@@ -1,4 +1,5 @@
-"""Speculative responses (engine/drafts.py) on the deterministic test stage, both transports.
+"""Speculative responses (engine/orchestration/drafts.py) on the deterministic test stage, both
+transports.
 
 A pause's transcript is answered ahead of the commit and the output held: a commit releases
 exactly the held audio, in order, once, under the turn's own fence; speech that resumes (or
@@ -18,9 +19,9 @@ from duplex_contract.errors import StageError
 from duplex_contract.events import AudioChunk, ResponseDone, SessionEvent
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionUpdate
-from engine.client import AsyncEngine
-from engine.drafts import Draft
-from engine.orchestrator import Orchestrator
+from engine.api.client import AsyncEngine
+from engine.orchestration.drafts import Draft
+from engine.orchestration.orchestrator import Orchestrator
 from engine.stages.testing import TestStage, TestStageOptions
 from tests.engine.conftest import UNIT, collect, make_config, open_engine, run, stages
 

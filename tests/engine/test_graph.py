@@ -10,8 +10,8 @@ import yaml
 
 from duplex_contract.errors import ConfigError, StageError
 from engine.config import engine_config, load_engine_config
-from engine.edges import Edge
-from engine.graph import build_graph
+from engine.orchestration.edges import Edge
+from engine.orchestration.graph import build_graph
 from engine.stages.testing import TestStage
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duplex_contract.batch import ChatMessage
-from engine.history import ConversationHistory
+from engine.orchestration.history import ConversationHistory
 
 SYS = "You are terse."
 

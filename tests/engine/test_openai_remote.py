@@ -13,7 +13,7 @@ import pytest
 from duplex_contract.events import AudioChunk, ResponseDone, SessionEvent, TextDelta
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings
-from engine.client import AsyncEngine
+from engine.api.client import AsyncEngine
 from engine.config import engine_config
 from tests.engine.conftest import UNIT, collect, open_engine, run
 from tests.engine.fake_openai import Fake, fake_openai

@@ -30,7 +30,7 @@ from duplex_contract.events import (
 )
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings
-from engine.client import AsyncEngine
+from engine.api.client import AsyncEngine
 from engine.messages import AsrRequest, Priority
 from engine.stages.testing import TestStage, TestStageOptions
 from tests.engine.conftest import UNIT, collect, run, stages, start_engine
@@ -444,7 +444,7 @@ def test_sound_after_the_pause_is_guessed_again_once_it_ends() -> None:
 
 
 def test_a_turn_carries_the_previous_turn_as_context_with_the_gap_between() -> None:
-    """Context decoding (engine/speculation.py): each turn's ASR request carries the
+    """Context decoding (engine/orchestration/speculation.py): each turn's ASR request carries the
     session's previous turn (audio and transcript) and the silence between the two by the
     engine's clock, so the ASR can decode phrases of one stretch of speech together and a
     new utterance after a long gap alone. Once the assistant's answer to a turn has

@@ -13,9 +13,9 @@ import pytest
 from duplex_contract.errors import ConfigError, EngineDeadError
 from duplex_contract.events import ResponseDone
 from duplex_contract.settings import SessionSettings
-from engine.remote import Address, EngineServer, parse_address
-from engine.remote_client import RemoteEngine
-from engine.remote_wire import Hello, Refused, frame, read_frame
+from engine.api.remote import Address, EngineServer, parse_address
+from engine.api.remote_client import RemoteEngine
+from engine.api.remote_wire import Hello, Refused, frame, read_frame
 from tests.engine.conftest import collect, make_config, run, stages
 
 

@@ -1,5 +1,5 @@
-"""Scheduling policies (engine/scheduling.py): ``serial`` keeps the CPU rules, ``capacity``
-lets batch work, pause guesses and draft answers run beside real turns while the stages
+"""Scheduling policies (engine/orchestration/scheduling.py): ``serial`` keeps the CPU rules,
+``capacity`` lets batch work, pause guesses and draft answers run beside real turns while the stages
 they need have room, and makes them yield to a waiting real-time request."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 from duplex_contract.batch import AudioOut, SpeechJob
 from duplex_contract.errors import ConfigError
 from duplex_contract.events import AudioChunk, ResponseDone
-from engine.client import AsyncEngine
+from engine.api.client import AsyncEngine
 from engine.config import SchedulingConfig, engine_config, load_engine_config
 from engine.messages import AsrRequest, LlmRequest, Priority, TtsRequest
-from engine.orchestrator import Orchestrator
-from engine.scheduling import (
+from engine.orchestration.orchestrator import Orchestrator
+from engine.orchestration.scheduling import (
     CapacityScheduler,
     SerialScheduler,
     make_scheduler,

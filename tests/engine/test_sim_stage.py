@@ -11,8 +11,8 @@ import pytest
 from duplex_contract.batch import AudioOut, ChatMessage, TextOut
 from engine.codec_layout import ORPHEUS
 from engine.config import load_engine_config
-from engine.graph import build_graph
 from engine.messages import AsrRequest, LlmRequest, StageDone, TokensOut, TokensRequest, TtsRequest
+from engine.orchestration.graph import build_graph
 from engine.stages.sim import SimOptions, SimStage, call_cost_ms, step_cost_ms
 from tests.engine.conftest import ROOT, run
 

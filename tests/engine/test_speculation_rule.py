@@ -1,5 +1,6 @@
 """The rule by which a commit adopts a pause's speculative transcript
-(``engine.speculation._Transcription.covers``): the turn's audio starts with the guess's and
+(``engine.orchestration.speculation._Transcription.covers``): the turn's audio starts with the
+guess's and
 the VAD heard no speech since (the guess survived: ``input.resume`` drops it). Sound the VAD
 did not call speech (a breath, room noise) does not void the guess; its energy is not judged."""
 
@@ -12,8 +13,8 @@ import numpy as np
 
 from audio_kit.pcm import quiet_after
 from duplex_contract.fence import Fence
-from engine.pipeline import Pipeline
-from engine.speculation import SpeculativeAsr, _Transcription
+from engine.orchestration.pipeline import Pipeline
+from engine.orchestration.speculation import SpeculativeAsr, _Transcription
 
 RATE = 16000
 

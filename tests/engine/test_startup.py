@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from duplex_contract.errors import ConfigError, StageError
-from engine.client import AsyncEngine
+from engine.api.client import AsyncEngine
 from engine.stages.base import StageBackend
 from engine.stages.pool import StagePool
 from engine.stages.testing import TestStage, TestStageOptions

@@ -22,8 +22,8 @@ from duplex_contract.tools import (
     check_schema,
     tool_result_note,
 )
-from engine.history import ConversationHistory
-from engine.tool_calls import CallStream
+from engine.orchestration.history import ConversationHistory
+from engine.orchestration.tool_calls import CallStream
 
 HOUR = Tool(
     name="set_alarm",

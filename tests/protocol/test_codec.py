@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from duplex_server.attach import Journal, Outbox, Outgoing, new_resume_token, token_matches
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import (
     ALAW,
@@ -18,6 +17,7 @@ from duplex_server.protocol.codec import (
     parse_format,
 )
 from duplex_server.protocol.errors import ProtocolError
+from duplex_server.session.attach import Journal, Outbox, Outgoing, new_resume_token, token_matches
 
 
 def test_decodes_each_client_event_type() -> None:

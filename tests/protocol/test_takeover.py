@@ -10,7 +10,7 @@ from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Call, Cancel, ConfigureInput, Send
 from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.session import SessionCore
-from duplex_server.replica import decode, encode
+from duplex_server.session.snapshot import decode, encode
 
 SID = "sess_w1_0123456789abcdef0123456789abcdef"
 

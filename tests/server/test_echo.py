@@ -129,10 +129,10 @@ def test_echo_control_unit_cancels_guards_and_passes_speech() -> None:
 def test_echo_cancellation_session_field() -> None:
     import pytest
 
-    from duplex_server.media import check_session_patch
     from duplex_server.protocol.codec import decode_client_event
     from duplex_server.protocol.config import EffectiveSession, apply_patch
     from duplex_server.protocol.errors import ProtocolError
+    from duplex_server.transports.media import check_session_patch
 
     update = {"type": "session.update", "session": {"audio": {"input": {}}}}
     update["session"]["audio"]["input"]["echo_cancellation"] = True
@@ -183,7 +183,7 @@ def _speech_share(
 
     from audio_kit.echo import EchoControl
     from audio_kit.vad import SileroVad
-    from duplex_server.media import InputFeed
+    from duplex_server.transports.media import InputFeed
 
     rng = np.random.default_rng(7)
     reply = _phone(_human("two_cities.wav", 0.75, 4.75, 2500.0))  # speech from the start

@@ -1,4 +1,4 @@
-"""The one handshake (duplex_server/handshake.py) on a real hub: admission, the hub's books,
+"""The one handshake (duplex_server/session/handshake.py) on a real hub: admission, the hub's books,
 refusal while the engine cannot take a session, and the refusal's close code. (Opening and
 resuming over each transport: test_errors_auth, tests/e2e/test_duplex, test_twilio*,
 test_webrtc.)"""
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from duplex_contract.errors import EngineDeadError, EngineError
-from duplex_server import handshake
 from duplex_server.protocol.errors import ProtocolError, SessionFatal
+from duplex_server.session import handshake
 from tests.server.test_writer import _hub
 
 

@@ -1,4 +1,4 @@
-"""Span export in a child process (duplex_server.otel_export, docs/protocol.md §13): the
+"""Span export in a child process (duplex_server.ops.otel_export, docs/protocol.md §13): the
 records the traced process pipes over rebuild the very spans (the same OTLP protobuf); the
 export's HTTP requests come from the child, not from a thread of the server; a stalled
 collector makes spans drop, counted, instead of blocking whoever ends them; shutdown
@@ -37,7 +37,7 @@ from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import AttributeValue
 
 from duplex_server.config import OtelConfig
-from duplex_server.otel_wire import (
+from duplex_server.ops.otel_wire import (
     Batch,
     Hello,
     Message,
@@ -49,7 +49,7 @@ from duplex_server.otel_wire import (
     resource_of,
     scope_of,
 )
-from duplex_server.tracing import Tracing
+from duplex_server.ops.tracing import Tracing
 from tests.server.harness import UNIT, running_server, write_config
 from tests.server.otlp_receiver import OtlpReceiver
 from tests.server.procs import gone
@@ -198,7 +198,7 @@ def test_a_stalled_collector_drops_spans_and_never_blocks_the_caller(
             assert slowest < 0.1 * UNIT and took < 5 * UNIT, (slowest, took)
         finally:
             rx.open_gate.set()
-            with caplog.at_level(logging.WARNING, logger="duplex_server.otel_export"):
+            with caplog.at_level(logging.WARNING, logger="duplex_server.ops.otel_export"):
                 tracing.shutdown()
         # every span not counted as dropped reached the collector, each once
         got = sorted(s.attrs["i"] for s in rx.spans)
@@ -227,7 +227,7 @@ def test_a_killed_child_makes_spans_drop_without_an_error_for_the_caller(
         tracing.export.child.kill()
         # dead (its pipe closed), but not reaped: the shutdown must do that
         os.waitid(os.P_PID, tracing.export.pid, os.WEXITED | os.WNOWAIT)
-        with caplog.at_level(logging.WARNING, logger="duplex_server.otel_export"):
+        with caplog.at_level(logging.WARNING, logger="duplex_server.ops.otel_export"):
             for i in range(20):
                 tracing.tracer.start_span("s", attributes={"i": i}).end()
                 time.sleep(0.01)
@@ -243,7 +243,7 @@ def test_the_child_exits_when_the_traced_process_is_killed() -> None:
             f"""
             import time
             from duplex_server.config import OtelConfig
-            from duplex_server.tracing import Tracing
+            from duplex_server.ops.tracing import Tracing
             t = Tracing(OtelConfig(endpoint={rx.url!r}, export_delay_ms=5))
             t.tracer.start_span("before-the-kill").end()
             print(t.export.pid, flush=True)

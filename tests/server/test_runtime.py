@@ -14,13 +14,13 @@ from duplex_contract.events import ResponseDone, ResponseStarted, SessionEvent, 
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings, SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
-from duplex_server.attach import Outgoing
-from duplex_server.metrics import Metrics
+from duplex_server.ops.metrics import Metrics
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import SessionFatal
-from duplex_server.session_runtime import LiveSession, SessionLimits
-from duplex_server.sessions import Sessions
-from duplex_server.turns import InputScheduler
+from duplex_server.session.attach import Outgoing
+from duplex_server.session.input_lane import InputScheduler
+from duplex_server.session.live import LiveSession, SessionLimits
+from duplex_server.session.registry import Sessions
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 

@@ -63,7 +63,7 @@ def test_a_signal_to_the_process_group_stops_everything_cleanly(
         addr = f"127.0.0.1:{port}"
         wait_healthy(proc, addr, log, 180)
         members = group_members(proc.pid)
-        assert any("engine.partials_child" in cmd for _, cmd in members), members
+        assert any("engine.orchestration.partials_child" in cmd for _, cmd in members), members
         with websockets.sync.client.connect(f"ws://{addr}/v1/realtime", max_size=None) as ws:
             speak(ws)
             time.sleep(0.5 * UNIT)

@@ -1,4 +1,4 @@
-"""The supervisor's rules (duplex_server/supervise.py) with small stand-in processes instead
+"""The supervisor's rules (duplex_server/ops/supervise.py) with small stand-in processes instead
 of the engine and front ends, so each case takes a second or two: a front end that exits is
 started again with a growing backoff and the supervisor gives up after ``restart_limit``
 exits in the window; the engine exiting stops everything; SIGTERM stops the front ends
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench.serverproc import free_port
-from duplex_server.supervise import FrontEnd, Policy, Supervisor
+from duplex_server.ops.supervise import FrontEnd, Policy, Supervisor
 
 # a stand-in process: logs "start NAME" to LOG (and "term NAME" on SIGTERM, then exits 0.3 s
 # later); with a port it answers every HTTP GET with 200 (its /health), else it sleeps;

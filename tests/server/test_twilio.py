@@ -11,7 +11,7 @@ from typing import Any
 
 import websockets
 
-from duplex_server.twilio import TwilioAttachment
+from duplex_server.transports.twilio import TwilioAttachment
 from tests.server.harness import UNIT, http_text, running_server, write_config
 from tests.server.test_session_memory import all_released, settle
 from tests.server.twilio_sim import SendAfterDrop, TwilioSim, tone8k

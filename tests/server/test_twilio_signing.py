@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from duplex_server.config import TwilioConfig
-from duplex_server.twilio_signature import candidate_urls, port_variants
+from duplex_server.transports.twilio_signature import candidate_urls, port_variants
 from tests.server.harness import UNIT, http_text, running_server, write_config
 from tests.server.test_twilio import SHORT_TTS
 from tests.server.twilio_sim import TwilioSim, tone8k

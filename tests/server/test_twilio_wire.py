@@ -1,4 +1,5 @@
-"""Twilio Media Streams' wire messages (duplex_server/twilio_wire.py): Twilio's documented
+"""Twilio Media Streams' wire messages (duplex_server/transports/twilio_wire.py): Twilio's
+documented
 messages decode to typed structs, what we send encodes to Twilio's shape, and every message
 the server cannot use is refused with a reason (then logged, counted, and the call goes
 on: the server test at the end)."""
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import websockets
 
-from duplex_server import twilio_wire as wire
+from duplex_server.transports import twilio_wire as wire
 from tests.server.harness import http_text, running_server, write_config
 from tests.server.twilio_sim import TwilioSim, tone8k
 
@@ -176,7 +177,7 @@ def test_the_server_logs_why_a_message_is_malformed_and_the_call_goes_on(
         line = next(x for x in body.splitlines() if 'code="twilio_malformed"' in x)
         assert float(line.split()[-1]) == len(bad)
 
-    with caplog.at_level(logging.WARNING, logger="duplex_server.twilio"):
+    with caplog.at_level(logging.WARNING, logger="duplex_server.transports.twilio"):
         with running_server(path) as addr:
             asyncio.run(run(addr))
     logged = [r.getMessage() for r in caplog.records if "malformed message ignored" in r.message]
@@ -202,7 +203,7 @@ def test_a_start_in_a_format_the_server_cannot_take_opens_no_session(
             await ws.send(_text({"event": "stop"}))
             await asyncio.wait_for(ws.wait_closed(), 5)
 
-    with caplog.at_level(logging.WARNING, logger="duplex_server.twilio"):
+    with caplog.at_level(logging.WARNING, logger="duplex_server.transports.twilio"):
         with running_server(path, apps=apps) as addr:
             asyncio.run(run(addr))
     (line,) = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]

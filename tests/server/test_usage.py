@@ -74,7 +74,7 @@ def test_usage_adds_up_to_what_was_sent_and_spoken(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write_config(tmp_path)
-    caplog.set_level(logging.INFO, logger="duplex_server.session_runtime")
+    caplog.set_level(logging.INFO, logger="duplex_server.session.live")
 
     async def run(addr: str) -> dict[str, Any]:
         async with Client.connect(addr) as c:

@@ -1,4 +1,4 @@
-"""The one writer every transport uses (duplex_server/writer.py): order, close after the
+"""The one writer every transport uses (duplex_server/session/writer.py): order, close after the
 queue drains, back-pressure, and the slow-client policy driven by the hub's real send
 watchdog; then the WebSocket and the media transports on the same writer."""
 
@@ -12,16 +12,16 @@ from typing import Any
 import msgspec
 import pytest
 
-from duplex_server.attach import Outgoing
 from duplex_server.config import load_app_config
-from duplex_server.hub import Hub
-from duplex_server.media import MediaAttachment
-from duplex_server.metrics import Metrics
+from duplex_server.ops.metrics import Metrics
 from duplex_server.protocol import events as ev
-from duplex_server.realtime import SocketAttachment
-from duplex_server.session_runtime import LiveSession
-from duplex_server.twilio import TwilioAttachment
-from duplex_server.writer import QueuedWriter
+from duplex_server.session.attach import Outgoing
+from duplex_server.session.hub import Hub
+from duplex_server.session.live import LiveSession
+from duplex_server.session.writer import QueuedWriter
+from duplex_server.transports.media import MediaAttachment
+from duplex_server.transports.realtime import SocketAttachment
+from duplex_server.transports.twilio import TwilioAttachment
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ from typing import Any
 import uvicorn
 from uvicorn.server import ServerState
 
-from duplex_server.ws_protocol import MAX_QUEUED, BufferedReadsProtocol
+from duplex_server.transports.ws_protocol import MAX_QUEUED, BufferedReadsProtocol
 
 
 class _Transport:

@@ -226,8 +226,8 @@ class SendAfterDrop:
     send would be the one held, so it never got the two chunks it waits for."""
 
     def __init__(self, monkeypatch: Any, *, armed: bool = False) -> None:
-        from duplex_server.twilio import TwilioAttachment
-        from duplex_server.twilio_wire import Outbound
+        from duplex_server.transports.twilio import TwilioAttachment
+        from duplex_server.transports.twilio_wire import Outbound
 
         self.armed = armed
         self.held = 0  # sends held, then failed

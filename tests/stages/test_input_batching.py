@@ -12,7 +12,7 @@ import audio_kit.vad as vad_mod
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent
-from duplex_server.turns import InputLane, InputProcessor, InputScheduler
+from duplex_server.session.input_lane import InputLane, InputProcessor, InputScheduler
 
 FMT = AudioFormat("pcm16", 16000)
 TD = TurnDetection(silence_duration_ms=320, prefix_padding_ms=0)

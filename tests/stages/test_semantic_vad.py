@@ -13,7 +13,11 @@ from audio_kit.smart_turn import SmartTurn, features, model_path
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad import VadEvent, VadStop
-from duplex_server.turns import SEMANTIC_CHECK_MS, SEMANTIC_PLAIN_WAIT_MS, InputProcessor
+from duplex_server.session.input_lane import (
+    SEMANTIC_CHECK_MS,
+    SEMANTIC_PLAIN_WAIT_MS,
+    InputProcessor,
+)
 from tests.server.harness import ROOT
 
 pytestmark = pytest.mark.models

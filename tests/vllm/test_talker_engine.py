@@ -11,7 +11,7 @@ import pytest
 from duplex_contract.batch import AudioOut, BatchDone, SpeechJob
 from duplex_contract.events import AudioChunk, ResponseDone
 from duplex_contract.settings import SessionSettings
-from engine.client import AsyncEngine
+from engine.api.client import AsyncEngine
 from engine.config import engine_config
 from engine.stages.codec_snac import CodecSnacOptions, SnacCodec
 from engine.stages.testing import TestStage, TestStageOptions

@@ -1,0 +1,122 @@
+"""Drain on deploy: SIGTERM takes a front end out of service without dropping a call.
+
+:func:`drain` (the order matters):
+
+1. the front end stops taking sessions: ``/health`` answers 503 ``draining`` (HAProxy's
+   checks take it out), new sessions and resumes are refused (``server_draining``, close
+   1013; a client retries and the load balancer sends it elsewhere);
+2. answers in flight get up to ``server.drain_s`` to finish (one still running then is
+   cancelled: ``response.done{cancelled}``, reason ``server_draining``), and ``/health``
+   stays ``draining`` for at least ``server.drain_health_s``;
+3. every session is handed over: its replica in the engine is brought up to date (marked
+   handed over at the seq of the event that follows), then ``session.handover`` is sent and
+   the socket closed with 1012. The client resumes through the load balancer; the front end
+   that gets the resume takes the session over (duplex_server/session/adopt.py) with nothing lost.
+
+:class:`DrainingServer` is uvicorn's server with SIGTERM mapped to a drain followed by the
+usual ordered shutdown (a second SIGTERM, or SIGINT, stops at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from duplex_server.protocol import events as ev
+from duplex_server.protocol.errors import CloseCode
+from duplex_server.session.live import LiveSession
+
+if TYPE_CHECKING:
+    from duplex_server.session.hub import Hub
+
+log = logging.getLogger(__name__)
+
+_FLUSH_S = 1.0  # the longest wait for a socket's queued events before the handover
+
+
+async def drain(hub: Hub, drain_s: float, health_s: float) -> int:
+    """Drain ``hub``; returns how many sessions were handed over."""
+    hub.draining = True
+    live = hub.sessions.live
+    log.info("draining: %d session(s), up to %.1f s for answers in flight", len(live), drain_s)
+    start = time.monotonic()
+    while time.monotonic() - start < drain_s:
+        busy = [s for s in live.values() if s.core.responses.active and not s.core.closed]
+        if not busy and time.monotonic() - start >= health_s:
+            break
+        await asyncio.sleep(0.05)
+    sessions = [s for s in live.values() if not s.core.closed]
+    await asyncio.gather(*(hand_over(s) for s in sessions))
+    log.info(
+        "drained: %d session(s) handed over in %.1f s", len(sessions), time.monotonic() - start
+    )
+    return len(sessions)
+
+
+async def hand_over(session: LiveSession) -> None:
+    """Send ``session`` to another front end: replica first, then the client is told."""
+    session.apply(session.core.cut_for_handover())  # an answer still running: cancelled
+    att = session.attachment
+    deadline = time.monotonic() + _FLUSH_S
+    while time.monotonic() < deadline and (  # noqa: ASYNC110
+        session.calls_waiting or (att is not None and att.queued_bytes)
+    ):
+        await asyncio.sleep(0.01)  # the engine has the calls, the client what it was sent
+    seq = session.stamper.seq + 1  # the handover event's
+    await session.replicate(handed_over_at=seq)
+    if session.stamper.seq + 1 != seq or session.core.closed:
+        await session.replicate()  # events came meanwhile: the taker must say resync
+        if session.core.closed:
+            return
+    session.handed_over_at = seq
+    att = session.attachment
+    data = session.stamper.stamp(ev.SessionHandover(), time.monotonic())
+    if att is not None:
+        att.send_stamped(data)
+        att.close(CloseCode.SERVICE_RESTART, "server_draining")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server; the first SIGTERM drains ``hub`` before the ordered shutdown."""
+
+    def __init__(self, config: uvicorn.Config, hub: Hub, drain_s: float, health_s: float):
+        super().__init__(config)
+        self.hub = hub
+        self.drain_s = drain_s
+        self.health_s = health_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task[int] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        loop = self._loop
+        if sig != signal.SIGTERM or self._drain is not None or loop is None or not self.started:
+            super().handle_exit(sig, frame)
+            return
+        loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> int:
+        try:
+            return await drain(self.hub, self.drain_s, self.health_s)
+        except Exception:
+            log.exception("drain failed; shutting down")
+            return 0
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.sleep(0.2)  # the handover frames reach their sockets
+            self.should_exit = True

@@ -1,0 +1,196 @@
+"""The WebSocket transport: socket frames <-> a live session. No protocol decisions here.
+
+One :class:`SocketAttachment` per socket implements the session's
+:class:`~duplex_server.session.attach.Attachment` interface and runs one TaskGroup with two tasks:
+``reader`` (frames -> session) and ``writer`` (the writer every transport uses,
+:class:`~duplex_server.session.writer.QueuedWriter`: outbound queue -> socket; the session stamps
+and journals each event as it is written). Admission, opening and resuming go through
+:mod:`duplex_server.session.handshake`; opening, resuming and taking a session over are decided by
+the session core (:mod:`duplex_server.session.live`).
+
+Slow-client policy (the writer's, the same on every transport): each socket has a bounded
+outbound queue (``output_buffer_bytes``) and a per-frame send timeout (``send_timeout_s``).
+A client that overflows the queue or stalls a send loses its session (the hub's watchdog
+checks every writer's send in progress, so no timer is armed per frame): the session core
+drops the queue, sends ``error{code: client_too_slow}`` and ``session.closed`` best-effort,
+closes the engine session, and the socket closes with 1008. Server memory never grows
+without bound because of one client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from duplex_contract.errors import EngineError
+from duplex_server.protocol import events as ev
+from duplex_server.protocol.codec import decode_client_event, encode_server_event
+from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
+from duplex_server.session import handshake
+from duplex_server.session.attach import Outgoing
+from duplex_server.session.hub import Hub
+from duplex_server.session.live import LiveSession
+from duplex_server.session.writer import QueuedWriter
+
+log = logging.getLogger(__name__)
+
+
+class SocketAttachment(QueuedWriter):
+    """One WebSocket; attached to at most one live session at a time."""
+
+    def __init__(self, hub: Hub, ws: WebSocket) -> None:
+        super().__init__(hub)
+        self.ws = ws
+        self._tasks: list[asyncio.Task[None]] = []
+        #: the close code the client sent (1006: the connection dropped without one)
+        self.peer_close_code: int | None = None
+
+    # ------------------------------------------------------------------ Attachment
+    def replaced(self, data: bytes) -> None:
+        self.session = None  # later frames of this socket are refused silently
+        self.outbox.drain()
+        self.outbox.put_raw(data)
+        self.close(CloseCode.NORMAL, "replaced")
+
+    def fatal(self, exc: ProtocolError) -> None:
+        """An error before (or without) a session: sent, then the socket closes."""
+        if self.session is not None:
+            self.session.fail(exc)
+            return
+        detail, code = to_wire_error(exc)
+        data, _ = encode_server_event(ev.Error(error=detail), event_id="event_error", seq=0)
+        self.outbox.put_raw(data)
+        self.close(code or CloseCode.POLICY, detail.code)
+
+    # ------------------------------------------------------------------ tasks
+    def _stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def serve(self) -> None:
+        self.hub.ensure_watchdog()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._writer_task = tg.create_task(self._writer(), name="writer")
+                self._tasks = [tg.create_task(self._reader(), name="reader"), self._writer_task]
+        finally:
+            # a cancelled task keeps its CancelledError, whose traceback holds the task's
+            # frames and so this socket: without this, socket -> task -> error -> frame ->
+            # socket is a cycle, and the socket's session (journal, outbox) waited for the
+            # cyclic GC instead of being freed when the socket ends
+            self._tasks, self._writer_task = [], None
+
+    async def _reader(self) -> None:
+        try:
+            await self._read_loop()
+        except WebSocketDisconnect as exc:
+            self.peer_close_code = exc.code
+        finally:
+            if self._close is None:  # the client went away: stop everything now
+                self._stop()
+
+    async def _read_loop(self) -> None:
+        max_frame = self.hub.config.server.max_frame_bytes
+        while True:
+            msg = await self.ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                self.peer_close_code = msg.get("code", 1006)
+                return
+            text, data = msg.get("text"), msg.get("bytes")
+            size = len(text) if text is not None else len(data or b"")
+            if size > max_frame:
+                too_large = f"frame of {size} bytes is over {max_frame}"
+                self.fatal(SessionFatal("frame_too_large", too_large))
+                return
+            session = self.session
+            if session is None:
+                continue  # replaced or closed: later input is refused silently
+            if text is not None:
+                session.receive_text(text)
+            elif data:
+                session.receive_audio_frame(data)
+
+    async def _writer(self) -> None:
+        try:
+            await self.run_writer()
+        except WebSocketDisconnect:
+            pass  # the client went away mid-send: nothing more to write (it can resume)
+
+    # ------------------------------------------------------------------ QueuedWriter
+    async def deliver(self, item: Outgoing, session: LiveSession | None) -> bool:
+        data = item.raw if session is None else session.next_frame(item)
+        if data is None:
+            return False  # stale audio, or an event for a session no longer attached
+        await self.ws.send_text(data.decode())
+        return True
+
+    async def finish(self, code: int, reason: str) -> None:
+        await self.ws.close(code, reason)
+
+    def writer_done(self) -> None:
+        self._stop()
+
+
+async def realtime_endpoint(ws: WebSocket) -> None:
+    hub: Hub = ws.app.state.hub
+    adm = handshake.admit_socket(hub, ws.headers, ws.scope.get("subprotocols", []))
+    await ws.accept(subprotocol=adm.subprotocol)
+    sock = SocketAttachment(hub, ws)
+    handshake.connected(hub, sock)
+    try:
+        outcome = await _handshake(hub, sock, adm.ok, adm.code, adm.message)
+        handshake.outcome(hub, outcome)
+        if outcome != "disconnected":
+            await sock.serve()
+    finally:
+        handshake.disconnected(hub, sock)
+        if sock.session is not None:
+            if sock.peer_close_code == CloseCode.NORMAL:
+                sock.session.peer_closed(sock)  # a clean close ends the session (§6)
+            else:
+                sock.session.detach(sock)  # a drop: kept for the grace period
+        try:
+            await ws.close(CloseCode.NORMAL)
+        except Exception:  # already closed by the peer or by the writer: nothing to do
+            log.debug("socket already closed", exc_info=True)
+
+
+async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg: str) -> str:
+    """Admitted, then open a new session or resume one (:mod:`duplex_server.session.handshake`).
+    Returns the outcome label."""
+    ws = sock.ws
+    try:
+        if not ok:
+            raise SessionFatal(code, msg)
+        handshake.require_engine(hub)
+        if ws.query_params.get("intent") != "resume":
+            beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+            beta = beta or ws.query_params.get("event_names") == "beta"
+            sock.session = await handshake.open_session(hub, sock, beta=beta)
+            return "opened"
+        first = await asyncio.wait_for(ws.receive(), hub.config.server.resume_wait_s)
+        if first["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(first.get("code", 1000))
+        text = first.get("text")
+        if text is None:
+            raise SessionFatal(
+                "invalid_state", "expected session.resume as a text frame", close_code=1008
+            )
+        event = decode_client_event(text)
+        if not isinstance(event, ev.SessionResume):
+            raise SessionFatal("invalid_state", "expected session.resume", close_code=1008)
+        sock.session = await handshake.resume_session(hub, sock, event)
+        return "resumed"
+    except WebSocketDisconnect:
+        return "disconnected"
+    except TimeoutError:
+        sock.fatal(SessionFatal("resume_timeout", "no session.resume in time"))
+        return "resume_timeout"
+    except (ProtocolError, EngineError) as exc:
+        detail, close = handshake.refusal(exc)
+        sock.fatal(
+            SessionFatal(detail.code, detail.message, close_code=close, error_type=detail.type)
+        )
+        return detail.code

@@ -1,0 +1,149 @@
+"""Speculative responses: the answer to a pause, generated before the turn commits, held.
+
+When a pause's speculative transcript is ready (engine/orchestration/speculation.py) and no real
+turn is running in the engine, the orchestrator starts the response that turn would get (the same
+prompt, options, stages) as a *draft*, under a stage-request prefix of its own in the
+session's epoch (``sess_x/e3/draft7/...``). Everything the draft produces (text deltas,
+spoken chunks, call pieces) is held in memory and never emitted.
+
+At commit, the turn's response *adopts* the draft when it would be the same request (an
+equal :class:`ResponsePlan`: the prompt with the same transcript, route, options, voice):
+the held outputs go through the turn's own callbacks, in order and once, under the turn's
+fence, and the rest streams through them as it is produced. Anything else drops the draft:
+speech that resumes (``input.resume``), a newer pause, a barge-in, a close, a commit whose
+plan differs (or that asks for no response), or another session's real turn starting (a
+draft never holds a stage a real turn waits for). A dropped draft's stage requests are
+aborted and nothing it held is ever sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from duplex_contract.batch import ChatMessage
+from duplex_contract.settings import Tool
+from duplex_contract.tools import ResponseOptions, active_tools, tools_prompt
+from engine.orchestration.pipeline import LlmResult, SpokenChunk
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.duplex.session import DuplexSession
+
+_Kind = Literal["text", "chunk", "call"]
+
+
+@dataclass(frozen=True)
+class ResponsePlan:
+    """What a response's stage work depends on: equal plans give the same response."""
+
+    messages: tuple[ChatMessage, ...]
+    route: str
+    max_tokens: int
+    temperature: float
+    voice: str | None
+    sample_rate: int
+    tools: tuple[Tool, ...]
+    tool_required: bool
+
+
+class Draft:
+    """One session's speculative response: held outputs, then a sink once adopted."""
+
+    def __init__(self, session_id: str, epoch: int, prefix: str) -> None:
+        self.session_id = session_id
+        self.epoch = epoch
+        self.prefix = prefix  # its stage requests are ``{prefix}/...``
+        self.plan: ResponsePlan | None = None  # set when its generation starts
+        self.task: asyncio.Task[LlmResult | None] | None = None
+        self.created = time.perf_counter()
+        self.held_bytes = 0  # audio held (bytes of PCM16)
+        self._held: list[tuple[_Kind, Any]] = []
+        self._sink: dict[_Kind, Callable[[Any], None]] | None = None
+
+    @property
+    def adopted(self) -> bool:
+        return self._sink is not None
+
+    def _put(self, kind: _Kind, item: Any) -> None:
+        if self._sink is not None:
+            self._sink[kind](item)
+        else:
+            self._held.append((kind, item))
+
+    def on_text(self, delta: str) -> None:
+        self._put("text", delta)
+
+    def on_chunk(self, chunk: SpokenChunk) -> None:
+        if self._sink is None:
+            self.held_bytes += len(chunk.out.pcm)
+        self._put("chunk", chunk)
+
+    def on_call(self, piece: str) -> None:
+        self._put("call", piece)
+
+    def adopt(
+        self,
+        on_text: Callable[[str], None],
+        on_chunk: Callable[[SpokenChunk], None],
+        on_call: Callable[[str], None],
+    ) -> int:
+        """Release the held outputs to the turn's callbacks, in order, then stream the rest
+        to them. Returns how many held outputs were released."""
+        if self._sink is not None:
+            raise RuntimeError("a draft is adopted once")
+        held, self._held = self._held, []
+        self.held_bytes = 0
+        self._sink = {"text": on_text, "chunk": on_chunk, "call": on_call}
+        for kind, item in held:
+            self._sink[kind](item)
+        return len(held)
+
+    def discard(self) -> None:
+        """Forget what it holds (it is being dropped)."""
+        self._held.clear()
+        self.held_bytes = 0
+
+
+def response_plan(
+    config: EngineConfig,
+    session: DuplexSession,
+    opts: ResponseOptions,
+    pending_user: str | None = None,
+) -> ResponsePlan:
+    """The stage request a response of ``session`` with ``opts`` makes now (with
+    ``pending_user``: as if that user text had been added to the history first)."""
+    cfg = session.config
+    modalities = opts.output_modalities or cfg.output_modalities
+    choice = opts.tool_choice or cfg.tool_choice
+    name = opts.tool_name if opts.tool_choice is not None else cfg.tool_name
+    tools = active_tools(opts.tools if opts.tools is not None else cfg.tools, choice, name)
+    required = bool(tools) and choice in ("required", "function")
+    instructions = opts.instructions or cfg.instructions or config.default_instructions
+    if tools:
+        instructions = f"{instructions}\n\n{tools_prompt(tools, required)}"
+    if opts.input is not None:
+        messages: tuple[ChatMessage, ...] = (
+            ChatMessage(role="system", content=instructions),
+            *(ChatMessage(role=m.role, content=m.content) for m in opts.input),
+        )
+    else:
+        messages = session.history.messages(instructions, pending_user)
+    return ResponsePlan(
+        messages=messages,
+        route="voice" if "audio" in modalities else "text",
+        max_tokens=opts.max_output_tokens or cfg.max_output_tokens or config.max_output_tokens,
+        temperature=next((t for t in (opts.temperature, cfg.temperature) if t is not None), 0.0),
+        voice=cfg.voice,
+        sample_rate=cfg.output_sample_rate,
+        tools=tools,
+        tool_required=required,
+    )
+
+
+def plan_diff(a: ResponsePlan, b: ResponsePlan) -> str:
+    """The fields in which two response plans differ (a log line's reason)."""
+    return ", ".join(f for f in a.__dataclass_fields__ if getattr(a, f) != getattr(b, f))
