@@ -1,23 +1,24 @@
-"""What the media transports (Twilio Media Streams, WebRTC) share: an attachment whose
-audio leaves as media rather than as JSON, and the input path into the session.
+"""What the media transports (Twilio Media Streams, WebRTC) share: a link to the session
+whose audio leaves as media rather than as JSON.
 
-:class:`MediaAttachment` implements the session's :class:`~duplex_server.session.attach.Attachment`
-and the hub's transport interface with the writer every transport uses
-(:class:`~duplex_server.session.writer.QueuedWriter`: a bounded outbox, one writer task, the hub's
-send watchdog, the same slow-client policy); its delivery routes each event: audio deltas
-go to the transport's media (``write_audio``, never stamped: they are not events on the
-wire), every other event is stamped and journaled as usual and handed to ``write_event``.
-It keeps what the far end reported as played per item, so that a barge-in truncates the
-conversation to what the caller heard (``conversation.item.truncate`` through the session
-core, as a client would). Barge-in is decided by the session core only, by its guards
-(:mod:`duplex_server.protocol.input`): on a response in progress, and on reply audio the
-far end still plays after its response ended (:mod:`duplex_server.protocol.playout`: the
-attachment reports it through :meth:`MediaAttachment.playing`); the transport carries out
-the ``output_audio_buffer.cleared`` that results.
+A media transport holds one :class:`MediaLink` and is its :class:`MediaOut` (how audio, events
+and the hang-up reach its wire). The link holds the transport's writer (the one every
+transport holds, :class:`~duplex_server.session.writer.QueuedWriter`: a bounded outbox, one
+writer task, the hub's send watchdog, the same slow-client policy; the writer is what the
+session sees), the transport's playout
+(:class:`~duplex_server.transports.media_playout.MediaPlayout`) and its input path
+(:class:`~duplex_server.transports.media_input.InputFeed`). It is the writer's
+:class:`~duplex_server.session.writer.Wire`: audio deltas go to the transport's media
+(``write_audio``, never stamped: they are not events on the wire), every other event is
+stamped and journaled as usual and handed to ``write_event``.
 
-:class:`InputFeed` takes the transport's decoded PCM16, runs echo control
-(:mod:`audio_kit.echo`) when the session asks for it, and hands the session its audio
-in the session's input format.
+Barge-in is decided by the session core only, by its guards
+(:mod:`duplex_server.protocol.input`): on a response in progress, and on reply audio the far
+end still plays after its response ended (:mod:`duplex_server.protocol.playout`: the link's
+playout reports it through ``playing()``); the link carries out the
+``output_audio_buffer.cleared`` that results (:meth:`MediaLink.barge_in`): the transport
+flushes its playout and the item is truncated to what the caller heard
+(``conversation.item.truncate`` through the session core, as a client would).
 """
 
 from __future__ import annotations
@@ -26,16 +27,12 @@ import asyncio
 import base64
 import json
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import msgspec
-import numpy as np
-import soxr
 
-from audio_kit.echo import RATE as ECHO_RATE
-from audio_kit.echo import EchoControl
-from audio_kit.g711 import g711_to_pcm16, pcm16_to_g711
-from audio_kit.pcm import StreamResampler
+from audio_kit.g711 import g711_to_pcm16
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.config import EffectiveSession, apply_patch
 from duplex_server.protocol.errors import CloseCode, ProtocolError
@@ -44,6 +41,8 @@ from duplex_server.session.attach import Outgoing
 from duplex_server.session.hub import Hub
 from duplex_server.session.live import LiveSession
 from duplex_server.session.writer import QueuedWriter
+from duplex_server.transports.media_input import InputFeed
+from duplex_server.transports.media_playout import MediaPlayout
 
 log = logging.getLogger(__name__)
 
@@ -67,63 +66,70 @@ def merge_patch(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class MediaAttachment(QueuedWriter):
-    """Base of the media transports; subclasses write audio, events and the hang-up."""
+class MediaOut(Protocol):
+    """How a media transport writes to its wire (its :class:`MediaLink` calls these)."""
 
-    #: metrics and log label
-    kind = "media"
-
-    def __init__(self, hub: Hub) -> None:
-        super().__init__(hub)
-        self.feed: InputFeed | None = None
-        #: audio sent per item (ms, end of the last chunk) and what the far end played
-        self.sent_ms: dict[str, float] = {}
-        self.played_ms: dict[str, float] = {}
-        self.audio_item: str | None = None  # the item whose audio is playing or queued
-        self.audio_response: str | None = None  # ... and its response
-        self.ended = asyncio.Event()
-
-    # ------------------------------------------------------------------ Attachment
-    def replaced(self, data: bytes) -> None:  # media transports are never resumed onto
-        self.session = None
-        self.outbox.drain()
-        self.close(CloseCode.NORMAL, "replaced")
-
-    # ------------------------------------------------------------------ to implement
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
-        raise NotImplementedError
+        """Reply audio: ``event``'s chunk as PCM16 at ``rate``."""
+        ...
 
     async def write_event(self, event: ev.ServerEvent, data: bytes) -> None:
-        raise NotImplementedError
+        """Any other server event, stamped (``data``)."""
+        ...
 
     async def write_raw(self, data: bytes) -> None:
         """Bytes stamped elsewhere (an error before the session existed)."""
-        raise NotImplementedError
+        ...
 
-    async def hang_up(self, code: int, reason: str) -> None:
-        raise NotImplementedError
+    async def hang_up(self, code: int, reason: str) -> None: ...
 
     async def flush_playout(self) -> None:
         """Drop the audio the far end has not played yet (barge-in)."""
-        raise NotImplementedError
+        ...
 
     def audio_done(self, response_id: str) -> None:
         """All of ``response_id``'s audio has been handed to ``write_audio``."""
+        ...
+
+
+class MediaLink:
+    """One media transport's link to its live session: writer, playout and input path."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        out: MediaOut,
+        kind: str,
+        *,
+        still_queued: Callable[[], bool] | None = None,
+    ) -> None:
+        self.hub = hub
+        self.out = out
+        self.kind = kind  # metrics and log label
+        # media transports are never resumed onto: replaced, they close without a word
+        self.writer = QueuedWriter(hub, self, announce_replaced=False)
+        self.playout = MediaPlayout(still_queued)
+        self.feed: InputFeed | None = None
+        self.ended = asyncio.Event()
+
+    @property
+    def session(self) -> LiveSession | None:
+        return self.writer.session
 
     # ------------------------------------------------------------------ session
     def register(self) -> None:
-        handshake.connected(self.hub, self)
+        handshake.connected(self.hub, self.writer)
 
     def unregister(self) -> None:
-        handshake.disconnected(self.hub, self)
+        handshake.disconnected(self.hub, self.writer)
         if self.session is not None:
-            self.session.detach(self)
+            self.session.detach(self.writer)
 
     async def open_session(self, patch: dict[str, Any]) -> LiveSession:
         """Open a session for this transport and apply ``patch`` (a session.update)."""
-        session = await handshake.open_session(self.hub, self, patch=patch)
-        self.session = session
-        session.core.talk_over.attach(self)
+        session = await handshake.open_session(self.hub, self.writer, patch=patch)
+        self.writer.session = session
+        session.core.talk_over.attach(self.playout)
         self.feed = InputFeed(session)
         handshake.outcome(self.hub, f"{self.kind}_opened")
         return session
@@ -134,34 +140,18 @@ class MediaAttachment(QueuedWriter):
         if session is not None and not session.core.closed:
             session.apply(session.core.close(reason))
         else:
-            self.close(CloseCode.NORMAL, reason)
-
-    def audio_played(self, item_id: str, ms: float) -> None:
-        """The far end reports that ``item_id`` played through ``ms``."""
-        if item_id in self.played_ms:
-            self.played_ms[item_id] = max(self.played_ms[item_id], ms)
-
-    @property
-    def playout_pending(self) -> bool:
-        item = self.audio_item
-        return item is not None and self.played_ms.get(item, 0.0) < self.sent_ms.get(item, 0.0)
-
-    def playing(self) -> str | None:
-        """The response whose audio the far end still plays (the session core's
-        :class:`~duplex_server.protocol.playout.FarEnd`: talking over it clears it)."""
-        return self.audio_response if self.playout_pending else None
+            self.writer.close(CloseCode.NORMAL, reason)
 
     async def barge_in(self) -> None:
         """Flush what the far end has not played and truncate the item to what it heard."""
-        item = self.audio_item
-        await self.flush_playout()
-        if self.feed is not None and self.feed.echo is not None:
-            self.feed.echo.flush()
-        if item is None or self.session is None:
+        await self.out.flush_playout()
+        if self.feed is not None:
+            self.feed.flush_echo()
+        if self.session is None:
             return
-        self.audio_item = None
-        played = int(self.played_ms.pop(item, 0.0))
-        if self.sent_ms.pop(item, 0.0) > played:
+        cut = self.playout.cut()
+        if cut is not None:
+            item, played = cut
             truncate = {
                 "type": "conversation.item.truncate",
                 "item_id": item,
@@ -170,13 +160,13 @@ class MediaAttachment(QueuedWriter):
             }
             self.session.receive_text(json.dumps(truncate))
 
-    # ------------------------------------------------------------------ QueuedWriter
+    # ------------------------------------------------------------------ Wire
     async def deliver(self, item: Outgoing, session: LiveSession | None) -> bool:
         """Audio deltas go to the media (never stamped), other events are stamped and
         handed to ``write_event``; bytes stamped elsewhere go to ``write_raw``."""
         if session is None or item.event is None:
             if item.raw is not None:
-                await self.write_raw(item.raw)
+                await self.out.write_raw(item.raw)
             return False
         event = item.event
         if isinstance(event, ev.AudioDelta):
@@ -184,24 +174,22 @@ class MediaAttachment(QueuedWriter):
                 session.metrics.stale_dropped.labels("writer").inc()
                 return False
             pcm, rate = self._decode(session, event)
-            self.audio_item, self.audio_response = event.item_id, event.response_id
-            self.sent_ms[event.item_id] = event.audio_start_ms + event.duration_ms
-            self.played_ms.setdefault(event.item_id, 0.0)
-            await self.write_audio(event, pcm, rate)
+            self.playout.sent(event)
+            await self.out.write_audio(event, pcm, rate)
             return True
         data = session.next_frame(item)
         if data is None:
             return False
-        await self.write_event(event, data)
+        await self.out.write_event(event, data)
         await self._observe(event)
         return True
 
     async def finish(self, code: int, reason: str) -> None:
-        await self.hang_up(code, reason)
+        await self.out.hang_up(code, reason)
 
     async def stalled(self) -> None:
-        code, reason = self.closing or (CloseCode.POLICY, "client_too_slow")
-        await self.hang_up(code, reason)
+        code, reason = self.writer.closing or (CloseCode.POLICY, "client_too_slow")
+        await self.out.hang_up(code, reason)
 
     def writer_done(self) -> None:
         self.ended.set()
@@ -211,7 +199,7 @@ class MediaAttachment(QueuedWriter):
         if isinstance(event, ev.OutputAudioCleared):
             await self.barge_in()
         elif isinstance(event, ev.AudioDone):
-            self.audio_done(event.response_id)
+            self.out.audio_done(event.response_id)
 
     @staticmethod
     def _decode(session: LiveSession, event: ev.AudioDelta) -> tuple[bytes, int]:
@@ -220,75 +208,3 @@ class MediaAttachment(QueuedWriter):
         if fmt.codec != "pcm16":
             data = g711_to_pcm16(data, fmt.codec)
         return data, fmt.rate
-
-
-class InputFeed:
-    """Transport PCM16 -> (echo control at 16 kHz) -> the session's input format."""
-
-    def __init__(self, session: LiveSession) -> None:
-        self.session = session
-        self.echo: EchoControl | None = None
-        self._to16k: dict[int, StreamResampler] = {}
-        self._last8k = 0  # the previous 8 kHz sample (the 2x interpolation's one of state)
-        self._out: StreamResampler | None = None
-
-    def _echo_on(self) -> bool:
-        on = self.session.core.config.echo_cancellation
-        if on and self.echo is None:
-            self.echo = EchoControl()
-        elif not on:
-            self.echo = None
-        return on
-
-    def _upsample2x(self, pcm: bytes) -> bytes:
-        """8 -> 16 kHz by linear interpolation: no delay, one sample out per half sample in.
-
-        A stream resampler delays and batches its output, so the input would reach the echo
-        canceller in irregular blocks while the transport's playout reports (Twilio marks)
-        assume it arrives as it was recorded; telephone audio has nothing above 4 kHz to
-        lose to the simpler filter."""
-        x = np.frombuffer(pcm[: len(pcm) - len(pcm) % 2], dtype="<i2").astype(np.int32)
-        if not x.size:
-            return b""
-        prev = np.concatenate(([self._last8k], x[:-1]))
-        out = np.empty(x.size * 2, dtype=np.int32)
-        out[0::2] = (prev + x) // 2
-        out[1::2] = x
-        self._last8k = int(x[-1])
-        return out.astype("<i2").tobytes()
-
-    def reference(self, pcm: bytes, rate: int) -> int:
-        """What the transport plays (or queues to play); returns the playout position."""
-        if self.echo is None and not self._echo_on():
-            return 0
-        assert self.echo is not None
-        if rate != ECHO_RATE:  # each chunk whole: a stream resampler would hold back its tail
-            samples = np.frombuffer(pcm, dtype="<i2")
-            pcm = soxr.resample(samples, rate, ECHO_RATE).astype("<i2").tobytes()
-        return self.echo.playing(pcm)
-
-    def push(self, pcm: bytes, rate: int) -> None:
-        """Microphone PCM16 at ``rate`` from the transport."""
-        pcm16k = self._resample(pcm, rate)
-        if self._echo_on():
-            assert self.echo is not None
-            pcm16k = self.echo.process(pcm16k)
-        if not pcm16k:
-            return
-        fmt = self.session.core.config.input_format
-        if fmt.rate != ECHO_RATE:
-            if self._out is None or self._out.out_rate != fmt.rate:
-                self._out = StreamResampler(ECHO_RATE, fmt.rate)
-            pcm16k = self._out.process(pcm16k)
-        data = pcm16k if fmt.codec == "pcm16" else pcm16_to_g711(pcm16k, fmt.codec)
-        self.session.receive_audio(data)
-
-    def _resample(self, pcm: bytes, rate: int) -> bytes:
-        if rate == ECHO_RATE:
-            return pcm
-        if rate * 2 == ECHO_RATE:
-            return self._upsample2x(pcm)
-        res = self._to16k.get(rate)
-        if res is None:
-            res = self._to16k[rate] = StreamResampler(rate, ECHO_RATE)
-        return res.process(pcm)

@@ -1,10 +1,11 @@
 """The WebSocket transport: socket frames <-> a live session. No protocol decisions here.
 
-One :class:`SocketAttachment` per socket implements the session's
-:class:`~duplex_server.session.attach.Attachment` interface and runs one TaskGroup with two tasks:
-``reader`` (frames -> session) and ``writer`` (the writer every transport uses,
+One :class:`SocketTransport` per socket runs one TaskGroup with two tasks: ``reader`` (frames ->
+session) and ``writer`` (the writer every transport holds,
 :class:`~duplex_server.session.writer.QueuedWriter`: outbound queue -> socket; the session stamps
-and journals each event as it is written). Admission, opening and resuming go through
+and journals each event as it is written). The writer is what the session sees of the socket
+(its :class:`~duplex_server.session.attach.Attachment`); the socket is the writer's
+:class:`~duplex_server.session.writer.Wire`. Admission, opening and resuming go through
 :mod:`duplex_server.session.handshake`; opening, resuming and taking a session over are decided by
 the session core (:mod:`duplex_server.session.live`).
 
@@ -37,22 +38,21 @@ from duplex_server.session.writer import QueuedWriter
 log = logging.getLogger(__name__)
 
 
-class SocketAttachment(QueuedWriter):
-    """One WebSocket; attached to at most one live session at a time."""
+class SocketTransport:
+    """One WebSocket; attached to at most one live session at a time (through its writer)."""
 
     def __init__(self, hub: Hub, ws: WebSocket) -> None:
-        super().__init__(hub)
+        self.hub = hub
         self.ws = ws
+        self.writer = QueuedWriter(hub, self)
         self._tasks: list[asyncio.Task[None]] = []
         #: the close code the client sent (1006: the connection dropped without one)
         self.peer_close_code: int | None = None
 
-    # ------------------------------------------------------------------ Attachment
-    def replaced(self, data: bytes) -> None:
-        self.session = None  # later frames of this socket are refused silently
-        self.outbox.drain()
-        self.outbox.put_raw(data)
-        self.close(CloseCode.NORMAL, "replaced")
+    @property
+    def session(self) -> LiveSession | None:
+        """The session this socket serves (None: none yet, replaced or closed)."""
+        return self.writer.session
 
     def fatal(self, exc: ProtocolError) -> None:
         """An error before (or without) a session: sent, then the socket closes."""
@@ -61,8 +61,8 @@ class SocketAttachment(QueuedWriter):
             return
         detail, code = to_wire_error(exc)
         data, _ = encode_server_event(ev.Error(error=detail), event_id="event_error", seq=0)
-        self.outbox.put_raw(data)
-        self.close(code or CloseCode.POLICY, detail.code)
+        self.writer.send_stamped(data)
+        self.writer.close(code or CloseCode.POLICY, detail.code)
 
     # ------------------------------------------------------------------ tasks
     def _stop(self) -> None:
@@ -73,14 +73,14 @@ class SocketAttachment(QueuedWriter):
         self.hub.ensure_watchdog()
         try:
             async with asyncio.TaskGroup() as tg:
-                self._writer_task = tg.create_task(self._writer(), name="writer")
-                self._tasks = [tg.create_task(self._reader(), name="reader"), self._writer_task]
+                writer = tg.create_task(self._writer(), name="writer")
+                self._tasks = [tg.create_task(self._reader(), name="reader"), writer]
         finally:
             # a cancelled task keeps its CancelledError, whose traceback holds the task's
             # frames and so this socket: without this, socket -> task -> error -> frame ->
             # socket is a cycle, and the socket's session (journal, outbox) waited for the
             # cyclic GC instead of being freed when the socket ends
-            self._tasks, self._writer_task = [], None
+            self._tasks = []
 
     async def _reader(self) -> None:
         try:
@@ -88,7 +88,7 @@ class SocketAttachment(QueuedWriter):
         except WebSocketDisconnect as exc:
             self.peer_close_code = exc.code
         finally:
-            if self._close is None:  # the client went away: stop everything now
+            if self.writer.closing is None:  # the client went away: stop everything now
                 self._stop()
 
     async def _read_loop(self) -> None:
@@ -114,11 +114,11 @@ class SocketAttachment(QueuedWriter):
 
     async def _writer(self) -> None:
         try:
-            await self.run_writer()
+            await self.writer.run()
         except WebSocketDisconnect:
             pass  # the client went away mid-send: nothing more to write (it can resume)
 
-    # ------------------------------------------------------------------ QueuedWriter
+    # ------------------------------------------------------------------ Wire
     async def deliver(self, item: Outgoing, session: LiveSession | None) -> bool:
         data = item.raw if session is None else session.next_frame(item)
         if data is None:
@@ -129,6 +129,9 @@ class SocketAttachment(QueuedWriter):
     async def finish(self, code: int, reason: str) -> None:
         await self.ws.close(code, reason)
 
+    async def stalled(self) -> None:
+        """The session was told it is too slow; its close follows as usual."""
+
     def writer_done(self) -> None:
         self._stop()
 
@@ -137,27 +140,28 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     hub: Hub = ws.app.state.hub
     adm = handshake.admit_socket(hub, ws.headers, ws.scope.get("subprotocols", []))
     await ws.accept(subprotocol=adm.subprotocol)
-    sock = SocketAttachment(hub, ws)
-    handshake.connected(hub, sock)
+    sock = SocketTransport(hub, ws)
+    handshake.connected(hub, sock.writer)
     try:
         outcome = await _handshake(hub, sock, adm.ok, adm.code, adm.message)
         handshake.outcome(hub, outcome)
         if outcome != "disconnected":
             await sock.serve()
     finally:
-        handshake.disconnected(hub, sock)
-        if sock.session is not None:
+        handshake.disconnected(hub, sock.writer)
+        session = sock.session
+        if session is not None:
             if sock.peer_close_code == CloseCode.NORMAL:
-                sock.session.peer_closed(sock)  # a clean close ends the session (§6)
+                session.peer_closed(sock.writer)  # a clean close ends the session (§6)
             else:
-                sock.session.detach(sock)  # a drop: kept for the grace period
+                session.detach(sock.writer)  # a drop: kept for the grace period
         try:
             await ws.close(CloseCode.NORMAL)
         except Exception:  # already closed by the peer or by the writer: nothing to do
             log.debug("socket already closed", exc_info=True)
 
 
-async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg: str) -> str:
+async def _handshake(hub: Hub, sock: SocketTransport, ok: bool, code: str, msg: str) -> str:
     """Admitted, then open a new session or resume one (:mod:`duplex_server.session.handshake`).
     Returns the outcome label."""
     ws = sock.ws
@@ -168,7 +172,7 @@ async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg:
         if ws.query_params.get("intent") != "resume":
             beta = "realtime=v1" in ws.headers.get("openai-beta", "")
             beta = beta or ws.query_params.get("event_names") == "beta"
-            sock.session = await handshake.open_session(hub, sock, beta=beta)
+            sock.writer.session = await handshake.open_session(hub, sock.writer, beta=beta)
             return "opened"
         first = await asyncio.wait_for(ws.receive(), hub.config.server.resume_wait_s)
         if first["type"] == "websocket.disconnect":
@@ -181,7 +185,7 @@ async def _handshake(hub: Hub, sock: SocketAttachment, ok: bool, code: str, msg:
         event = decode_client_event(text)
         if not isinstance(event, ev.SessionResume):
             raise SessionFatal("invalid_state", "expected session.resume", close_code=1008)
-        sock.session = await handshake.resume_session(hub, sock, event)
+        sock.writer.session = await handshake.resume_session(hub, sock.writer, event)
         return "resumed"
     except WebSocketDisconnect:
         return "disconnected"

@@ -38,8 +38,10 @@ from duplex_server.protocol.dtmf import DIGITS
 from duplex_server.protocol.errors import CloseCode, ProtocolError
 from duplex_server.session import handshake
 from duplex_server.session.hub import Hub
+from duplex_server.session.live import LiveSession
 from duplex_server.transports import twilio_wire as wire
-from duplex_server.transports.media import MediaAttachment, check_session_patch, merge_patch
+from duplex_server.transports.media import MediaLink, check_session_patch, merge_patch
+from duplex_server.transports.twilio_marks import TwilioMarks
 from duplex_server.transports.twilio_signature import candidate_urls, verify
 from duplex_server.transports.twilio_wire import Malformed
 
@@ -55,44 +57,52 @@ TWILIO_SESSION: dict[str, Any] = {
 }
 
 
-class TwilioAttachment(MediaAttachment):
-    kind = "twilio"
+def call_session(params: dict[str, str]) -> dict[str, Any]:
+    """The session settings of a call whose ``start`` carries ``params`` (its custom
+    parameters): echo control on, the caller's ``session`` over it, the transport's formats
+    over both. Raises :class:`ProtocolError` (or ``json.JSONDecodeError``) if unusable."""
+    patch: dict[str, Any] = {"audio": {"input": {"echo_cancellation": True}}}
+    if params.get("session"):
+        user = json.loads(params["session"])
+        if not isinstance(user, dict):
+            raise ProtocolError("invalid_value", "session must be a JSON object")
+        patch = merge_patch(patch, user)
+    patch = merge_patch(patch, TWILIO_SESSION)
+    check_session_patch(patch)
+    return patch
+
+
+class TwilioCall:
+    """One Twilio Media Stream: its wire both ways; the session link is :attr:`link`."""
 
     def __init__(self, hub: Hub, ws: WebSocket) -> None:
-        super().__init__(hub)
+        self.hub = hub
         self.ws = ws
+        self.link = MediaLink(hub, self, "twilio")
+        self.marks = TwilioMarks()
         self.stream_sid = ""
-        self.marks_sent = 0
-        self.marks_played = 0
-        self.clears_sent = 0
-        self._cleared: set[str] = set()  # items cleared: their late marks are ignored
-        self._mark_pos: dict[str, int] = {}  # mark name -> playout position (echo control)
-        self._sent_end: dict[str, float] = {}  # item -> ms of its audio sent (samples)
         #: the handshake's own credentials were enough (else customParameters.api_key)
         self.admitted = False
 
-    # ------------------------------------------------------------------ out
-    async def _send(self, msg: wire.Outbound) -> None:
+    @property
+    def session(self) -> LiveSession | None:
+        return self.link.session
+
+    # ------------------------------------------------------------------ out (MediaOut)
+    async def send(self, msg: wire.Outbound) -> None:
         await self.ws.send_text(wire.encode(msg))
 
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
         sid = self.stream_sid
-        await self._send(wire.SendMedia(streamSid=sid, media=wire.OutMedia(event.delta)))
-        # the mark names where this chunk ends in the item's audio as sent (samples, not
-        # the engine's ms: the resampler to 8 kHz holds some back, unevenly), so that its
+        await self.send(wire.SendMedia(streamSid=sid, media=wire.OutMedia(event.delta)))
+        # the mark names where this chunk ends in the item's audio as sent, so that its
         # echo never claims more than the caller heard; playout is pending until it echoes
-        item = event.item_id
-        end = self._sent_end.get(item, 0.0) + len(pcm) / (2 * rate) * 1000
-        self._sent_end[item] = end
-        end_ms = round(end)
-        self.sent_ms[item] = float(end_ms)
-        name = f"{item}:{end_ms}"
-        if self.feed is not None:
-            pos = self.feed.reference(pcm, rate)
-            if pos:
-                self._mark_pos[name] = pos
-        await self._send(wire.SendMark(streamSid=sid, mark=wire.OutMark(name)))
-        self.marks_sent += 1
+        name, end_ms = self.marks.next(event.item_id, len(pcm), rate)
+        self.link.playout.sent_through(event.item_id, float(end_ms))
+        feed = self.link.feed
+        if feed is not None:
+            self.marks.hold_position(name, feed.reference(pcm, rate))
+        await self.send(wire.SendMark(streamSid=sid, mark=wire.OutMark(name)))
 
     async def write_event(self, event: ev.ServerEvent, data: bytes) -> None:
         if isinstance(event, ev.Error):
@@ -102,11 +112,11 @@ class TwilioAttachment(MediaAttachment):
         log.warning("twilio %s: %s", self.stream_sid, data.decode(errors="replace"))
 
     async def flush_playout(self) -> None:
-        if self.audio_item is not None:
-            self._cleared.add(self.audio_item)
-        self._mark_pos.clear()
-        await self._send(wire.Clear(streamSid=self.stream_sid))
-        self.clears_sent += 1
+        self.marks.clear(self.link.playout.item)
+        await self.send(wire.Clear(streamSid=self.stream_sid))
+
+    def audio_done(self, response_id: str) -> None:
+        """Nothing to do: each chunk's mark already says where it ends."""
 
     async def hang_up(self, code: int, reason: str) -> None:
         try:
@@ -122,18 +132,18 @@ class TwilioAttachment(MediaAttachment):
             reader.add_done_callback(lambda _: self._reader_done(writer))
 
     def _reader_done(self, writer: asyncio.Task[None]) -> None:
-        if self._close is None:  # Twilio went away without stop
-            self.end_session("hangup")
+        if self.link.writer.closing is None:  # Twilio went away without stop
+            self.link.end_session("hangup")
         if self.session is None:
             writer.cancel()
 
     async def _writer(self) -> None:
         try:
-            await self.run_writer()
+            await self.link.writer.run()
         except WebSocketDisconnect:
             # Twilio went away while we sent: the call is over (the reader sees the
             # disconnect too); nothing to write to, and nothing to report as an error
-            self.end_session("hangup")
+            self.link.end_session("hangup")
 
     async def _reader(self) -> None:
         max_frame = self.hub.config.server.max_frame_bytes
@@ -171,7 +181,7 @@ class TwilioAttachment(MediaAttachment):
         if isinstance(msg, wire.Start):
             return await self._start(msg)
         if isinstance(msg, wire.Stop):
-            self.end_session("client")
+            self.link.end_session("client")
             return False
         if self.session is None:
             return True  # media, mark or dtmf before start: nothing to feed
@@ -195,25 +205,17 @@ class TwilioAttachment(MediaAttachment):
         try:
             if not self._authorized(params):
                 raise ProtocolError("unauthorized", "missing or invalid API key")
-            patch: dict[str, Any] = {"audio": {"input": {"echo_cancellation": True}}}
-            if params.get("session"):
-                user = json.loads(params["session"])
-                if not isinstance(user, dict):
-                    raise ProtocolError("invalid_value", "session must be a JSON object")
-                patch = merge_patch(patch, user)
-            patch = merge_patch(patch, TWILIO_SESSION)
-            check_session_patch(patch)
-            await self.open_session(patch)
+            await self.link.open_session(call_session(params))
         except json.JSONDecodeError as exc:
             log.warning("twilio %s: customParameters.session is not JSON: %s", self.stream_sid, exc)
             handshake.outcome(self.hub, "invalid_value")
-            self.close(CloseCode.POLICY, "invalid_value")
+            self.link.writer.close(CloseCode.POLICY, "invalid_value")
             return False
         except (ProtocolError, EngineError) as exc:
             detail, _ = handshake.refusal(exc)
             log.warning("twilio %s: call refused: %s", self.stream_sid, detail.message)
             handshake.outcome(self.hub, detail.code)
-            self.close(CloseCode.POLICY, detail.code)
+            self.link.writer.close(CloseCode.POLICY, detail.code)
             return False
         return True
 
@@ -225,8 +227,9 @@ class TwilioAttachment(MediaAttachment):
 
     def _media(self, msg: wire.Media) -> None:
         ulaw = msg.media.payload
-        if msg.inbound and ulaw and self.feed is not None:
-            self.feed.push(g711_to_pcm16(ulaw, "g711_ulaw"), TWILIO_RATE)
+        feed = self.link.feed
+        if msg.inbound and ulaw and feed is not None:
+            feed.push(g711_to_pcm16(ulaw, "g711_ulaw"), TWILIO_RATE)
 
     def _dtmf(self, msg: wire.Dtmf) -> None:
         """``{"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": "1"}}``."""
@@ -238,14 +241,13 @@ class TwilioAttachment(MediaAttachment):
 
     def _mark(self, msg: wire.Mark) -> None:
         item, end_ms = msg.position()
-        name = msg.mark.name
-        self.marks_played += 1
-        if item in self._cleared:
+        heard, position = self.marks.echo(msg.mark.name, item)
+        if not heard:
             return  # Twilio echoes the marks of cleared audio: it was never heard
-        self.audio_played(item, end_ms)
-        pos = self._mark_pos.pop(name, None)
-        if pos is not None and self.feed is not None and self.feed.echo is not None:
-            self.feed.echo.played_through(pos)
+        self.link.playout.played(item, end_ms)
+        feed = self.link.feed
+        if position is not None and feed is not None:
+            feed.played_through(position)
 
 
 def _admit(ws: WebSocket, hub: Hub) -> tuple[bool, str, str]:
@@ -282,18 +284,18 @@ async def twilio_endpoint(ws: WebSocket) -> None:
     hub: Hub = ws.app.state.hub
     admitted, refused, why = _admit(ws, hub)
     await ws.accept()
-    att = TwilioAttachment(hub, ws)
-    att.admitted = admitted
+    call = TwilioCall(hub, ws)
+    call.admitted = admitted
     if refused:
         log.warning("twilio: refused: %s", why)
         handshake.outcome(hub, refused)
         await ws.close(CloseCode.POLICY, refused)
         return
-    att.register()
+    call.link.register()
     try:
-        await att.serve()
+        await call.serve()
     finally:
-        att.unregister()
+        call.link.unregister()
         try:
             await ws.close(CloseCode.NORMAL)
         except Exception:

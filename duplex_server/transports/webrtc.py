@@ -10,195 +10,75 @@ are the WebSocket path's (``Authorization: Bearer``).
 
 Audio flows as Opus over RTP both ways: the caller's track feeds the session's input (at
 the session's input format, after echo control when it is on), and the server's track
-(:class:`ReplyTrack`) plays reply audio at real time, 20 ms a frame. Every other server
+(:class:`~duplex_server.transports.webrtc_track.ReplyTrack`) plays reply audio at real time,
+20 ms a frame. Every other server
 event is sent, stamped as on the WebSocket, as JSON on the data channel ``oai-events``
 that the client opens; client events arrive on it. Audio deltas are not sent as events
 (the track carries the audio). ``output_audio_buffer.started`` / ``.stopped`` say when a
 response's audio begins and ends playing on the track; a barge-in flushes the track at
 once (``output_audio_buffer.cleared``) and the assistant item is truncated to what was
 played.
+
+One :class:`WebRtcCall` per call holds its peer connection
+(:class:`~duplex_server.transports.webrtc_peer.WebRtcPeer`: SDP, data channel, microphone),
+its reply track, and its link to the session
+(:class:`~duplex_server.transports.media.MediaLink`: writer, playout, input path); the call
+routes between them. :func:`routes` serves the HTTP side.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import logging
-import time
-from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from aiortc import (
-    MediaStreamTrack,
-    RTCConfiguration,
-    RTCDataChannel,
-    RTCIceServer,
-    RTCPeerConnection,
-    RTCSessionDescription,
-)
-from aiortc.mediastreams import MediaStreamError
-from av import AudioFrame
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from audio_kit.pcm import StreamResampler
 from duplex_contract.errors import EngineError
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
 from duplex_server.session import handshake
 from duplex_server.session.hub import Hub
-from duplex_server.transports.media import MediaAttachment, check_session_patch
+from duplex_server.session.live import LiveSession
+from duplex_server.transports.media import MediaLink, check_session_patch
+from duplex_server.transports.webrtc_peer import WebRtcPeer, use_host_addresses
+from duplex_server.transports.webrtc_track import TRACK_RATE, ReplyTrack
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "oai-events"
-TRACK_RATE = 48000
-PTIME_S = 0.02
-TRACK_FRAME = int(TRACK_RATE * PTIME_S)  # 960 samples
 MAX_OFFER_BYTES = 256 * 1024
 
 
-@dataclass
-class _Chunk:
-    response_id: str
-    item_id: str
-    start_ms: float  # the chunk's offset in its item's audio
-    pcm: bytes  # PCM16 mono at TRACK_RATE
-    offset: int = 0  # bytes already played
-
-
-class ReplyTrack(MediaStreamTrack):
-    """The server's audio track: reply audio at real time, silence between replies."""
-
-    kind = "audio"
-
-    def __init__(self, call: WebRtcAttachment) -> None:
-        super().__init__()
-        self.call = call
-        self.queue: deque[_Chunk] = deque()
-        self.playing: str | None = None  # response whose audio is on the track
-        self.done: set[str] = set()  # responses whose audio has all been queued
-        self._resamplers: dict[int, StreamResampler] = {}
-        self._start = 0.0
-        self._pts = 0
-
-    def enqueue(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
-        if rate != TRACK_RATE:
-            res = self._resamplers.get(rate)
-            if res is None:
-                res = self._resamplers[rate] = StreamResampler(rate, TRACK_RATE)
-            pcm = res.process(pcm)
-        if pcm:
-            self.queue.append(_Chunk(event.response_id, event.item_id, event.audio_start_ms, pcm))
-
-    def finish(self, response_id: str) -> None:
-        """The response's audio is all queued: drain the resamplers' tails into it."""
-        self.done.add(response_id)
-        last = self.queue[-1] if self.queue else None
-        for res in self._resamplers.values():
-            tail = res.flush()
-            if tail and last is not None and last.response_id == response_id:
-                last.pcm += tail
-        self._resamplers.clear()
-
-    def flush(self) -> bool:
-        """Barge-in: drop everything not yet played; True if audio was dropped."""
-        had = bool(self.queue)
-        self.queue.clear()
-        self._resamplers.clear()
-        self.playing = None
-        return had
-
-    async def recv(self) -> AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        if self._pts:
-            wait = self._start + self._pts / TRACK_RATE - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-        else:
-            self._start = time.monotonic()
-        pcm = self._take(TRACK_FRAME * 2)
-        frame = AudioFrame(format="s16", layout="mono", samples=TRACK_FRAME)
-        frame.planes[0].update(pcm)
-        frame.pts = self._pts
-        frame.sample_rate = TRACK_RATE
-        self._pts += TRACK_FRAME
-        self.call.played(pcm)
-        return frame
-
-    def _take(self, nbytes: int) -> bytes:
-        out = bytearray()
-        call = self.call
-        while len(out) < nbytes and self.queue:
-            chunk = self.queue[0]
-            if self.playing != chunk.response_id:
-                self.playing = chunk.response_id
-                call.emit(ev.OutputAudioStarted(response_id=chunk.response_id))
-            part = chunk.pcm[chunk.offset : chunk.offset + nbytes - len(out)]
-            out += part
-            chunk.offset += len(part)
-            call.audio_played(chunk.item_id, chunk.start_ms + chunk.offset / (TRACK_RATE / 500))
-            if chunk.offset >= len(chunk.pcm):
-                self.queue.popleft()
-        playing = self.playing
-        if playing is not None and playing in self.done:
-            if not self.queue or self.queue[0].response_id != playing:
-                self.done.discard(playing)
-                self.playing = None
-                call.emit(ev.OutputAudioStopped(response_id=playing))
-        return bytes(out) + b"\x00" * (nbytes - len(out))
-
-
-class WebRtcAttachment(MediaAttachment):
-    kind = "webrtc"
+class WebRtcCall:
+    """One WebRTC call: its peer connection (:attr:`peer`), its reply track (:attr:`track`)
+    and its link to the session (:attr:`link`)."""
 
     def __init__(self, hub: Hub) -> None:
-        super().__init__(hub)
-        servers = [RTCIceServer(url) for url in hub.config.server.webrtc_ice_servers]
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
+        self.hub = hub
+        s = hub.config.server
         self.track = ReplyTrack(self)
-        self.channel: RTCDataChannel | None = None
-        self.channel_open = asyncio.Event()
-        self.connected = asyncio.Event()
-        self.gone = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.peer = WebRtcPeer(
+            self,
+            self.track,
+            ice_servers=s.webrtc_ice_servers,
+            host_addresses=s.webrtc_host_addresses,
+        )
+        self.link = MediaLink(hub, self, "webrtc", still_queued=self.track.has_queued)
 
-    # ------------------------------------------------------------------ set-up
-    async def answer(self, offer: str) -> str:
-        pc = self.pc
-        pc.on("datachannel", self._on_channel)
-        pc.on("track", self._on_track)
-        pc.on("connectionstatechange", self._on_state)
-        if _loopback_only(self.hub.config.server.webrtc_host_addresses):
-            offer = _loopback_candidates(offer)
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
-        audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
-        if not audio:
-            raise ProtocolError("invalid_value", "the offer has no audio media", param="sdp")
-        audio[0].sender.replaceTrack(self.track)
-        audio[0].direction = "sendrecv"
-        await pc.setLocalDescription(await pc.createAnswer())
-        return pc.localDescription.sdp
+    @property
+    def session(self) -> LiveSession | None:
+        return self.link.session
 
-    def _on_channel(self, channel: RTCDataChannel) -> None:
-        if channel.label != CHANNEL:
-            log.info("webrtc: ignoring data channel %r", channel.label)
-            return
-        self.channel = channel
-        channel.on("message", self._on_message)
-        if channel.readyState == "open":
-            self.channel_open.set()
-        else:
-            channel.on("open", self.channel_open.set)
-        channel.on("close", self.gone.set)
+    @property
+    def call_id(self) -> str:
+        return self.session.session_id if self.session is not None else "-"
 
-    def _on_message(self, message: str | bytes) -> None:
+    # ------------------------------------------------------------------ in (PeerListener)
+    def receive_message(self, message: str | bytes) -> None:
         session = self.session
         if session is None:
             return
@@ -212,46 +92,24 @@ class WebRtcAttachment(MediaAttachment):
             return
         session.receive_text(message)
 
-    def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio":
-            task = asyncio.create_task(self._read_mic(track), name="webrtc-mic")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    def receive_mic(self, pcm: bytes, rate: int) -> None:
+        feed, session = self.link.feed, self.session
+        if feed is not None and session is not None and not session.core.closed:
+            feed.push(pcm, rate)
 
-    def _on_state(self) -> None:
-        state = self.pc.connectionState
-        if state == "connected":
-            self.connected.set()
-        elif state in ("failed", "closed"):
-            self.gone.set()
-
-    async def _read_mic(self, track: MediaStreamTrack) -> None:
-        with contextlib.suppress(MediaStreamError):
-            while True:
-                frame = await track.recv()
-                assert isinstance(frame, AudioFrame)
-                if self.feed is None or self.session is None or self.session.core.closed:
-                    continue
-                data = frame.to_ndarray()
-                channels = len(frame.layout.channels)
-                if frame.format.is_planar:
-                    mono = data.mean(axis=0)
-                else:
-                    mono = data.reshape(-1, channels).mean(axis=1)
-                if frame.format.name.startswith("flt"):
-                    mono = mono * 32767.0
-                pcm = np.clip(mono, -32768, 32767).astype("<i2").tobytes()
-                self.feed.push(pcm, frame.sample_rate)
-
-    # ------------------------------------------------------------------ media out
+    # ------------------------------------------------------------------ track (TrackListener)
     def emit(self, event: ev.ServerEvent) -> None:
         if self.session is not None and not self.session.core.closed:
             self.session.emit(event)
 
     def played(self, pcm: bytes) -> None:
-        if self.feed is not None:
-            self.feed.reference(pcm, TRACK_RATE)
+        if self.link.feed is not None:
+            self.link.feed.reference(pcm, TRACK_RATE)
 
+    def audio_played(self, item_id: str, ms: float) -> None:
+        self.link.playout.played(item_id, ms)
+
+    # ------------------------------------------------------------------ out (MediaOut)
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
         self.track.enqueue(event, pcm, rate)
 
@@ -262,51 +120,46 @@ class WebRtcAttachment(MediaAttachment):
         await self.write_raw(data)
 
     async def write_raw(self, data: bytes) -> None:
-        channel = self.channel
-        if channel is not None and channel.readyState == "open":
-            channel.send(data.decode())
+        self.peer.send(data.decode())
 
     async def flush_playout(self) -> None:
         self.track.flush()
 
-    @property
-    def playout_pending(self) -> bool:
-        return bool(self.track.queue)
-
     async def hang_up(self, code: int, reason: str) -> None:
-        self.gone.set()
+        self.peer.gone.set()
 
     # ------------------------------------------------------------------ lifetime
     async def serve(self) -> None:
         """Until the call ends: events wait for the data channel (or for the connection,
         if the client opened none), then the writer runs."""
         timeout = self.hub.config.server.webrtc_connect_timeout_s
-        self.register()
+        link, peer = self.link, self.peer
+        link.register()
         try:
             try:
                 await asyncio.wait_for(self._ready(), timeout)
             except TimeoutError:
                 log.info("webrtc %s: the peer did not connect", self.call_id)
-                self.end_session("connect_timeout")
-            writer = asyncio.create_task(self.run_writer(), name="webrtc-writer")
-            gone = asyncio.create_task(self.gone.wait())
+                link.end_session("connect_timeout")
+            writer = asyncio.create_task(link.writer.run(), name="webrtc-writer")
+            gone = asyncio.create_task(peer.gone.wait())
             await asyncio.wait({writer, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not writer.done():
-                self.end_session("hangup")  # the peer went away: the session ends
+                link.end_session("hangup")  # the peer went away: the session ends
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(writer), 2.0)
-            for task in (writer, gone, *self._tasks):
+            for task in (writer, gone):
                 task.cancel()
-            await asyncio.gather(writer, gone, *self._tasks, return_exceptions=True)
+            await asyncio.gather(writer, gone, return_exceptions=True)
         finally:
-            self.track.stop()
-            await self.pc.close()
-            self.unregister()
+            await peer.close()
+            link.unregister()
 
     async def _ready(self) -> None:
-        channel = asyncio.create_task(self.channel_open.wait())
+        peer = self.peer
+        channel = asyncio.create_task(peer.channel_open.wait())
         connected = asyncio.create_task(self._connected_without_channel())
-        gone = asyncio.create_task(self.gone.wait())
+        gone = asyncio.create_task(peer.gone.wait())
         tasks = {channel, connected, gone}
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -315,12 +168,8 @@ class WebRtcAttachment(MediaAttachment):
                 task.cancel()
 
     async def _connected_without_channel(self) -> None:
-        await self.connected.wait()
+        await self.peer.connected.wait()
         await asyncio.sleep(2.0)  # a data channel opens right after the connection
-
-    @property
-    def call_id(self) -> str:
-        return self.session.session_id if self.session is not None else "-"
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
@@ -366,43 +215,8 @@ async def _read_offer(request: Request) -> tuple[str, dict[str, Any]]:
     return sdp, patch
 
 
-def _loopback_only(addresses: list[str] | None) -> bool:
-    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses or [])
-
-
-def _loopback_candidates(sdp: str) -> str:
-    """Drop the offer's candidates a loopback-only server cannot reach anyway (so its ICE
-    checks never leave loopback)."""
-    keep = []
-    for line in sdp.splitlines():
-        if line.startswith("a=candidate:"):
-            parts = line.split()
-            try:
-                if len(parts) < 5 or not ipaddress.ip_address(parts[4]).is_loopback:
-                    continue
-            except ValueError:  # an mDNS name: not loopback
-                continue
-        keep.append(line)
-    return "\r\n".join(keep) + "\r\n"
-
-
-def use_host_addresses(addresses: list[str] | None) -> None:
-    """Offer only ``addresses`` as ICE host candidates (aioice has no per-connection knob:
-    its module-level lookup is replaced, for every peer connection of this process)."""
-    if addresses is None:
-        return
-    import aioice.ice
-
-    chosen = list(addresses)
-
-    def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-        return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
-
-    aioice.ice.get_host_addresses = host_addresses
-
-
 def routes(hub: Hub) -> list[BaseRoute]:
-    calls: dict[str, WebRtcAttachment] = {}
+    calls: dict[str, WebRtcCall] = {}
     use_host_addresses(hub.config.server.webrtc_host_addresses)
 
     def _ended(call_id: str, task: asyncio.Task[None]) -> None:
@@ -417,19 +231,19 @@ def routes(hub: Hub) -> list[BaseRoute]:
         except ProtocolError as exc:
             detail, _ = to_wire_error(exc)
             return _error(400, detail.code, detail.message, detail.param)
-        call = WebRtcAttachment(hub)
+        call = WebRtcCall(hub)
         try:
-            answer = await call.answer(offer)
+            answer = await call.peer.answer(offer)
         except ProtocolError as exc:
-            await call.pc.close()
+            await call.peer.close()
             return _error(400, exc.code, str(exc), "sdp")
         except Exception as exc:  # aiortc refuses the offer
-            await call.pc.close()
+            await call.peer.close()
             return _error(400, "invalid_value", f"sdp: {type(exc).__name__}: {exc}", "sdp")
         try:
-            session = await call.open_session(patch)
+            session = await call.link.open_session(patch)
         except (ProtocolError, EngineError) as exc:
-            await call.pc.close()
+            await call.peer.close()
             detail, close = handshake.refusal(exc)
             busy = close == CloseCode.TRY_AGAIN or detail.type != "invalid_request_error"
             handshake.outcome(hub, detail.code)
@@ -445,7 +259,7 @@ def routes(hub: Hub) -> list[BaseRoute]:
         call = calls.get(request.path_params["call_id"])
         if call is None:
             return _error(404, "call_not_found", "no such call", "call_id")
-        call.end_session("client")
+        call.link.end_session("client")
         return Response(status_code=200)
 
     return [

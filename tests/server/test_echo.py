@@ -183,7 +183,7 @@ def _speech_share(
 
     from audio_kit.echo import EchoControl
     from audio_kit.vad import SileroVad
-    from duplex_server.transports.media import InputFeed
+    from duplex_server.transports.media_input import InputFeed
 
     rng = np.random.default_rng(7)
     reply = _phone(_human("two_cities.wav", 0.75, 4.75, 2500.0))  # speech from the start

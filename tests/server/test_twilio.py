@@ -11,7 +11,7 @@ from typing import Any
 
 import websockets
 
-from duplex_server.transports.twilio import TwilioAttachment
+from duplex_server.transports.twilio import TwilioCall
 from tests.server.harness import UNIT, http_text, running_server, write_config
 from tests.server.test_session_memory import all_released, settle
 from tests.server.twilio_sim import SendAfterDrop, TwilioSim, tone8k
@@ -120,10 +120,10 @@ def test_twilio_call_gone_while_the_server_sends_ends_as_a_hangup(
     path = write_config(tmp_path, engine=SHORT_TTS)
     apps: list[Any] = []
     outcomes: list[BaseException | None] = []
-    real_serve = TwilioAttachment.serve
+    real_serve = TwilioCall.serve
     held = SendAfterDrop(monkeypatch, armed=True)
 
-    async def serve(self: TwilioAttachment) -> None:
+    async def serve(self: TwilioCall) -> None:
         try:
             await real_serve(self)
         except BaseException as exc:
@@ -131,7 +131,7 @@ def test_twilio_call_gone_while_the_server_sends_ends_as_a_hangup(
             raise
         outcomes.append(None)
 
-    monkeypatch.setattr(TwilioAttachment, "serve", serve)
+    monkeypatch.setattr(TwilioCall, "serve", serve)
 
     async def run(addr: str) -> None:
         async with TwilioSim.call(addr, {}) as sim:

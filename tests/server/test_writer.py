@@ -1,6 +1,6 @@
-"""The one writer every transport uses (duplex_server/session/writer.py): order, close after the
-queue drains, back-pressure, and the slow-client policy driven by the hub's real send
-watchdog; then the WebSocket and the media transports on the same writer."""
+"""The one writer every transport holds (duplex_server/session/writer.py): order, close after
+the queue drains, back-pressure, a takeover, and the slow-client policy driven by the hub's real
+send watchdog; then the WebSocket and the media transports on the same writer."""
 
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ from duplex_server.session.attach import Outgoing
 from duplex_server.session.hub import Hub
 from duplex_server.session.live import LiveSession
 from duplex_server.session.writer import QueuedWriter
-from duplex_server.transports.media import MediaAttachment
-from duplex_server.transports.realtime import SocketAttachment
-from duplex_server.transports.twilio import TwilioAttachment
+from duplex_server.transports.realtime import SocketTransport
+from duplex_server.transports.twilio import TwilioCall
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,11 +56,11 @@ class FakeSession:
         self.writer.close(1008, "client_too_slow")
 
 
-class Recorder(QueuedWriter):
-    """A transport that records what reaches its wire; ``block`` holds a delivery."""
+class Recorder:
+    """A transport's wire that records what reaches it; ``block`` holds a delivery."""
 
-    def __init__(self, hub: Hub) -> None:
-        super().__init__(hub)
+    def __init__(self, hub: Hub, *, announce_replaced: bool = True) -> None:
+        self.writer = QueuedWriter(hub, self, announce_replaced=announce_replaced)
         self.wire: list[bytes] = []
         self.finished: tuple[int, str] | None = None
         self.stall_hook = 0
@@ -70,7 +69,7 @@ class Recorder(QueuedWriter):
         self.since_seen: list[float | None] = []
 
     async def deliver(self, item: Outgoing, session: LiveSession | None) -> bool:
-        self.since_seen.append(self.send_since)
+        self.since_seen.append(self.writer.send_since)
         if self.block is not None:
             await self.block.wait()
         data = item.raw if session is None else session.next_frame(item)
@@ -96,10 +95,11 @@ def _event(size: int = 10, epoch: int | None = None) -> Outgoing:
 def test_delivers_in_order_marks_events_sent_and_closes_after_the_queue_drains() -> None:
     async def run() -> None:
         with ThreadPoolExecutor(1) as pool:
-            w = Recorder(_hub(pool))
+            r = Recorder(_hub(pool))
+            w = r.writer
             session = FakeSession(w)
             w.session = session  # type: ignore[assignment]
-            task = asyncio.create_task(w.run_writer())
+            task = asyncio.create_task(w.run())
             w.send_stamped(b"replayed")
             assert w.send_event(_event())
             assert w.send_event(_event(epoch=0))  # stale: not written, not "sent"
@@ -107,11 +107,11 @@ def test_delivers_in_order_marks_events_sent_and_closes_after_the_queue_drains()
             assert w.send_event(_event())  # queued before the close is carried out
             await asyncio.wait_for(task, 2)
             stamped = b"stamped:InputCleared"
-            assert w.wire == [b"replayed", stamped, stamped]
+            assert r.wire == [b"replayed", stamped, stamped]
             assert len(session.sent_items) == 2  # events written; not the raw, not stale
-            assert w.finished == (1001, "going away")
-            assert w.done_hook == 1 and w.stall_hook == 0
-            assert all(s is not None for s in w.since_seen) and w.send_since is None
+            assert r.finished == (1001, "going away")
+            assert r.done_hook == 1 and r.stall_hook == 0
+            assert all(s is not None for s in r.since_seen) and w.send_since is None
             assert w.queued_bytes == 0
 
     asyncio.run(run())
@@ -120,16 +120,17 @@ def test_delivers_in_order_marks_events_sent_and_closes_after_the_queue_drains()
 def test_close_without_a_code_finishes_normally_and_an_unattached_event_is_dropped() -> None:
     async def run() -> None:
         with ThreadPoolExecutor(1) as pool:
-            w = Recorder(_hub(pool))
-            task = asyncio.create_task(w.run_writer())
+            r = Recorder(_hub(pool))
+            w = r.writer
+            task = asyncio.create_task(w.run())
             assert w.send_event(_event())  # no session attached: nothing to stamp it
             w.send_stamped(b"error before a session")
             await asyncio.sleep(0.05)
-            assert w.finished is None and not task.done()  # an empty queue waits
+            assert r.finished is None and not task.done()  # an empty queue waits
             w.close(1000, "")
             await asyncio.wait_for(task, 2)
-            assert w.wire == [b"error before a session"]
-            assert w.finished == (1000, "")
+            assert r.wire == [b"error before a session"]
+            assert r.finished == (1000, "")
 
     asyncio.run(run())
 
@@ -137,7 +138,7 @@ def test_close_without_a_code_finishes_normally_and_an_unattached_event_is_dropp
 def test_back_pressure_refuses_over_budget_unless_closing() -> None:
     async def run() -> None:
         with ThreadPoolExecutor(1) as pool:
-            w = Recorder(_hub(pool, output_buffer_bytes=100))
+            w = Recorder(_hub(pool, output_buffer_bytes=100)).writer
             assert w.send_event(_event(size=60))
             assert w.send_event(_event(size=40))
             assert w.queued_bytes == 100
@@ -151,22 +152,43 @@ def test_back_pressure_refuses_over_budget_unless_closing() -> None:
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("announce", [True, False])
+def test_replaced_drops_the_queue_forgets_the_session_and_closes(announce: bool) -> None:
+    """A takeover: the socket transport sends session.replaced; a media transport closes
+    silently. Either way the session is forgotten and what was queued never goes out."""
+
+    async def run() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            r = Recorder(_hub(pool), announce_replaced=announce)
+            w = r.writer
+            w.session = FakeSession(w)  # type: ignore[assignment]
+            assert w.send_event(_event())
+            w.replaced(b"replaced")
+            assert w.session is None and w.closing == (1000, "replaced")
+            await asyncio.wait_for(w.run(), 2)
+            assert r.wire == ([b"replaced"] if announce else [])
+            assert r.finished == (1000, "replaced")
+
+    asyncio.run(run())
+
+
 def test_a_send_past_send_timeout_is_a_slow_client_caught_by_the_hub_watchdog() -> None:
     async def run() -> None:
         with ThreadPoolExecutor(1) as pool:
             hub = _hub(pool, send_timeout_s=0.2)
-            w = Recorder(hub)
+            r = Recorder(hub)
+            w = r.writer
             session = FakeSession(w)
             w.session = session  # type: ignore[assignment]
             hub.sockets.add(w)
-            w.block = asyncio.Event()  # the client never reads
-            task = asyncio.create_task(w.run_writer())
+            r.block = asyncio.Event()  # the client never reads
+            task = asyncio.create_task(w.run())
             w.send_event(_event())
             await asyncio.wait_for(task, 3)
             assert not task.cancelled()  # the watchdog's cancel is absorbed, not propagated
-            assert session.too_slow_calls == 1 and w.stall_hook == 1 and w.done_hook == 1
+            assert session.too_slow_calls == 1 and r.stall_hook == 1 and r.done_hook == 1
             assert w.closing == (1008, "client_too_slow")
-            assert w.wire == [] and w.finished is None and w.send_since is None
+            assert r.wire == [] and r.finished is None and w.send_since is None
             hub.sockets.discard(w)
 
     asyncio.run(run())
@@ -175,15 +197,16 @@ def test_a_send_past_send_timeout_is_a_slow_client_caught_by_the_hub_watchdog() 
 def test_a_cancel_that_is_not_the_watchdog_propagates() -> None:
     async def run() -> None:
         with ThreadPoolExecutor(1) as pool:
-            w = Recorder(_hub(pool))
+            r = Recorder(_hub(pool))
+            w = r.writer
             session = FakeSession(w)
             w.session = session  # type: ignore[assignment]
-            task = asyncio.create_task(w.run_writer())
+            task = asyncio.create_task(w.run())
             await asyncio.sleep(0.01)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert session.too_slow_calls == 0 and w.stall_hook == 0 and w.done_hook == 1
+            assert session.too_slow_calls == 0 and r.stall_hook == 0 and r.done_hook == 1
 
     asyncio.run(run())
 
@@ -207,31 +230,32 @@ class StuckSocket:
         self._gone.set()
 
 
-@pytest.mark.parametrize("transport", [SocketAttachment, TwilioAttachment])
+@pytest.mark.parametrize("transport", [SocketTransport, TwilioCall])
 def test_every_transport_runs_the_shared_writer_and_its_slow_client_policy(
-    transport: type[SocketAttachment] | type[TwilioAttachment],
+    transport: type[SocketTransport] | type[TwilioCall],
 ) -> None:
     """A stuck peer: the socket transport's serve() and Twilio's both end (the reader
     stopped too), the session hears too_slow once; Twilio hangs up with 1008."""
-    assert issubclass(transport, QueuedWriter) and issubclass(TwilioAttachment, MediaAttachment)
 
     async def run() -> None:
         with ThreadPoolExecutor(1) as pool:
             hub = _hub(pool, send_timeout_s=0.2)
             ws = StuckSocket()
             att = transport(hub, ws)  # type: ignore[arg-type]
-            session = FakeSession(att)
-            att.session = session  # type: ignore[assignment]
-            hub.sockets.add(att)
-            att.send_stamped(b'{"type":"error"}')
-            if isinstance(att, TwilioAttachment):
+            w = att.link.writer if isinstance(att, TwilioCall) else att.writer
+            assert isinstance(w, QueuedWriter)
+            session = FakeSession(w)
+            w.session = session  # type: ignore[assignment]
+            hub.sockets.add(w)
+            w.send_stamped(b'{"type":"error"}')
+            if isinstance(att, TwilioCall):
                 # a media transport writes raw bytes without the wire (a log line); its
                 # audio is what blocks on a stuck peer
-                att.write_raw = ws.send_text  # type: ignore[method-assign]
+                att.write_raw = ws.send_text  # type: ignore[method-assign,assignment]
             await asyncio.wait_for(att.serve(), 3)
             assert session.too_slow_calls == 1
-            if isinstance(att, TwilioAttachment):
+            if isinstance(att, TwilioCall):
                 assert ws.closed == (1008, "client_too_slow")
-            hub.sockets.discard(att)
+            hub.sockets.discard(w)
 
     asyncio.run(run())

@@ -1,0 +1,102 @@
+"""A media transport's input path: the far end's PCM16 -> echo control -> the session.
+
+:class:`InputFeed` takes the transport's decoded PCM16 at the transport's rate, brings it to
+16 kHz, runs echo control (:mod:`audio_kit.echo`) when the session asks for it
+(``audio.input.echo_cancellation``), and hands the session its audio in the session's input
+format. What the transport plays reaches the echo canceller as its reference
+(:meth:`InputFeed.reference`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import soxr
+
+from audio_kit.echo import RATE as ECHO_RATE
+from audio_kit.echo import EchoControl
+from audio_kit.g711 import pcm16_to_g711
+from audio_kit.pcm import StreamResampler
+from duplex_server.session.live import LiveSession
+
+
+class InputFeed:
+    """Transport PCM16 -> (echo control at 16 kHz) -> the session's input format."""
+
+    def __init__(self, session: LiveSession) -> None:
+        self.session = session
+        self.echo: EchoControl | None = None
+        self._to16k: dict[int, StreamResampler] = {}
+        self._last8k = 0  # the previous 8 kHz sample (the 2x interpolation's one of state)
+        self._out: StreamResampler | None = None
+
+    def _echo_on(self) -> bool:
+        on = self.session.core.config.echo_cancellation
+        if on and self.echo is None:
+            self.echo = EchoControl()
+        elif not on:
+            self.echo = None
+        return on
+
+    def _upsample2x(self, pcm: bytes) -> bytes:
+        """8 -> 16 kHz by linear interpolation: no delay, one sample out per half sample in.
+
+        A stream resampler delays and batches its output, so the input would reach the echo
+        canceller in irregular blocks while the transport's playout reports (Twilio marks)
+        assume it arrives as it was recorded; telephone audio has nothing above 4 kHz to
+        lose to the simpler filter."""
+        x = np.frombuffer(pcm[: len(pcm) - len(pcm) % 2], dtype="<i2").astype(np.int32)
+        if not x.size:
+            return b""
+        prev = np.concatenate(([self._last8k], x[:-1]))
+        out = np.empty(x.size * 2, dtype=np.int32)
+        out[0::2] = (prev + x) // 2
+        out[1::2] = x
+        self._last8k = int(x[-1])
+        return out.astype("<i2").tobytes()
+
+    def flush_echo(self) -> None:
+        """The far end's playout was flushed (barge-in): the echo path restarts."""
+        if self.echo is not None:
+            self.echo.flush()
+
+    def played_through(self, position: int) -> None:
+        """The far end reports it played the reference up to ``position``
+        (a :meth:`reference` return value)."""
+        if self.echo is not None:
+            self.echo.played_through(position)
+
+    def reference(self, pcm: bytes, rate: int) -> int:
+        """What the transport plays (or queues to play); returns the playout position."""
+        if self.echo is None and not self._echo_on():
+            return 0
+        assert self.echo is not None
+        if rate != ECHO_RATE:  # each chunk whole: a stream resampler would hold back its tail
+            samples = np.frombuffer(pcm, dtype="<i2")
+            pcm = soxr.resample(samples, rate, ECHO_RATE).astype("<i2").tobytes()
+        return self.echo.playing(pcm)
+
+    def push(self, pcm: bytes, rate: int) -> None:
+        """Microphone PCM16 at ``rate`` from the transport."""
+        pcm16k = self._resample(pcm, rate)
+        if self._echo_on():
+            assert self.echo is not None
+            pcm16k = self.echo.process(pcm16k)
+        if not pcm16k:
+            return
+        fmt = self.session.core.config.input_format
+        if fmt.rate != ECHO_RATE:
+            if self._out is None or self._out.out_rate != fmt.rate:
+                self._out = StreamResampler(ECHO_RATE, fmt.rate)
+            pcm16k = self._out.process(pcm16k)
+        data = pcm16k if fmt.codec == "pcm16" else pcm16_to_g711(pcm16k, fmt.codec)
+        self.session.receive_audio(data)
+
+    def _resample(self, pcm: bytes, rate: int) -> bytes:
+        if rate == ECHO_RATE:
+            return pcm
+        if rate * 2 == ECHO_RATE:
+            return self._upsample2x(pcm)
+        res = self._to16k.get(rate)
+        if res is None:
+            res = self._to16k[rate] = StreamResampler(rate, ECHO_RATE)
+        return res.process(pcm)

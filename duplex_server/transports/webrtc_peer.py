@@ -1,0 +1,185 @@
+"""A WebRTC call's peer connection (aiortc): the SDP answer, the data channel, the caller's
+microphone track, and the connection's state.
+
+:class:`WebRtcPeer` answers the offer with the call's reply track
+(:class:`~duplex_server.transports.webrtc_track.ReplyTrack`) as the server's audio, keeps the
+data channel ``oai-events`` the client opens, and hands what arrives to its
+:class:`PeerListener` (the call): each data channel message, and the caller's audio as PCM16
+mono (:func:`frame_pcm`). ``channel_open``, ``connected`` and ``gone`` say how far the
+connection got; nothing here knows the session. A loopback-only server drops the offer's
+other candidates (:func:`loopback_candidates`), and :func:`use_host_addresses` limits the
+host candidates offered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+from typing import Protocol
+
+import numpy as np
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame
+
+from duplex_server.protocol.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "oai-events"
+
+
+class PeerListener(Protocol):
+    """What the peer connection hands the call."""
+
+    def receive_message(self, message: str | bytes) -> None:
+        """A message on the data channel."""
+        ...
+
+    def receive_mic(self, pcm: bytes, rate: int) -> None:
+        """The caller's audio: PCM16 mono at ``rate``."""
+        ...
+
+
+def frame_pcm(frame: AudioFrame) -> bytes:
+    """One received audio frame as PCM16 mono (channels averaged, float scaled)."""
+    data = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    if frame.format.is_planar:
+        mono = data.mean(axis=0)
+    else:
+        mono = data.reshape(-1, channels).mean(axis=1)
+    if frame.format.name.startswith("flt"):
+        mono = mono * 32767.0
+    return bytes(np.clip(mono, -32768, 32767).astype("<i2").tobytes())
+
+
+class WebRtcPeer:
+    """One peer connection; ``track``: the server's audio, answered as ``sendrecv``."""
+
+    def __init__(
+        self,
+        listener: PeerListener,
+        track: MediaStreamTrack,
+        *,
+        ice_servers: list[str],
+        host_addresses: list[str] | None = None,
+    ) -> None:
+        self.listener = listener
+        self.track = track
+        servers = [RTCIceServer(url) for url in ice_servers]
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
+        self.loopback_only = loopback_only(host_addresses)
+        self.channel: RTCDataChannel | None = None
+        self.channel_open = asyncio.Event()
+        self.connected = asyncio.Event()
+        self.gone = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def answer(self, offer: str) -> str:
+        """The SDP answer to ``offer``; raises :class:`ProtocolError` if it has no audio."""
+        pc = self.pc
+        pc.on("datachannel", self._on_channel)
+        pc.on("track", self._on_track)
+        pc.on("connectionstatechange", self._on_state)
+        if self.loopback_only:
+            offer = loopback_candidates(offer)
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
+        audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
+        if not audio:
+            raise ProtocolError("invalid_value", "the offer has no audio media", param="sdp")
+        audio[0].sender.replaceTrack(self.track)
+        audio[0].direction = "sendrecv"
+        await pc.setLocalDescription(await pc.createAnswer())
+        return str(pc.localDescription.sdp)
+
+    def send(self, text: str) -> None:
+        """``text`` on the data channel, if it is open (else dropped)."""
+        channel = self.channel
+        if channel is not None and channel.readyState == "open":
+            channel.send(text)
+
+    async def close(self) -> None:
+        """Stop reading the microphone, stop the track, close the connection."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.track.stop()
+        await self.pc.close()
+
+    def _on_channel(self, channel: RTCDataChannel) -> None:
+        if channel.label != CHANNEL:
+            log.info("webrtc: ignoring data channel %r", channel.label)
+            return
+        self.channel = channel
+        channel.on("message", self.listener.receive_message)
+        if channel.readyState == "open":
+            self.channel_open.set()
+        else:
+            channel.on("open", self.channel_open.set)
+        channel.on("close", self.gone.set)
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            task = asyncio.create_task(self._read_mic(track), name="webrtc-mic")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _on_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected":
+            self.connected.set()
+        elif state in ("failed", "closed"):
+            self.gone.set()
+
+    async def _read_mic(self, track: MediaStreamTrack) -> None:
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                assert isinstance(frame, AudioFrame)
+                self.listener.receive_mic(frame_pcm(frame), frame.sample_rate)
+
+
+def loopback_only(addresses: list[str] | None) -> bool:
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses or [])
+
+
+def loopback_candidates(sdp: str) -> str:
+    """Drop the offer's candidates a loopback-only server cannot reach anyway (so its ICE
+    checks never leave loopback)."""
+    keep = []
+    for line in sdp.splitlines():
+        if line.startswith("a=candidate:"):
+            parts = line.split()
+            try:
+                if len(parts) < 5 or not ipaddress.ip_address(parts[4]).is_loopback:
+                    continue
+            except ValueError:  # an mDNS name: not loopback
+                continue
+        keep.append(line)
+    return "\r\n".join(keep) + "\r\n"
+
+
+def use_host_addresses(addresses: list[str] | None) -> None:
+    """Offer only ``addresses`` as ICE host candidates (aioice has no per-connection knob:
+    its module-level lookup is replaced, for every peer connection of this process)."""
+    if addresses is None:
+        return
+    import aioice.ice
+
+    chosen = list(addresses)
+
+    def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
+
+    aioice.ice.get_host_addresses = host_addresses
