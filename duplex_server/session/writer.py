@@ -5,9 +5,11 @@
 interface: the send watchdog reads ``send_since`` and calls ``send_stalled``); it owns the
 outbound queue, the link to the session it writes for (``session``) and the write loop. A
 transport (the WebSocket in :mod:`duplex_server.transports.realtime`, the media transports'
-:mod:`duplex_server.transports.media`) holds one and is its :class:`Wire`: it says only how one
-queued item reaches the wire (:meth:`Wire.deliver`) and how the wire closes
-(:meth:`Wire.finish`).
+:mod:`duplex_server.transports.media`) holds one and runs it (:meth:`QueuedWriter.run`) on its
+:class:`Wire`, which says only how one queued item reaches the wire (:meth:`Wire.deliver`)
+and how the wire closes (:meth:`Wire.finish`). The writer keeps no reference to the wire
+beyond its task, so that a transport and its writer make no reference cycle: an ended
+session is freed at once, not by the cyclic GC.
 
 The loop: pop the next item (waiting while the queue is empty), deliver it with
 ``send_since`` set, tell the session an event was written (``LiveSession.sent``, latency
@@ -60,9 +62,8 @@ class QueuedWriter:
     (:meth:`run`). ``announce_replaced``: a transport taken over sends the
     ``session.replaced`` it is given before it closes (a media transport closes silently)."""
 
-    def __init__(self, hub: Hub, wire: Wire, *, announce_replaced: bool = True) -> None:
+    def __init__(self, hub: Hub, *, announce_replaced: bool = True) -> None:
         self.hub = hub
-        self.wire = wire
         self.outbox = Outbox(hub.config.server.output_buffer_bytes)
         #: the live session this transport writes for (None: none yet, or replaced)
         self.session: LiveSession | None = None
@@ -120,12 +121,12 @@ class QueuedWriter:
             task.cancel()
 
     # ------------------------------------------------------------------ the writer
-    async def run(self) -> None:
-        """The write loop; run it as the transport's one writer task."""
+    async def run(self, wire: Wire) -> None:
+        """The write loop onto ``wire``; run it as the transport's one writer task."""
         self.hub.ensure_watchdog()
         self._task = asyncio.current_task()
         try:
-            await self._write_loop()
+            await self._write_loop(wire)
         except asyncio.CancelledError:
             if not self._stalled:
                 raise  # (before any local for the task: the error keeps this frame)
@@ -134,13 +135,13 @@ class QueuedWriter:
                 task.uncancel()  # cancelled by the send watchdog: the client reads too slowly
             if self.session is not None:
                 self.session.too_slow()
-            await self.wire.stalled()
+            await wire.stalled()
         finally:
             # (this task kept in self while its error keeps this frame would be a cycle)
             self._task = None
-            self.wire.writer_done()
+            wire.writer_done()
 
-    async def _write_loop(self) -> None:
+    async def _write_loop(self, wire: Wire) -> None:
         loop = asyncio.get_running_loop()
         while True:
             item = self.outbox.pop()
@@ -152,10 +153,10 @@ class QueuedWriter:
             session = self.session
             self.send_since = loop.time()  # the watchdog enforces send_timeout_s
             try:
-                written = await self.wire.deliver(item, session)
+                written = await wire.deliver(item, session)
             finally:
                 self.send_since = None
             if written and session is not None and item.event is not None:
                 session.sent(item)
         code, reason = self._close or (CloseCode.NORMAL, "")
-        await self.wire.finish(code, reason)
+        await wire.finish(code, reason)

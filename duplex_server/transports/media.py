@@ -1,29 +1,28 @@
 """What the media transports (Twilio Media Streams, WebRTC) share: a link to the session
 whose audio leaves as media rather than as JSON.
 
-A media transport holds one :class:`MediaLink` and is its :class:`MediaOut` (how audio, events
-and the hang-up reach its wire). The link holds the transport's writer (the one every
+A media transport holds one :class:`MediaLink` and implements :class:`MediaOut` (how audio,
+events and the hang-up reach its wire). The link holds the transport's writer (the one every
 transport holds, :class:`~duplex_server.session.writer.QueuedWriter`: a bounded outbox, one
 writer task, the hub's send watchdog, the same slow-client policy; the writer is what the
 session sees), the transport's playout
 (:class:`~duplex_server.transports.media_playout.MediaPlayout`) and its input path
-(:class:`~duplex_server.transports.media_input.InputFeed`). It is the writer's
-:class:`~duplex_server.session.writer.Wire`: audio deltas go to the transport's media
-(``write_audio``, never stamped: they are not events on the wire), every other event is
-stamped and journaled as usual and handed to ``write_event``.
+(:class:`~duplex_server.transports.media_input.InputFeed`). The writer task runs on a
+:class:`MediaWire`: audio deltas go to the transport's media (``write_audio``, never stamped:
+they are not events on the wire), every other event is stamped and journaled as usual and
+handed to ``write_event``.
 
 Barge-in is decided by the session core only, by its guards
 (:mod:`duplex_server.protocol.input`): on a response in progress, and on reply audio the far
 end still plays after its response ended (:mod:`duplex_server.protocol.playout`: the link's
 playout reports it through ``playing()``); the link carries out the
-``output_audio_buffer.cleared`` that results (:meth:`MediaLink.barge_in`): the transport
+``output_audio_buffer.cleared`` that results (:meth:`MediaWire.barge_in`): the transport
 flushes its playout and the item is truncated to what the caller heard
 (``conversation.item.truncate`` through the session core, as a client would).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -96,27 +95,19 @@ class MediaLink:
     """One media transport's link to its live session: writer, playout and input path."""
 
     def __init__(
-        self,
-        hub: Hub,
-        out: MediaOut,
-        kind: str,
-        *,
-        still_queued: Callable[[], bool] | None = None,
+        self, hub: Hub, kind: str, *, still_queued: Callable[[], bool] | None = None
     ) -> None:
         self.hub = hub
-        self.out = out
         self.kind = kind  # metrics and log label
         # media transports are never resumed onto: replaced, they close without a word
-        self.writer = QueuedWriter(hub, self, announce_replaced=False)
+        self.writer = QueuedWriter(hub, announce_replaced=False)
         self.playout = MediaPlayout(still_queued)
         self.feed: InputFeed | None = None
-        self.ended = asyncio.Event()
 
     @property
     def session(self) -> LiveSession | None:
         return self.writer.session
 
-    # ------------------------------------------------------------------ session
     def register(self) -> None:
         handshake.connected(self.hub, self.writer)
 
@@ -142,25 +133,20 @@ class MediaLink:
         else:
             self.writer.close(CloseCode.NORMAL, reason)
 
-    async def barge_in(self) -> None:
-        """Flush what the far end has not played and truncate the item to what it heard."""
-        await self.out.flush_playout()
-        if self.feed is not None:
-            self.feed.flush_echo()
-        if self.session is None:
-            return
-        cut = self.playout.cut()
-        if cut is not None:
-            item, played = cut
-            truncate = {
-                "type": "conversation.item.truncate",
-                "item_id": item,
-                "content_index": 0,
-                "audio_end_ms": played,
-            }
-            self.session.receive_text(json.dumps(truncate))
+    async def run_writer(self, out: MediaOut) -> None:
+        """The transport's writer task, writing to ``out`` (held by the task alone: the
+        transport that holds this link makes no reference cycle with it)."""
+        await self.writer.run(MediaWire(self, out))
 
-    # ------------------------------------------------------------------ Wire
+
+class MediaWire:
+    """The writer's :class:`~duplex_server.session.writer.Wire` for a media transport: routes
+    each event to the transport's :class:`MediaOut` and carries out barge-in on its media."""
+
+    def __init__(self, link: MediaLink, out: MediaOut) -> None:
+        self.link = link
+        self.out = out
+
     async def deliver(self, item: Outgoing, session: LiveSession | None) -> bool:
         """Audio deltas go to the media (never stamped), other events are stamped and
         handed to ``write_event``; bytes stamped elsewhere go to ``write_raw``."""
@@ -173,38 +159,54 @@ class MediaLink:
             if item.epoch is not None and item.epoch < session.core.epoch:
                 session.metrics.stale_dropped.labels("writer").inc()
                 return False
-            pcm, rate = self._decode(session, event)
-            self.playout.sent(event)
+            pcm, rate = decode_audio(session, event)
+            self.link.playout.sent(event)
             await self.out.write_audio(event, pcm, rate)
             return True
         data = session.next_frame(item)
         if data is None:
             return False
         await self.out.write_event(event, data)
-        await self._observe(event)
+        if isinstance(event, ev.OutputAudioCleared):  # the core's barge-in decision
+            await self.barge_in()
+        elif isinstance(event, ev.AudioDone):
+            self.out.audio_done(event.response_id)
         return True
+
+    async def barge_in(self) -> None:
+        """Flush what the far end has not played and truncate the item to what it heard."""
+        link = self.link
+        await self.out.flush_playout()
+        if link.feed is not None:
+            link.feed.flush_echo()
+        if link.session is None:
+            return
+        cut = link.playout.cut()
+        if cut is not None:
+            item, played = cut
+            truncate = {
+                "type": "conversation.item.truncate",
+                "item_id": item,
+                "content_index": 0,
+                "audio_end_ms": played,
+            }
+            link.session.receive_text(json.dumps(truncate))
 
     async def finish(self, code: int, reason: str) -> None:
         await self.out.hang_up(code, reason)
 
     async def stalled(self) -> None:
-        code, reason = self.writer.closing or (CloseCode.POLICY, "client_too_slow")
+        code, reason = self.link.writer.closing or (CloseCode.POLICY, "client_too_slow")
         await self.out.hang_up(code, reason)
 
     def writer_done(self) -> None:
-        self.ended.set()
+        """Nothing more to do: the transport ends with its own tasks."""
 
-    async def _observe(self, event: ev.ServerEvent) -> None:
-        """Barge-in decisions (the session core's) the transport carries out on its media."""
-        if isinstance(event, ev.OutputAudioCleared):
-            await self.barge_in()
-        elif isinstance(event, ev.AudioDone):
-            self.out.audio_done(event.response_id)
 
-    @staticmethod
-    def _decode(session: LiveSession, event: ev.AudioDelta) -> tuple[bytes, int]:
-        fmt = session.core.config.output_format
-        data = base64.b64decode(event.delta)
-        if fmt.codec != "pcm16":
-            data = g711_to_pcm16(data, fmt.codec)
-        return data, fmt.rate
+def decode_audio(session: LiveSession, event: ev.AudioDelta) -> tuple[bytes, int]:
+    """An audio delta's PCM16 and rate, decoded from the session's output format."""
+    fmt = session.core.config.output_format
+    data = base64.b64decode(event.delta)
+    if fmt.codec != "pcm16":
+        data = g711_to_pcm16(data, fmt.codec)
+    return data, fmt.rate

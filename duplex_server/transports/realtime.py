@@ -4,10 +4,10 @@ One :class:`SocketTransport` per socket runs one TaskGroup with two tasks: ``rea
 session) and ``writer`` (the writer every transport holds,
 :class:`~duplex_server.session.writer.QueuedWriter`: outbound queue -> socket; the session stamps
 and journals each event as it is written). The writer is what the session sees of the socket
-(its :class:`~duplex_server.session.attach.Attachment`); the socket is the writer's
-:class:`~duplex_server.session.writer.Wire`. Admission, opening and resuming go through
-:mod:`duplex_server.session.handshake`; opening, resuming and taking a session over are decided by
-the session core (:mod:`duplex_server.session.live`).
+(its :class:`~duplex_server.session.attach.Attachment`); the socket is the
+:class:`~duplex_server.session.writer.Wire` the writer runs on. Admission, opening and
+resuming go through :mod:`duplex_server.session.handshake`; opening, resuming and taking a
+session over are decided by the session core (:mod:`duplex_server.session.live`).
 
 Slow-client policy (the writer's, the same on every transport): each socket has a bounded
 outbound queue (``output_buffer_bytes``) and a per-frame send timeout (``send_timeout_s``).
@@ -44,7 +44,7 @@ class SocketTransport:
     def __init__(self, hub: Hub, ws: WebSocket) -> None:
         self.hub = hub
         self.ws = ws
-        self.writer = QueuedWriter(hub, self)
+        self.writer = QueuedWriter(hub)
         self._tasks: list[asyncio.Task[None]] = []
         #: the close code the client sent (1006: the connection dropped without one)
         self.peer_close_code: int | None = None
@@ -114,7 +114,7 @@ class SocketTransport:
 
     async def _writer(self) -> None:
         try:
-            await self.writer.run()
+            await self.writer.run(self)
         except WebSocketDisconnect:
             pass  # the client went away mid-send: nothing more to write (it can resume)
 

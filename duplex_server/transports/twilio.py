@@ -78,7 +78,7 @@ class TwilioCall:
     def __init__(self, hub: Hub, ws: WebSocket) -> None:
         self.hub = hub
         self.ws = ws
-        self.link = MediaLink(hub, self, "twilio")
+        self.link = MediaLink(hub, "twilio")
         self.marks = TwilioMarks()
         self.stream_sid = ""
         #: the handshake's own credentials were enough (else customParameters.api_key)
@@ -139,7 +139,7 @@ class TwilioCall:
 
     async def _writer(self) -> None:
         try:
-            await self.link.writer.run()
+            await self.link.run_writer(self)
         except WebSocketDisconnect:
             # Twilio went away while we sent: the call is over (the reader sees the
             # disconnect too); nothing to write to, and nothing to report as an error

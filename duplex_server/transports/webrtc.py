@@ -67,7 +67,7 @@ class WebRtcCall:
             ice_servers=s.webrtc_ice_servers,
             host_addresses=s.webrtc_host_addresses,
         )
-        self.link = MediaLink(hub, self, "webrtc", still_queued=self.track.has_queued)
+        self.link = MediaLink(hub, "webrtc", still_queued=self.track.has_queued)
 
     @property
     def session(self) -> LiveSession | None:
@@ -141,7 +141,7 @@ class WebRtcCall:
             except TimeoutError:
                 log.info("webrtc %s: the peer did not connect", self.call_id)
                 link.end_session("connect_timeout")
-            writer = asyncio.create_task(link.writer.run(), name="webrtc-writer")
+            writer = asyncio.create_task(link.run_writer(self), name="webrtc-writer")
             gone = asyncio.create_task(peer.gone.wait())
             await asyncio.wait({writer, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not writer.done():

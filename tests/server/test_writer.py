@@ -60,7 +60,7 @@ class Recorder:
     """A transport's wire that records what reaches it; ``block`` holds a delivery."""
 
     def __init__(self, hub: Hub, *, announce_replaced: bool = True) -> None:
-        self.writer = QueuedWriter(hub, self, announce_replaced=announce_replaced)
+        self.writer = QueuedWriter(hub, announce_replaced=announce_replaced)
         self.wire: list[bytes] = []
         self.finished: tuple[int, str] | None = None
         self.stall_hook = 0
@@ -99,7 +99,7 @@ def test_delivers_in_order_marks_events_sent_and_closes_after_the_queue_drains()
             w = r.writer
             session = FakeSession(w)
             w.session = session  # type: ignore[assignment]
-            task = asyncio.create_task(w.run())
+            task = asyncio.create_task(w.run(r))
             w.send_stamped(b"replayed")
             assert w.send_event(_event())
             assert w.send_event(_event(epoch=0))  # stale: not written, not "sent"
@@ -122,7 +122,7 @@ def test_close_without_a_code_finishes_normally_and_an_unattached_event_is_dropp
         with ThreadPoolExecutor(1) as pool:
             r = Recorder(_hub(pool))
             w = r.writer
-            task = asyncio.create_task(w.run())
+            task = asyncio.create_task(w.run(r))
             assert w.send_event(_event())  # no session attached: nothing to stamp it
             w.send_stamped(b"error before a session")
             await asyncio.sleep(0.05)
@@ -165,7 +165,7 @@ def test_replaced_drops_the_queue_forgets_the_session_and_closes(announce: bool)
             assert w.send_event(_event())
             w.replaced(b"replaced")
             assert w.session is None and w.closing == (1000, "replaced")
-            await asyncio.wait_for(w.run(), 2)
+            await asyncio.wait_for(w.run(r), 2)
             assert r.wire == ([b"replaced"] if announce else [])
             assert r.finished == (1000, "replaced")
 
@@ -182,7 +182,7 @@ def test_a_send_past_send_timeout_is_a_slow_client_caught_by_the_hub_watchdog() 
             w.session = session  # type: ignore[assignment]
             hub.sockets.add(w)
             r.block = asyncio.Event()  # the client never reads
-            task = asyncio.create_task(w.run())
+            task = asyncio.create_task(w.run(r))
             w.send_event(_event())
             await asyncio.wait_for(task, 3)
             assert not task.cancelled()  # the watchdog's cancel is absorbed, not propagated
@@ -201,7 +201,7 @@ def test_a_cancel_that_is_not_the_watchdog_propagates() -> None:
             w = r.writer
             session = FakeSession(w)
             w.session = session  # type: ignore[assignment]
-            task = asyncio.create_task(w.run())
+            task = asyncio.create_task(w.run(r))
             await asyncio.sleep(0.01)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
