@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from audio_kit.pcm import resample_pcm16
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
-from duplex_server.session.input_lane import InputLane, InputScheduler, _Config, _run_jobs
+from duplex_server.session.input_lane import InputLane, InputScheduler, LaneItem, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 24000
@@ -55,7 +55,7 @@ def _lanes(n: int, backend: str) -> list[InputLane]:
     fmt, td = AudioFormat("pcm16", RATE), TurnDetection()
     for _ in range(n):
         lane = InputLane(_NoScheduler(), backend, 1 << 30, lambda p, e: None, print)  # type: ignore[arg-type]
-        configured = lane._work([(fmt, td, None)])  # no noise reduction
+        configured = lane.work([(fmt, td, None)])  # no noise reduction
         if isinstance(configured, BaseException):
             raise configured
         lanes.append(lane)
@@ -69,12 +69,12 @@ def run(n: int, seconds: float, backend: str, batched: bool, audio: bytes) -> fl
     offsets = [(i * 7919 * FRAME) % (len(audio) - FRAME) for i in range(n)]  # out of phase
     t0 = time.thread_time()
     for f in range(frames):
-        jobs: list[tuple[InputLane, list[bytes | _Config]]] = []
+        jobs: list[tuple[InputLane, list[LaneItem]]] = []
         for lane, off in zip(lanes, offsets, strict=True):
             start = (off + f * FRAME) % (len(audio) - FRAME)
             start -= start % 2
             jobs.append((lane, [audio[start : start + FRAME]]))
-        results = _run_jobs(jobs) if batched else [r for job in jobs for r in _run_jobs([job])]
+        results = run_jobs(jobs) if batched else [r for job in jobs for r in run_jobs([job])]
         if failed := [r for r in results if isinstance(r, BaseException)]:
             raise failed[0]
     return 1000 * (time.thread_time() - t0) / (n * seconds)

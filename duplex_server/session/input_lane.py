@@ -37,6 +37,8 @@ from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, 
 
 log = logging.getLogger(__name__)
 
+#: the VAD a lane runs (``engine.vad.backend``)
+VadBackend = Literal["silero", "energy"]
 
 #: VAD chunks of speech needed before speech_started (the segmenter's min_speech_ms).
 MIN_SPEECH_MS = 64.0
@@ -87,7 +89,7 @@ class InputProcessor:
         self,
         fmt: AudioFormat,
         turn_detection: TurnDetection | None,
-        vad_backend: Literal["silero", "energy"],
+        vad_backend: VadBackend,
         noise_reduction: NoiseReduction | None = None,
     ) -> None:
         self.format = fmt
@@ -172,7 +174,7 @@ class InputProcessor:
 
 
 @dataclass(slots=True)
-class _Step:
+class LaneStep:
     """One prepared piece of a lane's audio, between the two halves of a job."""
 
     processor: InputProcessor
@@ -187,8 +189,12 @@ class _Step:
 
 Processed = Callable[[bytes, list[VadEvent]], None]
 Failed = Callable[[BaseException], None]
-_Config = tuple[AudioFormat, TurnDetection | None, NoiseReduction | None]
-_Result = list[tuple[bytes, list[VadEvent]]] | BaseException
+#: a new configuration for the lane's processor (queued in order with the audio)
+LaneConfig = tuple[AudioFormat, TurnDetection | None, NoiseReduction | None]
+#: what a lane queues: raw audio or a configuration
+LaneItem = bytes | LaneConfig
+#: a job's outcome for one lane: (pcm16 16 kHz, VAD events) per audio piece, or its error
+LaneResult = list[tuple[bytes, list[VadEvent]]] | BaseException
 
 
 def _ignore(*_: object) -> None:
@@ -208,7 +214,7 @@ class InputLane:
     def __init__(
         self,
         scheduler: InputScheduler,
-        vad_backend: Literal["silero", "energy"],
+        vad_backend: VadBackend,
         max_backlog: int,
         on_processed: Processed,
         on_failed: Failed,
@@ -221,7 +227,7 @@ class InputLane:
         self._max_backlog = max_backlog
         self._on_processed = on_processed
         self._on_failed = on_failed
-        self._queue: deque[bytes | _Config] = deque()
+        self._queue: deque[LaneItem] = deque()
         self._backlog = 0
         self._busy = False  # in a worker job now
         self._closed = False
@@ -262,9 +268,16 @@ class InputLane:
         self._on_processed, self._on_failed = _ignore, _ignore
 
     # ------------------------------------------------------------------ scheduler side
-    def _take(self) -> list[bytes | _Config]:
-        """Everything queued, consecutive audio joined (called on the loop)."""
-        items: list[bytes | _Config] = []
+    @property
+    def runnable(self) -> bool:
+        """Work is queued and the lane is neither in a job nor closed."""
+        return not self._busy and not self._closed and bool(self._queue)
+
+    def take(self) -> list[LaneItem]:
+        """Start a job (the lane is busy until :meth:`deliver`): everything queued,
+        consecutive audio joined (called on the loop)."""
+        self._busy = True
+        items: list[LaneItem] = []
         parts: list[bytes] = []
         for item in self._queue:
             if isinstance(item, bytes):
@@ -280,20 +293,20 @@ class InputLane:
         self._backlog = 0
         return items
 
-    def _work(self, items: list[bytes | _Config]) -> _Result:
+    def work(self, items: list[LaneItem]) -> LaneResult:
         """Worker thread: configure and process ``items`` in order (this lane alone)."""
-        staged = self._stage(items)
+        staged = self.stage(items)
         if isinstance(staged, BaseException):
             return staged
         try:
             scores = probabilities([(d, step.chunks) for step in staged if (d := step.detector)])
         except Exception as exc:
             return exc
-        return self._finish(staged, scores)
+        return finish_steps(staged, scores)
 
-    def _stage(self, items: list[bytes | _Config]) -> list[_Step] | BaseException:
+    def stage(self, items: list[LaneItem]) -> list[LaneStep] | BaseException:
         """Worker thread, first half: configure, decode, resample and cut VAD chunks."""
-        steps: list[_Step] = []
+        steps: list[LaneStep] = []
         try:
             for item in items:
                 if not isinstance(item, bytes):
@@ -304,28 +317,13 @@ class InputLane:
                 if proc is None:
                     continue  # no format configured yet: cannot interpret the bytes
                 pcm, chunks = proc.prepare(item)
-                steps.append(_Step(proc, self._origin_ms, pcm, chunks))
+                steps.append(LaneStep(proc, self._origin_ms, pcm, chunks))
                 self._fed_ms += input_ms(len(pcm))
         except Exception as exc:  # reported to this lane's session only
             return exc
         return steps
 
-    @staticmethod
-    def _finish(steps: list[_Step], scores: list[list[float]]) -> _Result:
-        """Worker thread, second half: the scored chunks -> VAD events, in order. ``scores``
-        holds one list per step that has a detector, in step order."""
-        out: list[tuple[bytes, list[VadEvent]]] = []
-        it = iter(scores)
-        try:
-            for step in steps:
-                probs = next(it) if step.detector is not None else []
-                events = step.processor.events(probs, step.chunks, step.origin_ms)
-                out.append((step.pcm, events))
-        except Exception as exc:
-            return exc
-        return out
-
-    def _deliver(self, result: _Result) -> None:
+    def deliver(self, result: LaneResult) -> None:
         """Event loop: hand the job's results to the session, in order."""
         self._busy = False
         if self._closed:
@@ -341,18 +339,33 @@ class InputLane:
             self._scheduler.ready(self)
 
 
-def _deliver(lane: InputLane, result: _Result) -> None:
+def finish_steps(steps: list[LaneStep], scores: list[list[float]]) -> LaneResult:
+    """Worker thread, second half: the scored chunks -> VAD events, in order. ``scores``
+    holds one list per step that has a detector, in step order."""
+    out: list[tuple[bytes, list[VadEvent]]] = []
+    it = iter(scores)
     try:
-        lane._deliver(result)
+        for step in steps:
+            probs = next(it) if step.detector is not None else []
+            events = step.processor.events(probs, step.chunks, step.origin_ms)
+            out.append((step.pcm, events))
+    except Exception as exc:
+        return exc
+    return out
+
+
+def _deliver(lane: InputLane, result: LaneResult) -> None:
+    try:
+        lane.deliver(result)
     except Exception:  # one session's failure never stops the others' delivery
         log.exception("input delivery failed")
 
 
-def _run_jobs(jobs: list[tuple[InputLane, list[bytes | _Config]]]) -> list[_Result]:
+def run_jobs(jobs: list[tuple[InputLane, list[LaneItem]]]) -> list[LaneResult]:
     """One worker-thread job for many lanes: their Silero chunks are scored together
     (:func:`probabilities`: one onnxruntime call per round for all streams) instead of one
     call per chunk per session."""
-    staged = [lane._stage(items) for lane, items in jobs]
+    staged = [lane.stage(items) for lane, items in jobs]
     work: list[tuple[VoiceActivityDetector, list[npt.NDArray[np.float32]]]] = []
     for st in staged:
         if not isinstance(st, BaseException):
@@ -362,17 +375,17 @@ def _run_jobs(jobs: list[tuple[InputLane, list[bytes | _Config]]]) -> list[_Resu
     except Exception:  # one bad stream must not fail the others: score each lane alone
         log.exception("batched VAD failed; scoring each session alone")
         return [
-            lane._work(items) if not isinstance(st, BaseException) else st
+            lane.work(items) if not isinstance(st, BaseException) else st
             for (lane, items), st in zip(jobs, staged, strict=True)
         ]
-    results: list[_Result] = []
+    results: list[LaneResult] = []
     pos = 0
     for st in staged:
         if isinstance(st, BaseException):
             results.append(st)
             continue
         n = sum(1 for step in st if step.detector is not None)
-        results.append(InputLane._finish(st, scores[pos : pos + n]))
+        results.append(finish_steps(st, scores[pos : pos + n]))
         pos += n
     return results
 
@@ -408,34 +421,33 @@ class InputScheduler:
             return
         lanes = list(self._ready)
         self._ready.clear()
-        jobs: list[tuple[InputLane, list[bytes | _Config]]] = []
+        jobs: list[tuple[InputLane, list[LaneItem]]] = []
         full = self._running >= self._max_jobs
         for lane in lanes:
-            if lane._busy or lane._closed or not lane._queue:
+            if not lane.runnable:
                 continue
             if lane.inline:
-                _deliver(lane, lane._work(lane._take()))
+                _deliver(lane, lane.work(lane.take()))
             elif full:
                 self._ready[lane] = None  # the next free job takes it
             else:
-                lane._busy = True
-                jobs.append((lane, lane._take()))
+                jobs.append((lane, lane.take()))
         if not jobs:
             return
         self._running += 1
         loop = self._loop
         assert loop is not None
-        fut = loop.run_in_executor(self._executor, _run_jobs, jobs)
+        fut = loop.run_in_executor(self._executor, run_jobs, jobs)
         fut.add_done_callback(lambda f: self._done(jobs, f))
 
     def _done(
         self,
-        jobs: list[tuple[InputLane, list[bytes | _Config]]],
-        fut: asyncio.Future[list[_Result]],
+        jobs: list[tuple[InputLane, list[LaneItem]]],
+        fut: asyncio.Future[list[LaneResult]],
     ) -> None:
         self._running -= 1
         if fut.cancelled():
-            results: list[_Result] = [RuntimeError("input job cancelled")] * len(jobs)
+            results: list[LaneResult] = [RuntimeError("input job cancelled")] * len(jobs)
         elif (exc := fut.exception()) is not None:
             results = [exc] * len(jobs)
         else:
