@@ -156,7 +156,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
     async def metrics_route(request: Request) -> Response:
         outbox = sum(c.queued_bytes for c in hub.sockets)
         metrics.outbound_bytes.set(outbox)
-        metrics.input_backlog.set(sum(s.lane.backlog for s in hub.sessions.live.values()))
+        metrics.input_backlog.set(sum(s.audio.backlog for s in hub.sessions.live.values()))
         for state, n in hub.sessions.by_state().items():
             metrics.sessions.labels(state).set(n)
         engine = handle.engine

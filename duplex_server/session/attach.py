@@ -140,6 +140,12 @@ class Stamper:
         self.seq = 0
         self.beta = False
 
+    def restart_at(self, seq: int) -> None:
+        """A session taken over from another front end: numbering goes on after ``seq``
+        (the journal too: nothing before it can be replayed here)."""
+        self.seq = seq
+        self.journal.restart_at(seq)
+
     def stamp(self, event: ev.ServerEvent, now: float) -> bytes:
         self.seq += 1
         data, _ = encode_server_event(

@@ -1,24 +1,41 @@
-"""The live sessions of one front end: opens and resumes sessions for any transport, each
-in its own task group (:class:`Sessions`)."""
+"""The live sessions of one front end: opens, resumes and takes over sessions for any
+transport, each in its own task group (:class:`Sessions`).
+
+Taking a session over from a front end that is gone (a crash) or draining (a deploy)
+(:meth:`Sessions.resume` of a session this front end does not hold): the engine has the
+session (lease, fence, conversation) and the old owner's replica
+(duplex_server/session/snapshot.py). This front end peeks at both, checks the resume token
+against the replica, renews the lease with the usual compare and swap (of two front ends
+racing for one session, one wins; ``stale_lease`` for the other), rebuilds the session core
+at the engine's position, keeps a replica of its own (the new token) and tells the client:
+``session.resync_required`` when events may have been lost with the old process, then
+``session.resumed``. From then on the engine sends the session's events here.
+docs/scale.md describes what can be lost.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
+import msgspec
+
 from duplex_contract.audio import OUTPUT_RATE
+from duplex_contract.errors import ControlError
 from duplex_contract.voices import VoiceCatalog
 from duplex_server.ops.metrics import Metrics
 from duplex_server.ops.tracing import Tracing
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.config import EffectiveSession
+from duplex_server.protocol.errors import SessionFatal
+from duplex_server.protocol.resume import new_resume_token, token_matches
 from duplex_server.protocol.session import SessionCore
-from duplex_server.session.adopt import adopt
 from duplex_server.session.attach import Attachment
 from duplex_server.session.engine_calls import EngineSessions
 from duplex_server.session.input_lane import InputScheduler
 from duplex_server.session.live import LiveSession, SessionLimits
 from duplex_server.session.output_audio import OutputEncoder
+from duplex_server.session.snapshot import Replica, decode
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +119,9 @@ class Sessions:
             lease_generation=res.lease_generation,
             encode_output=OutputEncoder().encode,
         )
-        session = LiveSession(engine, core, self.limits, self.inputs, self.metrics)
         if trace is not None:
-            trace.opened(session.session_id)
-            session.trace = trace
+            trace.opened(res.session_id)
+        session = LiveSession(engine, core, self.limits, self.inputs, self.metrics, trace=trace)
         self.start(session)
         await session.open(attachment, capabilities)
         return session
@@ -127,12 +143,66 @@ class Sessions:
 
     async def resume(self, attachment: Attachment, req: ev.SessionResume) -> LiveSession:
         """Resume a session of this front end, or take over one whose front end is gone
-        (or draining) through the engine (:mod:`duplex_server.session.adopt`)."""
+        (or draining) through the engine (:meth:`adopt`)."""
         session = self.live.get(req.session_id)
         if session is None:
-            return await adopt(self, attachment, req)
+            return await self.adopt(attachment, req)
         await session.resume(attachment, req)
         return session
+
+    async def adopt(self, attachment: Attachment, req: ev.SessionResume) -> LiveSession:
+        """Take over the session ``req`` names from the front end that held it. Raises
+        :class:`SessionFatal` (or an engine error) when the session cannot be taken."""
+        engine = self.engine
+        assert engine is not None
+        sid = req.session_id
+        rep, lease_generation = await self._replica(req)
+        res = await engine.resume(sid, lease_generation)  # the compare and swap
+        assert res.accepted_fence is not None
+        core = SessionCore(
+            sid,
+            rep.config,
+            lease_generation=res.lease_generation,
+            encode_output=OutputEncoder().encode,
+        )
+        token, digest = new_resume_token()
+        core.adopted(res.accepted_fence, res.input_seq or 0, digest)
+        client_seq = req.last_received_server_event_seq
+        last = max(client_seq, rep.event_seq)  # numbering goes on after anything it could have
+        session = LiveSession(engine, core, self.limits, self.inputs, self.metrics, event_seq=last)
+        self.start(session)
+        await session.replicate()  # the new token, before the client holds it
+        lost = not (rep.handed_over and client_seq >= rep.event_seq)
+        session.adopted(attachment, core.taken_over(token, last_seq=last, lost=lost))
+        self.metrics.sessions_taken_over.labels("crash" if lost else "handover").inc()
+        log.info(
+            "%s: taken over (lease %d, %s)", sid, res.lease_generation, "lost" if lost else "clean"
+        )
+        return session
+
+    async def _replica(self, req: ev.SessionResume) -> tuple[Replica, int]:
+        """The replica of the session ``req`` names, checked against its resume token, and
+        the session's lease generation now (a peek: nothing changes in the engine)."""
+        engine = self.engine
+        assert engine is not None
+        sid = req.session_id
+        not_found = SessionFatal("session_not_found", f"no live session {sid}")
+        try:
+            peek = await engine.resume(sid, 0, peek=True)
+        except ControlError as exc:
+            if exc.code in ("not_found", "session_expired"):
+                raise not_found from None
+            raise
+        if not peek.replica:
+            raise not_found  # its front end kept no replica (an older one): it cannot move
+        try:
+            rep = decode(peek.replica, self.template())
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("%s: unreadable replica: %s", sid, exc)
+            raise not_found from None
+        if not token_matches(req.resume_token, rep.token_hash):
+            raise SessionFatal("invalid_resume_token", "the resume token does not match")
+        return rep, peek.lease_generation
 
     async def _run(self, session: LiveSession) -> None:
         try:

@@ -89,7 +89,7 @@ class InputFeed:
                 self._out = StreamResampler(ECHO_RATE, fmt.rate)
             pcm16k = self._out.process(pcm16k)
         data = pcm16k if fmt.codec == "pcm16" else pcm16_to_g711(pcm16k, fmt.codec)
-        self.session.receive_audio(data)
+        self.session.audio.receive(data)
 
     def _resample(self, pcm: bytes, rate: int) -> bytes:
         if rate == ECHO_RATE:

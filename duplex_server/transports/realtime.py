@@ -110,7 +110,7 @@ class SocketTransport:
             if text is not None:
                 session.receive_text(text)
             elif data:
-                session.receive_audio_frame(data)
+                session.audio.receive_frame(data)
 
     async def _writer(self) -> None:
         try:
