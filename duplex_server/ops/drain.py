@@ -11,7 +11,8 @@
 3. every session is handed over: its replica in the engine is brought up to date (marked
    handed over at the seq of the event that follows), then ``session.handover`` is sent and
    the socket closed with 1012. The client resumes through the load balancer; the front end
-   that gets the resume takes the session over (duplex_server/session/adopt.py) with nothing lost.
+   that gets the resume takes the session over (``Sessions.adopt``,
+   duplex_server/session/registry.py) with nothing lost.
 
 :class:`DrainingServer` is uvicorn's server with SIGTERM mapped to a drain followed by the
 usual ordered shutdown (a second SIGTERM, or SIGINT, stops at once).
