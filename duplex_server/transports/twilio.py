@@ -17,6 +17,11 @@ token, the upgrade must carry a valid ``X-Twilio-Signature``
 an upgrade without one, unless ``api_key_fallback`` is off. The audio formats are the
 transport's own and echo control is on unless ``session`` turns it off. A malformed
 message is logged and counted; the call goes on. ``stop`` (or the socket closing) ends the session.
+
+One :class:`TwilioCall` per call reads what Twilio sends and runs the call's tasks; it holds
+what the server sends (:class:`~duplex_server.transports.twilio_out.TwilioOut`: media, marks,
+clear, and what the marks' echoes say) and its link to the session
+(:class:`~duplex_server.transports.media.MediaLink`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from audio_kit.g711 import g711_to_pcm16
 from duplex_contract.errors import EngineError
 from duplex_server.auth import key_matches
-from duplex_server.protocol import events as ev
 from duplex_server.protocol.dtmf import DIGITS
 from duplex_server.protocol.errors import CloseCode, ProtocolError
 from duplex_server.session import handshake
@@ -41,7 +45,7 @@ from duplex_server.session.hub import Hub
 from duplex_server.session.live import LiveSession
 from duplex_server.transports import twilio_wire as wire
 from duplex_server.transports.media import MediaLink, check_session_patch, merge_patch
-from duplex_server.transports.twilio_marks import TwilioMarks
+from duplex_server.transports.twilio_out import TwilioOut
 from duplex_server.transports.twilio_signature import candidate_urls, verify
 from duplex_server.transports.twilio_wire import Malformed
 
@@ -73,56 +77,20 @@ def call_session(params: dict[str, str]) -> dict[str, Any]:
 
 
 class TwilioCall:
-    """One Twilio Media Stream: its wire both ways; the session link is :attr:`link`."""
+    """One Twilio Media Stream: what comes in, and the call's lifetime. What goes out is
+    :attr:`out`; the link to the session is :attr:`link`."""
 
     def __init__(self, hub: Hub, ws: WebSocket) -> None:
         self.hub = hub
         self.ws = ws
         self.link = MediaLink(hub, "twilio")
-        self.marks = TwilioMarks()
-        self.stream_sid = ""
+        self.out = TwilioOut(ws, self.link)
         #: the handshake's own credentials were enough (else customParameters.api_key)
         self.admitted = False
 
     @property
     def session(self) -> LiveSession | None:
         return self.link.session
-
-    # ------------------------------------------------------------------ out (MediaOut)
-    async def send(self, msg: wire.Outbound) -> None:
-        await self.ws.send_text(wire.encode(msg))
-
-    async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
-        sid = self.stream_sid
-        await self.send(wire.SendMedia(streamSid=sid, media=wire.OutMedia(event.delta)))
-        # the mark names where this chunk ends in the item's audio as sent, so that its
-        # echo never claims more than the caller heard; playout is pending until it echoes
-        name, end_ms = self.marks.next(event.item_id, len(pcm), rate)
-        self.link.playout.sent_through(event.item_id, float(end_ms))
-        feed = self.link.feed
-        if feed is not None:
-            self.marks.hold_position(name, feed.reference(pcm, rate))
-        await self.send(wire.SendMark(streamSid=sid, mark=wire.OutMark(name)))
-
-    async def write_event(self, event: ev.ServerEvent, data: bytes) -> None:
-        if isinstance(event, ev.Error):
-            log.warning("twilio %s: %s", self.stream_sid, event.error.message)
-
-    async def write_raw(self, data: bytes) -> None:
-        log.warning("twilio %s: %s", self.stream_sid, data.decode(errors="replace"))
-
-    async def flush_playout(self) -> None:
-        self.marks.clear(self.link.playout.item)
-        await self.send(wire.Clear(streamSid=self.stream_sid))
-
-    def audio_done(self, response_id: str) -> None:
-        """Nothing to do: each chunk's mark already says where it ends."""
-
-    async def hang_up(self, code: int, reason: str) -> None:
-        try:
-            await self.ws.close(code, reason)
-        except Exception:  # already closed by Twilio
-            log.debug("twilio socket already closed", exc_info=True)
 
     # ------------------------------------------------------------------ in
     async def serve(self) -> None:
@@ -139,7 +107,7 @@ class TwilioCall:
 
     async def _writer(self) -> None:
         try:
-            await self.link.run_writer(self)
+            await self.link.run_writer(self.out)
         except WebSocketDisconnect:
             # Twilio went away while we sent: the call is over (the reader sees the
             # disconnect too); nothing to write to, and nothing to report as an error
@@ -165,7 +133,7 @@ class TwilioCall:
             return
 
     def _malformed(self, why: str) -> None:
-        log.warning("twilio %s: malformed message ignored: %s", self.stream_sid or "-", why)
+        log.warning("twilio %s: malformed message ignored: %s", self.out.stream_sid or "-", why)
         self.hub.metrics.errors.labels("twilio_malformed").inc()
 
     async def _handle(self, text: str) -> bool:
@@ -188,7 +156,7 @@ class TwilioCall:
         if isinstance(msg, wire.Media):
             self._media(msg)
         elif isinstance(msg, wire.Mark):
-            self._mark(msg)
+            self.out.mark_echoed(msg)
         else:
             self._dtmf(msg)
         return True
@@ -197,7 +165,7 @@ class TwilioCall:
         if self.session is not None:
             raise Malformed("a second start", "start")
         start = msg.body
-        self.stream_sid = msg.stream_sid
+        sid = self.out.stream_sid = msg.stream_sid
         fmt = start.media_format
         if fmt.encoding != wire.ENCODING or fmt.sampleRate != TWILIO_RATE:
             raise Malformed(f"unsupported mediaFormat {msgspec.to_builtins(fmt)}", "start")
@@ -207,13 +175,15 @@ class TwilioCall:
                 raise ProtocolError("unauthorized", "missing or invalid API key")
             await self.link.open_session(call_session(params))
         except json.JSONDecodeError as exc:
-            log.warning("twilio %s: customParameters.session is not JSON: %s", self.stream_sid, exc)
+            log.warning(
+                "twilio %s: customParameters.session is not JSON: %s", self.out.stream_sid, exc
+            )
             handshake.outcome(self.hub, "invalid_value")
             self.link.writer.close(CloseCode.POLICY, "invalid_value")
             return False
         except (ProtocolError, EngineError) as exc:
             detail, _ = handshake.refusal(exc)
-            log.warning("twilio %s: call refused: %s", self.stream_sid, detail.message)
+            log.warning("twilio %s: call refused: %s", sid, detail.message)
             handshake.outcome(self.hub, detail.code)
             self.link.writer.close(CloseCode.POLICY, detail.code)
             return False
@@ -238,16 +208,6 @@ class TwilioCall:
             raise Malformed(f"dtmf without a keypad digit: {digit!r}", "dtmf")
         assert self.session is not None
         self.session.receive_dtmf(digit, int(time.time()))
-
-    def _mark(self, msg: wire.Mark) -> None:
-        item, end_ms = msg.position()
-        heard, position = self.marks.echo(msg.mark.name, item)
-        if not heard:
-            return  # Twilio echoes the marks of cleared audio: it was never heard
-        self.link.playout.played(item, end_ms)
-        feed = self.link.feed
-        if position is not None and feed is not None:
-            feed.played_through(position)
 
 
 def _admit(ws: WebSocket, hub: Hub) -> tuple[bool, str, str]:

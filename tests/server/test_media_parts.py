@@ -1,6 +1,7 @@
 """The media transports' parts, each alone (pure, no socket, no peer connection): the playout
-per item (transports/media_playout.py), Twilio's marks (transports/twilio_marks.py), a
-call's session settings, and the WebRTC reply track's playout (transports/webrtc_track.py)."""
+per item (transports/media_playout.py), Twilio's marks (transports/twilio_marks.py) and what
+a Twilio call sends (transports/twilio_out.py), a call's session settings, and the WebRTC
+reply track's playout (transports/webrtc_track.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from duplex_server.protocol.errors import ProtocolError
 from duplex_server.transports.media_playout import MediaPlayout
 from duplex_server.transports.twilio import call_session
 from duplex_server.transports.twilio_marks import TwilioMarks
+from duplex_server.transports.twilio_out import TwilioOut
+from duplex_server.transports.twilio_wire import Malformed, Mark, MarkBody
 from duplex_server.transports.webrtc_track import TRACK_FRAME, TRACK_RATE, ReplyTrack
 
 
@@ -88,6 +91,54 @@ def test_an_echoed_mark_hands_back_its_position_unless_its_item_was_cleared() ->
     assert m.echo("item_1:60", "item_1") == (False, None)  # cleared: never heard
     m.clear(None)
     assert m.echoed == 3 and m.clears == 2
+
+
+# ---------------------------------------------------------------------------- TwilioOut
+class Wire:
+    """A Twilio socket that records the text frames sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, object]] = []
+
+    async def send_text(self, data: str) -> None:
+        self.sent.append(json.loads(data))
+
+
+class Link:
+    """What TwilioOut reads of its media link: the playout (and no echo control)."""
+
+    def __init__(self) -> None:
+        self.playout = MediaPlayout()
+        self.feed = None
+
+
+def test_twilio_out_sends_media_then_a_mark_and_learns_from_its_echo() -> None:
+    async def run() -> None:
+        ws, link = Wire(), Link()
+        out = TwilioOut(ws, link)  # type: ignore[arg-type]
+        out.stream_sid = "MZ1"
+        delta = _delta("item_1", 0.0, 20.0)
+        link.playout.sent(delta)  # (the link's wire notes the delta before writing it)
+        await out.write_audio(delta, b"\x00\x00" * 160, 8000)
+        assert [m["event"] for m in ws.sent] == ["media", "mark"]
+        assert ws.sent[1] == {"event": "mark", "streamSid": "MZ1", "mark": {"name": "item_1:20"}}
+        assert link.playout.playing() == "resp_1"
+        out.mark_echoed(Mark(mark=MarkBody("item_1:20")))
+        assert link.playout.playing() is None
+        with pytest.raises(Malformed):
+            out.mark_echoed(Mark(mark=MarkBody("not ours")))
+        await out.write_audio(delta, b"\x00\x00" * 160, 8000)
+        await out.flush_playout()
+        assert ws.sent[-1] == {"event": "clear", "streamSid": "MZ1"}
+        out.mark_echoed(Mark(mark=MarkBody("item_1:40")))  # cleared: never heard
+        assert link.playout.played_ms["item_1"] == 20.0
+        assert (out.marks.sent, out.marks.echoed, out.marks.clears) == (
+            2,
+            2,
+            1,
+        )  # (not ours: not counted)
+
+    asyncio.run(run())
 
 
 # ---------------------------------------------------------------------------- call settings

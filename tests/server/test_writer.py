@@ -251,7 +251,7 @@ def test_every_transport_runs_the_shared_writer_and_its_slow_client_policy(
             if isinstance(att, TwilioCall):
                 # a media transport writes raw bytes without the wire (a log line); its
                 # audio is what blocks on a stuck peer
-                att.write_raw = ws.send_text  # type: ignore[method-assign,assignment]
+                att.out.write_raw = ws.send_text  # type: ignore[method-assign,assignment]
             await asyncio.wait_for(att.serve(), 3)
             assert session.too_slow_calls == 1
             if isinstance(att, TwilioCall):

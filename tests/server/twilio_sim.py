@@ -226,7 +226,7 @@ class SendAfterDrop:
     send would be the one held, so it never got the two chunks it waits for."""
 
     def __init__(self, monkeypatch: Any, *, armed: bool = False) -> None:
-        from duplex_server.transports.twilio import TwilioCall
+        from duplex_server.transports.twilio_out import TwilioOut
         from duplex_server.transports.twilio_wire import Outbound
 
         self.armed = armed
@@ -234,9 +234,9 @@ class SendAfterDrop:
         self._media = 0
         #: calls (attachments) sent media while unarmed; weak: an ended call's id may be reused
         self._before: weakref.WeakSet[Any] = weakref.WeakSet()
-        real = TwilioCall.send
+        real = TwilioOut.send
 
-        async def send(att: TwilioCall, obj: Outbound) -> None:
+        async def send(att: TwilioOut, obj: Outbound) -> None:
             if obj.event == "media" and not self.armed:
                 self._before.add(att)
             elif self.armed and obj.event == "media" and att not in self._before:
@@ -250,4 +250,4 @@ class SendAfterDrop:
                         await asyncio.sleep(0.01)
             await real(att, obj)
 
-        monkeypatch.setattr(TwilioCall, "send", send)
+        monkeypatch.setattr(TwilioOut, "send", send)
