@@ -26,9 +26,10 @@ from duplex_server.protocol.resume import token_matches as token_matches
 class Attachment(Protocol):
     """What a live session needs of the transport attached to it; nothing more.
 
-    The session calls these from the event loop. The transport in turn calls the session's
-    ``receive_*``, ``next_frame``/``sent`` (if it stamps at write time), ``too_slow`` and
-    ``detach``; the session never imports a transport.
+    The session calls these from the event loop (a transport's writer,
+    :class:`~duplex_server.session.writer.QueuedWriter`, implements them). The transport in
+    turn calls the session's ``receive_*``, ``audio.receive*``, ``next_frame``/``sent`` (if it
+    stamps at write time), ``too_slow`` and ``detach``; the session never imports a transport.
     """
 
     def send_event(self, item: Outgoing) -> bool:

@@ -1,6 +1,7 @@
 """The live sessions and attached transports of one app, and the send watchdog.
 
-Transport-agnostic: a transport registers its attachments in :attr:`Hub.sockets` (for the
+Transport-agnostic: a transport registers its writer
+(:class:`~duplex_server.session.writer.QueuedWriter`) in :attr:`Hub.sockets` (for the
 watchdog, metrics and shutdown) and opens or resumes sessions through :attr:`Hub.sessions`.
 """
 
@@ -24,7 +25,7 @@ from duplex_server.session.registry import Sessions
 
 
 class Transport(Protocol):
-    """What the hub needs of an attached transport."""
+    """What the hub needs of an attached transport (its writer)."""
 
     #: loop time when the frame being written started (None: not in a send)
     send_since: float | None

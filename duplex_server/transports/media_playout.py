@@ -8,8 +8,8 @@ and response were sent last. It is the session core's
 whose audio still plays, which talking over clears) and, on a barge-in, says how far the
 item was heard (:meth:`MediaPlayout.cut`) so that the transport truncates the item to it.
 
-This is the transports' side of the playout seam as it stands; the session core will learn
-playout as input events instead (docs/architecture.md), and this bookkeeping moves there.
+This is the transports' side of the playout seam as it stands (issue 37, item 4): the session
+core is to learn playout as input events instead, and this bookkeeping then moves there.
 """
 
 from __future__ import annotations
