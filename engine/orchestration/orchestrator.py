@@ -99,7 +99,7 @@ class Orchestrator:
         self.control = DuplexControl(config.duplex, config.default_instructions)
         self.counters = Counters()
         self.pools: dict[str, StagePool] = {}
-        self.output = OutputRouter(out_q, self.control.is_current, self.counters)
+        self.output = OutputRouter(out_q.put_nowait, self.control.is_current, self.counters)
         self.background = BackgroundTasks()
         self.aborts = StageAborts(self.pools, self.background.spawn)
         self.runners = Runners()
