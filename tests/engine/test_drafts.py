@@ -37,6 +37,12 @@ def _orch(engine: AsyncEngine) -> Orchestrator:
     return orch
 
 
+def _drafts(orch: Orchestrator) -> dict[str, Draft]:
+    """Each session's draft (the orchestrator's draft book)."""
+    assert orch.drafts is not None
+    return orch.drafts.drafts
+
+
 async def _start(speculative: bool = True) -> tuple[AsyncEngine, dict[str, list[TestStage]]]:
     backends = stages(asr_delay_s=0.05)
     cfg = msgspec.structs.replace(make_config(), speculative_response=speculative)
@@ -47,7 +53,7 @@ async def _start(speculative: bool = True) -> tuple[AsyncEngine, dict[str, list[
 async def _finished(orch: Orchestrator, sid: str) -> Draft:
     """Wait until the session's draft has finished (produced all its audio, or failed)."""
     for _ in range(200):
-        draft = orch._drafts.get(sid)
+        draft = _drafts(orch).get(sid)
         if draft is not None and draft.task is not None and draft.task.done():
             return draft
         await asyncio.sleep(0.02)
@@ -125,11 +131,11 @@ def test_speech_that_resumes_drops_the_draft_and_sends_none_of_it() -> None:
         engine, backends = await _start()
         try:
             sid, f, gen, orch = await _paused(engine)
-            draft = orch._drafts[sid]
-            assert orch._session_bytes()["draft"] == draft.held_bytes  # accounted (metrics)
+            draft = _drafts(orch)[sid]
+            assert orch.reaper.session_bytes()["draft"] == draft.held_bytes  # accounted (metrics)
             await engine.signal(f, gen, "input.resume")  # the user goes on
-            assert sid not in orch._drafts and draft.held_bytes == 0
-            assert orch._session_bytes()["draft"] == 0
+            assert sid not in _drafts(orch) and draft.held_bytes == 0
+            assert orch.reaper.session_bytes()["draft"] == 0
             await engine.append(f, gen, audio=SPEECH + SILENCE)
             await engine.commit(f, gen)
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
@@ -186,11 +192,11 @@ def test_another_sessions_real_turn_drops_the_draft() -> None:
             await engine.signal(a.accepted_fence, 1, "input.pause")
             orch = _orch(engine)
             await asyncio.sleep(0.01)
-            assert a.session_id in orch._drafts
+            assert a.session_id in _drafts(orch)
             await engine.append(b.accepted_fence, 1, text="hello")
             await engine.commit(b.accepted_fence, 1)
             await collect(engine, b.session_id, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
-            assert a.session_id not in orch._drafts  # dropped when b's turn started
+            assert a.session_id not in _drafts(orch)  # dropped when b's turn started
             assert orch.counters.drafts["dropped"] == 1
             # a's turn still gets its answer, started at its commit
             await engine.append(a.accepted_fence, 1, audio=SILENCE)
@@ -214,7 +220,7 @@ def test_a_barge_in_drops_the_draft() -> None:
             sid, f, gen, orch = await _paused(engine)
             nxt = Fence(sid, f.epoch + 1, f.turn_id, f.response_seq)
             await engine.signal(f, gen, "barge_in", next_fence=nxt)
-            assert sid not in orch._drafts and orch.counters.drafts["dropped"] == 1
+            assert sid not in _drafts(orch) and orch.counters.drafts["dropped"] == 1
             assert [e for e in await _no_events(engine, sid) if isinstance(e, AudioChunk)] == []
         finally:
             await engine.shutdown()
@@ -236,7 +242,7 @@ def test_no_draft_when_the_commit_will_not_ask_for_a_response() -> None:
             await engine.signal(f, gen, "input.pause", respond=False)
             orch = _orch(engine)
             await asyncio.sleep(0.2)
-            assert sid not in orch._drafts and orch.counters.drafts["started"] == 0
+            assert sid not in _drafts(orch) and orch.counters.drafts["started"] == 0
             assert backends["llm"][0].submitted == [] and len(backends["asr"][0].submitted) == 1
         finally:
             await engine.shutdown()
@@ -260,7 +266,7 @@ def test_a_pause_while_another_sessions_turn_runs_is_not_guessed() -> None:
             await engine.append(b.accepted_fence, 1, text="hello")
             await engine.commit(b.accepted_fence, 1)  # b's turn: slow LLM, still running
             for _ in range(100):
-                if orch._turn_running(besides=a.session_id):
+                if orch.runners.turn_running(besides=a.session_id):
                     break
                 await asyncio.sleep(0.01)
             asr_before = len(backends["asr"][0].submitted)
@@ -269,7 +275,7 @@ def test_a_pause_while_another_sessions_turn_runs_is_not_guessed() -> None:
             await asyncio.sleep(0.1)
             assert orch.speculation is not None
             assert (orch.speculation.started, orch.speculation.skipped) == (0, 1)
-            assert a.session_id not in orch._drafts and orch.counters.drafts["started"] == 0
+            assert a.session_id not in _drafts(orch) and orch.counters.drafts["started"] == 0
             assert len(backends["asr"][0].submitted) == asr_before  # no ASR for the guess
             assert engine.stats().speculative_transcripts["skipped"] == 1
             await collect(engine, b.session_id, lambda e: isinstance(e, ResponseDone), 20 * UNIT)
@@ -283,14 +289,14 @@ def test_a_pause_while_another_sessions_turn_runs_is_not_guessed() -> None:
             assert done.accepted_fence is not None
             # nothing else runs now: the next pause is guessed (and answered ahead)
             for _ in range(100):
-                if not orch._turn_running(besides=""):
+                if not orch.runners.turn_running(besides=""):
                     break
                 await asyncio.sleep(0.01)
             await engine.append(done.accepted_fence, 1, audio=SPEECH)
             await engine.signal(done.accepted_fence, 1, "input.pause")
             await asyncio.sleep(0.05)
             assert orch.speculation.started == 1
-            assert a.session_id in orch._drafts
+            assert a.session_id in _drafts(orch)
         finally:
             await engine.shutdown()
 

@@ -408,12 +408,13 @@ def test_sound_after_the_pause_is_guessed_again_once_it_ends() -> None:
             await asyncio.sleep(0.2)
             orch = engine._orch
             assert orch is not None and orch.speculation is not None
+            assert orch.drafts is not None
             spec = orch.speculation
 
             async def settled() -> None:  # the engine applies an append after answering it
                 await asyncio.sleep(0.1)
 
-            first_draft = orch._drafts.get(sid)
+            first_draft = orch.drafts.drafts.get(sid)
             assert first_draft is not None  # the pause's guess is answered ahead
             await engine.append(f, gen, audio=SOFT)  # sounding: no new guess yet
             await settled()
@@ -426,7 +427,7 @@ def test_sound_after_the_pause_is_guessed_again_once_it_ends() -> None:
             await settled()
             assert spec.started == 2 and spec.reguesses == 1
             # the first guess's draft answer goes on (the words are most often the same)
-            assert orch._drafts.get(sid) is first_draft
+            assert orch.drafts.drafts.get(sid) is first_draft
             await engine.append(f, gen, audio=quiet)  # more quiet: the new guess covers it
             await settled()
             assert spec.started == 2

@@ -16,6 +16,7 @@ from duplex_contract.events import AudioChunk, ResponseDone
 from engine.api.client import AsyncEngine
 from engine.config import SchedulingConfig, engine_config, load_engine_config
 from engine.messages import AsrRequest, LlmRequest, Priority, TtsRequest
+from engine.orchestration.drafts import Draft
 from engine.orchestration.orchestrator import Orchestrator
 from engine.orchestration.scheduling import (
     CapacityScheduler,
@@ -39,6 +40,12 @@ def _orch(engine: AsyncEngine) -> Orchestrator:
     orch = engine._orch
     assert isinstance(orch, Orchestrator)
     return orch
+
+
+def _drafts(orch: Orchestrator) -> dict[str, Draft]:
+    """Each session's draft (the orchestrator's draft book)."""
+    assert orch.drafts is not None
+    return orch.drafts.drafts
 
 
 def _llm(rid: str, priority: Priority = Priority.REALTIME) -> LlmRequest:
@@ -256,7 +263,7 @@ async def _slow_turn(engine: AsyncEngine, orch: Orchestrator) -> tuple[str, Any]
     await engine.append(b.accepted_fence, 1, text="hello")
     await engine.commit(b.accepted_fence, 1)
     for _ in range(200):
-        if orch._turn_running(besides=""):
+        if orch.runners.turn_running(besides=""):
             break
         await asyncio.sleep(0.01)
     return b.session_id, b.accepted_fence
@@ -276,15 +283,15 @@ def test_capacity_guesses_and_drafts_while_another_sessions_turn_runs() -> None:
             assert a.session_id and a.accepted_fence
             b_sid, _ = await _slow_turn(engine, orch)
             await collect(engine, b_sid, lambda e: isinstance(e, AudioChunk), 10 * UNIT)
-            assert orch._turn_running(besides=a.session_id)
+            assert orch.runners.turn_running(besides=a.session_id)
             await engine.append(a.accepted_fence, 1, audio=SPEECH)
             await engine.signal(a.accepted_fence, 1, "input.pause")
             await asyncio.sleep(0.1)
             assert orch.speculation is not None
             assert (orch.speculation.started, orch.speculation.skipped) == (1, 0)
-            assert orch.counters.drafts["started"] == 1 and a.session_id in orch._drafts
+            assert orch.counters.drafts["started"] == 1 and a.session_id in _drafts(orch)
             await collect(engine, b_sid, lambda e: isinstance(e, ResponseDone), 20 * UNIT)
-            assert a.session_id in orch._drafts and orch.counters.drafts["dropped"] == 0
+            assert a.session_id in _drafts(orch) and orch.counters.drafts["dropped"] == 0
             # a's commit adopts the draft it made while b's turn ran
             await engine.append(a.accepted_fence, 1, audio=SILENCE)
             await engine.commit(a.accepted_fence, 1)
@@ -321,7 +328,7 @@ def test_capacity_drops_a_draft_that_holds_a_full_stage_a_real_turn_needs() -> N
             evs = await collect(engine, b_sid, lambda e: isinstance(e, AudioChunk), 10 * UNIT)
             assert isinstance(evs[-1], AudioChunk)
             assert orch.counters.drafts_yielded == 1 and orch.counters.drafts["dropped"] == 1
-            assert a.session_id not in orch._drafts
+            assert a.session_id not in _drafts(orch)
             assert orch.scheduler.snapshot()["llm"]["draft"] == 0
         finally:
             await engine.shutdown()
