@@ -74,6 +74,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check audio_kit duplex_contract duplex_server engine clients bench tests tools
 	$(PY) -m tools.import_boundary
 	$(PY) -m tools.file_size
+	$(PY) -m tools.privates
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict audio_kit duplex_contract duplex_server engine clients tools
