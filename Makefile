@@ -75,6 +75,7 @@ lint: $(STAMP)
 	$(PY) -m tools.import_boundary
 	$(PY) -m tools.file_size
 	$(PY) -m tools.privates
+	$(PY) -m tools.import_cycles
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict audio_kit duplex_contract duplex_server engine clients tools
