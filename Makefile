@@ -76,6 +76,7 @@ lint: $(STAMP)
 	$(PY) -m tools.file_size
 	$(PY) -m tools.privates
 	$(PY) -m tools.import_cycles
+	$(PY) -m tools.doc_paths
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict audio_kit duplex_contract duplex_server engine clients tools
