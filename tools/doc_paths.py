@@ -3,13 +3,16 @@
 The documents (:data:`DOCS`: README.md, docs/, the notes under clients/) cite files by
 their path from the repository root: ``duplex_server/session/live.py``, ``configs/cpu.yaml``,
 ``tests/e2e/test_soak.py::test_name``, ``bench/realtime.py``. A move that forgets one leaves
-a reader at a file that is not there. A cited path is a word that starts with one of the
-repository's top-level folders (:data:`ROOTS`) and a ``/``, in prose or code:
+a reader at a file that is not there. A cited path is a word, in prose or code, that starts
+with one of the repository's top-level folders (:data:`ROOTS`) and a ``/``, or any word
+with a ``/`` that ends in a file type of the repository (:data:`FILE_TYPES`: a folder that
+is gone, ``mk/vllm.mk``, is caught too; ``Qwen/Qwen2.5-0.5B``, a model id, is not a path):
 
 * a trailing ``/`` names a folder; ``{a,b}`` is expanded (``duplex_server/{ops,http}/``);
   a ``*`` is a glob that must match something; ``::name`` (a pytest node) is dropped;
 * words with ``...`` or ``<...>`` are placeholders (``engine/...``), not paths;
-* outputs the tools write (:data:`GENERATED`, ignored by git) are not in a fresh clone.
+* what the tools write or install (:data:`GENERATED`, ignored by git: the benches' results,
+  wscat's ``clients/node_modules/``) is not in a fresh clone.
 
 Relative Markdown links (``[text](figures/x.png)``) are checked from the document's own
 folder. Exit status 1 and one line per missing path: ``python -m tools.doc_paths [ROOT]``.
@@ -38,13 +41,21 @@ ROOTS = (
 )
 #: the documents checked, globs from the repository root
 DOCS = ("README.md", "docs/**/*.md", "clients/*.md")
-#: paths the tools write (git-ignored): cited as where to find their output
-GENERATED = ("bench/results/",)
+#: paths the tools write or install (git-ignored): cited as where to find their output
+GENERATED = ("bench/results/", "clients/node_modules/")
+
+#: the endings of a repository file's name
+FILE_TYPES = ("py", "md", "mk", "yaml", "yml", "json", "toml", "sh", "cfg", "js", "css", "html")
+FILE_TYPES += ("png", "wav", "txt")
 
 _ROOTS = "|".join(re.escape(r) for r in ROOTS)
-#: a path word: a top-level folder, a slash, then path characters (not after a word, a
-#: slash or a dot: ``http://host/docs/x`` and ``a.engine/b`` are not cited paths)
-PATH = re.compile(rf"(?<![\w/.\-])((?:{_ROOTS})/[\w./{{}},*\-:<>]*)")
+_TYPES = "|".join(FILE_TYPES)
+#: a path word: a top-level folder, a slash, then path characters; or a word with a slash
+#: that ends in a file type (never after a word, a slash or a dot: ``http://host/docs/x``
+#: and ``a.engine/b`` are not cited paths)
+PATH = re.compile(
+    rf"(?<![\w/.\-])((?:{_ROOTS})/[\w./{{}},*\-:<>]*|(?:[\w.\-]+/)+[\w.\-]+\.(?:{_TYPES})\b)"
+)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -78,11 +89,12 @@ def cited(root: Path) -> list[Cited]:
     for doc in docs:
         rel = doc.relative_to(root).as_posix()
         for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            links = [m.span(1) for m in LINK.finditer(line)]
             for match in PATH.finditer(line):
                 word = _clean(match.group(1))
-                if word:
+                if word and not any(a <= match.start() < b for a, b in links):
                     out += [Cited(rel, number, w) for w in _expand(word)]
-            for match in LINK.finditer(line):
+            for match in LINK.finditer(line):  # relative to the document's folder
                 target = match.group(1).split("#", 1)[0]
                 if target and "://" not in target and not target.startswith("mailto:"):
                     resolved = (doc.parent / target).resolve()

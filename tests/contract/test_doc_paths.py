@@ -49,6 +49,7 @@ def test_folders_braces_globs_nodes_and_links(tmp_path: Path) -> None:
             "a placeholder: engine/... and configs/<name>.yaml; output: bench/results/x.json",
             "a link: [figure](figures/a.png), a URL: https://example.com/engine/nothing.py",
             "stale: duplex_server/{ops,transports}/ and tests/e2e/*.txt and [gone](gone.md)",
+            "a folder that is gone: (`mk/vllm.mk`); a model id: Qwen/Qwen2.5-0.5B-Instruct",
         ]
     )
     root = _repo(tmp_path, "", doc)
@@ -56,6 +57,7 @@ def test_folders_braces_globs_nodes_and_links(tmp_path: Path) -> None:
         "duplex_server/transports/",
         "tests/e2e/*.txt",
         "docs/gone.md",
+        "mk/vllm.mk",
     ]
 
 
