@@ -28,9 +28,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.product import absolute, module_of, product_files
+
 LINES = 400
 METHODS = 25
-PACKAGES = ("audio_kit", "duplex_contract", "duplex_server", "engine", "clients/duplex_client")
 
 #: Classes over the limit while issue 37's splits are in flight (each in another helper's
 #: area: the session core, the orchestrator, the engine clients, the control plane, the
@@ -105,24 +106,6 @@ class _Index:
     modules: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-def module_of(path: Path, root: Path) -> str:
-    """The import name of a product file (``clients/`` is a source root of its own)."""
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts[0] == "clients":
-        parts = parts[1:]
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
-def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
-    if not node.level:
-        return node.module or ""
-    package = module.split(".") if is_package else module.split(".")[:-1]
-    package = package[: len(package) - (node.level - 1)]
-    return ".".join([*package, node.module] if node.module else package)
-
-
 def _base_name(node: ast.expr) -> str | None:
     if isinstance(node, ast.Subscript):  # Generic[T], Base[T]
         node = node.value
@@ -140,40 +123,39 @@ def _is_protocol(bases: tuple[str, ...]) -> bool:
 
 def _index(root: Path) -> _Index:
     index = _Index()
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            module = module_of(path, root)
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-            names = index.names.setdefault(module, {})
-            modules = index.modules.setdefault(module, {})
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom):
-                    source = _absolute(node, module, path.name == "__init__.py")
-                    for alias in node.names:
-                        names[alias.asname or alias.name] = (source, alias.name)
-                elif isinstance(node, ast.Import):
-                    for alias in node.names:
-                        if alias.asname:
-                            modules[alias.asname] = alias.name
-                        else:
-                            top = alias.name.split(".")[0]
-                            modules[top] = top
-            for node in tree.body:
-                if not isinstance(node, ast.ClassDef):
-                    continue
-                bases = tuple(b for b in map(_base_name, node.bases) if b)
-                end = node.end_lineno or node.lineno
-                index.classes[(module, node.name)] = ClassDef(
-                    module=module,
-                    name=node.name,
-                    path=path.relative_to(root).as_posix(),
-                    lines=end - node.lineno + 1,
-                    methods=sum(
-                        isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in node.body
-                    ),
-                    bases=bases,
-                    protocol=_is_protocol(bases),
-                )
+    for path in product_files(root):
+        module = module_of(path, root)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = index.names.setdefault(module, {})
+        modules = index.modules.setdefault(module, {})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = absolute(node, module, path.name == "__init__.py")
+                for alias in node.names:
+                    names[alias.asname or alias.name] = (source, alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname:
+                        modules[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        modules[top] = top
+        for node in tree.body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = tuple(b for b in map(_base_name, node.bases) if b)
+            end = node.end_lineno or node.lineno
+            index.classes[(module, node.name)] = ClassDef(
+                module=module,
+                name=node.name,
+                path=path.relative_to(root).as_posix(),
+                lines=end - node.lineno + 1,
+                methods=sum(
+                    isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in node.body
+                ),
+                bases=bases,
+                protocol=_is_protocol(bases),
+            )
     return index
 
 

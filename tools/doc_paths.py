@@ -45,8 +45,7 @@ DOCS = ("README.md", "docs/**/*.md", "clients/*.md")
 GENERATED = ("bench/results/", "clients/node_modules/")
 
 #: the endings of a repository file's name
-FILE_TYPES = ("py", "md", "mk", "yaml", "yml", "json", "toml", "sh", "cfg", "js", "css", "html")
-FILE_TYPES += ("png", "wav", "txt")
+FILE_TYPES = "py md mk yaml yml json toml sh cfg js css html png wav txt".split()
 
 _ROOTS = "|".join(re.escape(r) for r in ROOTS)
 _TYPES = "|".join(FILE_TYPES)

@@ -43,7 +43,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-FIRST_PARTY = ("audio_kit", "duplex_contract", "duplex_server", "duplex_client", "engine")
+from tools.product import FIRST_PARTY, absolute, module_of
 
 #: the engine modules the server may import: its client API (engine.api.remote_client is the
 #: front end's RemoteEngine, the AsyncEngine API over a socket; its frames, engine.api.remote_wire,
@@ -165,16 +165,6 @@ LAYERS = (
 )
 
 
-def _module_of(path: Path, root: Path) -> str:
-    rel = path.relative_to(root).with_suffix("")
-    parts = list(rel.parts)
-    if parts[0] == "clients":
-        parts = parts[1:]
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
 def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
     """``(line, absolute module)`` of every import in ``source``."""
     out: list[tuple[int, str]] = []
@@ -182,11 +172,7 @@ def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, st
         if isinstance(node, ast.Import):
             out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                pkg = module.split(".") if is_package else module.split(".")[:-1]
-                pkg = pkg[: len(pkg) - (node.level - 1)]
-                base = ".".join([*pkg, base] if base else pkg)
+            base = absolute(node, module, is_package)
             out.append((node.lineno, base))
             # ``from pkg import mod`` imports ``pkg.mod`` when it is a module
             out += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
@@ -216,7 +202,7 @@ def check(root: Path) -> list[str]:
         excluded = {p for pattern in layer.exclude for p in root.glob(pattern)}
         for pattern in layer.files:
             for path in sorted(set(root.glob(pattern)) - excluded):
-                module = _module_of(path, root)
+                module = module_of(path, root)
                 is_package = path.name == "__init__.py"
                 seen: set[int] = set()
                 if path not in parsed:

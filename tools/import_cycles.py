@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("audio_kit", "duplex_contract", "duplex_server", "engine", "clients/duplex_client")
+from tools.product import absolute, module_of, product_files
 
 #: Circles being removed by issue 37's splits (each in another helper's area), tolerated
 #: so that ``make lint`` stays green meanwhile; one that is gone fails the check, so the
@@ -54,15 +54,6 @@ class Edge:
     deferred: bool  # inside a function
 
 
-def module_of(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts[0] == "clients":
-        parts = parts[1:]
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
 def _imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
     """Every import statement with whether it is inside a function."""
     out: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
@@ -79,8 +70,7 @@ def _imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]
 
 def edges_of(root: Path) -> tuple[set[str], list[Edge]]:
     """The product's modules and the first-party imports between them."""
-    files = [p for package in PACKAGES for p in sorted((root / package).rglob("*.py"))]
-    modules = {module_of(p, root): p for p in files}
+    modules = {module_of(p, root): p for p in product_files(root)}
     edges: list[Edge] = []
     for module, path in modules.items():
         rel = path.relative_to(root).as_posix()
@@ -90,11 +80,7 @@ def edges_of(root: Path) -> tuple[set[str], list[Edge]]:
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
-                base = node.module or ""
-                if node.level:
-                    package = module.split(".") if is_package else module.split(".")[:-1]
-                    package = package[: len(package) - (node.level - 1)]
-                    base = ".".join([*package, base] if base else package)
+                base = absolute(node, module, is_package)
                 for alias in node.names:
                     sub = f"{base}.{alias.name}"
                     targets.append(sub if sub in modules else base)

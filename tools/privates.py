@@ -1,8 +1,8 @@
 """No private name crosses a module or an object in product code, checked.
 
 A name that starts with one underscore is its module's or its object's own business: the
-owner may change it without looking further. Product code (:data:`PACKAGES`; tests and
-bench may reach in) breaks that in three ways, each reported with its file and line:
+owner may change it without looking further. Product code (:mod:`tools.product`; tests
+and bench may reach in) breaks that in three ways, each reported with its file and line:
 
 * **import**: ``from m import _x`` (``_x`` a private function, class, constant or module);
 * **module**: ``m._x`` where ``m`` is a first-party module bound by an import
@@ -36,8 +36,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("audio_kit", "duplex_contract", "duplex_server", "engine", "clients/duplex_client")
-FIRST_PARTY = ("audio_kit", "duplex_contract", "duplex_server", "duplex_client", "engine")
+from tools.product import absolute, first_party, module_of, product_files
+
 #: public API of the standard library that is spelled with a leading underscore
 PUBLIC_UNDERSCORE = frozenset({"_replace", "_asdict", "_fields", "_field_defaults", "_make"})
 #: names that mean the object itself
@@ -84,19 +84,6 @@ def is_private(name: str) -> bool:
     if name.startswith("__") and name.endswith("__"):
         return False
     return not (len(name) > 2 and name.endswith("_") and not name.startswith("__"))
-
-
-def module_of(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts[0] == "clients":
-        parts = parts[1:]
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
-def _first_party(module: str) -> bool:
-    return module.split(".")[0] in FIRST_PARTY
 
 
 def _dotted(node: ast.expr) -> str | None:
@@ -151,13 +138,6 @@ class _Scanner(ast.NodeVisitor):
     def _add(self, node: ast.AST, kind: str, text: str) -> None:
         self.found.append(Violation(self.path, getattr(node, "lineno", 0), kind, text))
 
-    def _absolute(self, node: ast.ImportFrom) -> str:
-        if not node.level:
-            return node.module or ""
-        package = self.module.split(".") if self.is_package else self.module.split(".")[:-1]
-        package = package[: len(package) - (node.level - 1)]
-        return ".".join([*package, node.module] if node.module else package)
-
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             for part in alias.name.split(".")[1:]:
@@ -170,11 +150,11 @@ class _Scanner(ast.NodeVisitor):
                 self.bound[top] = top
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        source = self._absolute(node)
+        source = absolute(node, self.module, self.is_package)
         for alias in node.names:
             if is_private(alias.name):
                 self._add(node, "import", f"from {source} import {alias.name}")
-            if f"{source}.{alias.name}" in self.modules or not _first_party(source):
+            if f"{source}.{alias.name}" in self.modules or not first_party(source):
                 self.bound[alias.asname or alias.name] = f"{source}.{alias.name}"
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
@@ -191,7 +171,7 @@ class _Scanner(ast.NodeVisitor):
             head, _, rest = dotted.partition(".")
             bound = self.bound.get(head)
             if bound is not None and (target := f"{bound}.{rest}" if rest else bound):
-                if not _first_party(target):
+                if not first_party(target):
                     return  # os._exit, sys._getframe: not ours to judge
                 if target in self.modules:
                     self._add(node, "module", f"{dotted}.{node.attr} (module {target})")
@@ -201,13 +181,9 @@ class _Scanner(ast.NodeVisitor):
         self._add(node, "object", f"{ast.unparse(node.value)}.{node.attr}")
 
 
-def _files(root: Path) -> list[Path]:
-    return [p for package in PACKAGES for p in sorted((root / package).rglob("*.py"))]
-
-
 def scan(root: Path) -> list[Violation]:
     """Every private name that crosses a module or an object in the product, in file order."""
-    files = _files(root)
+    files = product_files(root)
     modules = {module_of(p, root) for p in files}
     found: list[Violation] = []
     for path in files:
