@@ -4,7 +4,7 @@ and :class:`SyncDuplexClient` (blocking), both built with ``connect``; the event
 """
 
 from duplex_client import events
-from duplex_client.audio import read_wav, to_pcm16
+from duplex_client.audio_input import read_wav, to_pcm16
 from duplex_client.client import DuplexClient
 from duplex_client.errors import ConnectionLost, SessionEnded, SessionRefused
 from duplex_client.sync import SyncDuplexClient

@@ -51,7 +51,7 @@ from typing import Any
 import msgspec
 
 from duplex_client import events as ev
-from duplex_client.audio import AudioInput, read_wav, to_pcm16
+from duplex_client.audio_input import AudioInput, read_wav, to_pcm16
 from duplex_client.connection import Connection, ResumePolicy
 from duplex_client.errors import SessionEnded
 from duplex_client.resend import InputLog

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from duplex_client import events as ev
-from duplex_client.audio import read_wav, to_pcm16
+from duplex_client.audio_input import read_wav, to_pcm16
 from duplex_client.client import DuplexClient
 from duplex_client.errors import SessionEnded
 
