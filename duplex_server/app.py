@@ -26,7 +26,7 @@ from duplex_contract.errors import ConfigError, EngineDeadError
 from duplex_contract.voices import VoiceCatalog
 from duplex_server.auth import HttpAuth
 from duplex_server.config import AppConfig
-from duplex_server.http import batch
+from duplex_server.http.routes import routes as http_routes
 from duplex_server.ops.metrics import BatchTiming, Metrics
 from duplex_server.ops.tracing import Tracing
 from duplex_server.session.hub import Hub
@@ -174,7 +174,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         WebSocketRoute("/v1/duplex", realtime_endpoint),
         WebSocketRoute("/v1/twilio", twilio_endpoint),
         *webrtc.routes(hub),
-        *batch.routes(handle.get, config.server.batch, config.server.model_name, voices),
+        *http_routes(handle.get, config.server.batch, config.server.model_name, voices),
     ]
     static = Path(config.server.static_dir)
     if (static / "index.html").is_file():
