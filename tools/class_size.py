@@ -51,8 +51,6 @@ KNOWN_OVER = frozenset(
         "engine.api.remote_client.RemoteEngine",
         "engine.duplex.control.DuplexControl",
         "engine.duplex.control_input.ControlInput",
-        "engine.orchestration.orchestrator.Orchestrator",
-        "engine.orchestration.orchestrator_turns.OrchestratorTurns",
         "engine.stages.asr_pocketsphinx.PocketsphinxAsr",
         "engine.stages.asr_whisper.WhisperAsr",
         "engine.stages.batching.BatchingBackend",
