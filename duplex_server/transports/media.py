@@ -88,6 +88,8 @@ class MediaAttachment(QueuedWriter):
 
     # ------------------------------------------------------------------ to implement
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
+        """Hand ``pcm`` (PCM16 at ``rate``) to the far end, and say so if any of it will
+        play (:meth:`audio_queued`)."""
         raise NotImplementedError
 
     async def write_event(self, event: ev.ServerEvent, data: bytes) -> None:
@@ -138,6 +140,10 @@ class MediaAttachment(QueuedWriter):
         if session is not None:
             session.apply(session.core.on_playout(report, now_ms()))
 
+    def audio_queued(self, item_id: str) -> None:
+        """The far end was handed audio of ``item_id`` to play (it reports it played)."""
+        self.report(Queued(item_id))
+
     def audio_played(self, item_id: str, ms: float, queued_ms: float) -> None:
         """The far end played ``item_id`` through ``ms`` and holds ``queued_ms`` more."""
         self.report(Played(item_id, ms, queued_ms))
@@ -165,7 +171,6 @@ class MediaAttachment(QueuedWriter):
                 session.metrics.stale_dropped.labels("writer").inc()
                 return False
             self.audio_item = event.item_id
-            self.report(Queued(event.item_id))
             await self.write_audio(event, item.pcm, session.core.config.output_format.rate)
             return True
         data = session.next_frame(item)

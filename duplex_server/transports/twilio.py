@@ -78,6 +78,7 @@ class TwilioAttachment(MediaAttachment):
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
         sid = self.stream_sid
         await self._send(wire.SendMedia(streamSid=sid, media=wire.OutMedia(event.delta)))
+        self.audio_queued(event.item_id)  # its mark's echo reports it played
         # the mark names where this chunk ends in the item's audio as sent (samples, not
         # the engine's ms: the resampler to 8 kHz holds some back, unevenly), so that its
         # echo never claims more than the caller heard; playout is pending until it echoes

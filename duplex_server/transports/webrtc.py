@@ -88,7 +88,8 @@ class ReplyTrack(MediaStreamTrack):
         self._start = 0.0
         self._pts = 0
 
-    def enqueue(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
+    def enqueue(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> bool:
+        """Queue the audio to play; False if the resampler held all of it back."""
         if rate != TRACK_RATE:
             res = self._resamplers.get(rate)
             if res is None:
@@ -97,6 +98,7 @@ class ReplyTrack(MediaStreamTrack):
         if pcm:
             self.queue.append(_Chunk(event.response_id, event.item_id, event.audio_start_ms, pcm))
             self.queued_bytes += len(pcm)
+        return bool(pcm)
 
     def finish(self, response_id: str) -> None:
         """The response's audio is all queued: drain the resamplers' tails into it."""
@@ -260,7 +262,8 @@ class WebRtcAttachment(MediaAttachment):
             self.feed.reference(pcm, TRACK_RATE)
 
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
-        self.track.enqueue(event, pcm, rate)
+        if self.track.enqueue(event, pcm, rate):  # (the track reports it as it plays)
+            self.audio_queued(event.item_id)
 
     def audio_done(self, response_id: str) -> None:
         self.track.finish(response_id)
