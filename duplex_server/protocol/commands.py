@@ -1,8 +1,8 @@
 """What the protocol core asks the session runtime to do: engine calls and local actions.
 
-Engine calls carry the epoch decided by the core; the runtime binds the turn and response
-counters from :attr:`SessionCore.position` when it executes them (they run in order, so a
-commit's result is known before the next call is sent).
+Engine calls carry the epoch decided by the core; the runtime fences them with the turn and
+response counters of ``SessionMachine.fence_for`` when it executes them (they run in order,
+so a commit's result is known before the next call is sent).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Literal
 from duplex_contract.settings import SessionSettings
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.protocol.codec import AudioFormat
+from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.events import ServerEvent, TurnDetection
 
 
@@ -118,6 +119,23 @@ class Send:
 
 
 @dataclass(frozen=True, slots=True)
+class SendAudio:
+    """Reply audio: the engine's PCM16 (mono, ``sample_rate``) and where it belongs.
+
+    The runtime encodes it once to the session's output format: a WebSocket client gets it
+    as ``response.output_audio.delta`` (base64, stamped and journaled like any event), a
+    media transport plays the encoded PCM without decoding an event."""
+
+    response_id: str
+    item_id: str
+    epoch: int
+    pcm: bytes
+    sample_rate: int
+    audio_start_ms: float  # where it starts on the item's audio clock
+    duration_ms: float  # the engine's own duration
+
+
+@dataclass(frozen=True, slots=True)
 class Call:
     command: EngineCommand
 
@@ -137,6 +155,11 @@ class ConfigureInput:
     format: AudioFormat
     turn_detection: TurnDetection | None
     noise_reduction: Literal["near_field", "far_field"] | None = None
+
+
+def configure_input(config: EffectiveSession) -> ConfigureInput:
+    """The input lane's settings of the session configuration ``config``."""
+    return ConfigureInput(config.input_format, config.turn_detection, config.noise_reduction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +191,7 @@ class Takeover:
 @dataclass(frozen=True, slots=True)
 class Replay:
     """Send the new transport the journaled events after ``after_seq``, then report to
-    :meth:`SessionCore.replayed` what the journal still had."""
+    ``SessionMachine.replayed`` what the journal still had."""
 
     after_seq: int
 
@@ -193,6 +216,7 @@ class Release:
 
 Action = (
     Send
+    | SendAudio
     | Call
     | ProcessAudio
     | ConfigureInput

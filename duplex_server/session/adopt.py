@@ -21,11 +21,10 @@ import msgspec
 from duplex_contract.errors import ControlError
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import SessionFatal
+from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.resume import new_resume_token, token_matches
-from duplex_server.protocol.session import SessionCore
 from duplex_server.session.attach import Attachment
 from duplex_server.session.live import LiveSession
-from duplex_server.session.output_audio import OutputEncoder
 from duplex_server.session.snapshot import decode
 
 if TYPE_CHECKING:
@@ -57,16 +56,14 @@ async def adopt(sessions: Sessions, attachment: Attachment, req: ev.SessionResum
         raise SessionFatal("invalid_resume_token", "the resume token does not match")
     res = await engine.resume(sid, peek.lease_generation)  # the compare and swap
     assert res.accepted_fence is not None
-    core = SessionCore(
-        sid, rep.config, lease_generation=res.lease_generation, encode_output=OutputEncoder().encode
-    )
+    core = SessionMachine(sid, rep.config, lease_generation=res.lease_generation)
     token, digest = new_resume_token()
     core.adopted(res.accepted_fence, res.input_seq or 0, digest)
     session = LiveSession(engine, core, sessions.limits, sessions.inputs, sessions.metrics)
     client_seq = req.last_received_server_event_seq
     last = max(client_seq, rep.event_seq)  # numbering goes on after anything it could have
     session.stamper.seq = last
-    session.stamper.beta = core.beta
+    session.stamper.beta = core.config.beta
     session.journal.restart_at(last)
     sessions.start(session)
     await session.replicate()  # the new token, before the client holds it

@@ -26,7 +26,7 @@ from duplex_server.protocol.commands import (
     Speculate,
     Update,
 )
-from duplex_server.protocol.session import SessionCore
+from duplex_server.protocol.machine import SessionMachine
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class CallQueue:
         )
 
 
-async def execute(engine: EngineSessions, core: SessionCore, cmd: EngineCommand) -> Fence | None:
+async def execute(engine: EngineSessions, core: SessionMachine, cmd: EngineCommand) -> Fence | None:
     """Make the engine call ``cmd`` stands for, fenced at the core's position."""
     eng = engine
     gen = core.lease_generation

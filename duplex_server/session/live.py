@@ -33,7 +33,11 @@ from duplex_contract.fence import Fence
 from duplex_server.ops.metrics import Metrics
 from duplex_server.ops.tracing import SessionTrace
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.codec import decode_client_event, encode_server_event
+from duplex_server.protocol.codec import (
+    decode_client_event,
+    encode_audio_b64,
+    encode_server_event,
+)
 from duplex_server.protocol.commands import (
     AckJournal,
     Action,
@@ -51,18 +55,20 @@ from duplex_server.protocol.commands import (
     Replay,
     Replicate,
     Send,
+    SendAudio,
     SendStamped,
     Takeover,
     Touch,
 )
 from duplex_server.protocol.errors import ProtocolError
+from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.resume import new_resume_token
-from duplex_server.protocol.session import SessionCore
 from duplex_server.protocol.vad import VadEvent
 from duplex_server.session import snapshot as replica
 from duplex_server.session.attach import Attachment, Journal, Outgoing, Stamper
 from duplex_server.session.engine_calls import CallQueue, EngineSessions, execute
 from duplex_server.session.input_lane import InputLane, InputScheduler
+from duplex_server.session.output_audio import OutputEncoder
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +89,7 @@ class LiveSession:
     def __init__(
         self,
         engine: EngineSessions,
-        core: SessionCore,
+        core: SessionMachine,
         limits: SessionLimits,
         inputs: InputScheduler,
         metrics: Metrics,
@@ -91,8 +97,9 @@ class LiveSession:
         self.engine = engine
         self.core = core
         self.journal = Journal(limits.journal_max_bytes, limits.journal_max_age_s)
+        self.output = OutputEncoder()  # reply audio -> the output format, once
         self.stamper = Stamper(core.session_id, self.journal)
-        self.stamper.beta = core.beta
+        self.stamper.beta = core.config.beta
         self.metrics = metrics
         self.attachment: Attachment | None = None
         self.lane = InputLane(
@@ -125,7 +132,7 @@ class LiveSession:
     # ------------------------------------------------------------------ called by transports
     async def open(self, attachment: Attachment, capabilities: ev.Capabilities) -> None:
         token, digest = new_resume_token()
-        self.core.token_hash = digest
+        self.core.resumption.token_hash = digest
         await self.replicate()  # before the client holds the token (failover, docs/scale.md)
         self.attachment = attachment
         self.apply(self.core.opened(token, capabilities, token_hash=digest))
@@ -153,7 +160,7 @@ class LiveSession:
         try:
             res = await self.engine.resume(self.session_id, core.lease_generation)
         except BaseException:
-            core.resume_failed()
+            core.resumption.resume_failed()
             raise
         if self.trace is not None:
             self.trace.resumed(res.lease_generation)
@@ -259,6 +266,18 @@ class LiveSession:
             att = self.attachment
             if isinstance(action, Send):
                 self.emit(action.event, t_in=t_in)
+            elif isinstance(action, SendAudio):
+                fmt = self.core.config.output_format
+                pcm, data = self.output.encode(action.pcm, action.sample_rate, fmt)
+                delta = ev.AudioDelta(
+                    response_id=action.response_id,
+                    item_id=action.item_id,
+                    delta=encode_audio_b64(data),
+                    epoch=action.epoch,
+                    audio_start_ms=action.audio_start_ms,
+                    duration_ms=action.duration_ms,
+                )
+                self.emit(delta, t_in=t_in, pcm=pcm)
             elif isinstance(action, Call):
                 cmd = action.command
                 if isinstance(cmd, Cancel):
@@ -307,7 +326,7 @@ class LiveSession:
         if sent is not None:
             moments, segs = dict(timing.moments_ms), dict(timing.segments_ms)
             # moments are relative to the response's origin: rebase the write time
-            base = self.core.response_origin.pop(resp.id, None)
+            base = self.core.responses.origin.pop(resp.id, None)
             if base is not None:
                 moments["first_audio_sent"] = round(sent - base, 1)
                 if "first_audio" in moments:
@@ -322,7 +341,9 @@ class LiveSession:
                 self.metrics.turn_segment.labels(name).observe(max(0.0, ms) / 1000)
         return event
 
-    def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0) -> None:
+    def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0, pcm: bytes = b"") -> None:
+        """Queue ``event`` for the attached transport (``pcm``: an audio delta's audio as
+        PCM16 at the output rate, for a media transport), or journal it if none is."""
         if self.handed_over_at and self.handed_over_at == self.stamper.seq:
             # an event after the handover never reaches the client: the replica says so,
             # and a front end taking the session over sends session.resync_required
@@ -330,7 +351,7 @@ class LiveSession:
             self.handed_over_at = -1
         trace = self.trace
         if isinstance(event, ev.ResponseDone):
-            origin = self.core.response_origin.get(event.response.id)
+            origin = self.core.responses.origin.get(event.response.id)
             event = self._timed(event)
             if trace is not None:
                 trace.response_done(event, origin)
@@ -353,7 +374,7 @@ class LiveSession:
             trace.on_event(event, now_ms(), self.core.input.input_ms)
         if isinstance(event, ev.Error):
             self.metrics.errors.labels(event.error.code).inc()
-        self.stamper.beta = self.core.beta
+        self.stamper.beta = self.core.config.beta
         att = self.attachment
         if att is None or self._last_words:
             data = self.stamper.stamp(event, time.monotonic())  # journaled for a resume
@@ -362,7 +383,7 @@ class LiveSession:
             return
         epoch = event.epoch if isinstance(event, ev.AudioDelta) else None
         size = len(event.delta) + 256 if isinstance(event, ev.AudioDelta) else 512
-        if not att.send_event(Outgoing(event, None, size, epoch, t_in)):
+        if not att.send_event(Outgoing(event, None, size, epoch, t_in, pcm)):
             self.too_slow()
 
     def _takeover(self) -> None:

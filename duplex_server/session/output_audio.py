@@ -1,4 +1,9 @@
-"""Output audio encoding: engine PCM16 -> the session's output format (soxr + G.711 tables)."""
+"""Output audio encoding: engine PCM16 -> the session's output format (soxr + G.711 tables).
+
+The session runtime encodes each piece of reply audio once (``SendAudio`` from the protocol
+core): the encoded bytes become the WebSocket's ``response.output_audio.delta`` (base64),
+and the PCM16 at the output rate is what a media transport plays.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ class OutputEncoder:
     def __init__(self) -> None:
         self._resamplers: dict[tuple[int, int], StreamResampler] = {}
 
-    def encode(self, pcm: bytes, rate: int, fmt: AudioFormat) -> bytes:
+    def encode(self, pcm: bytes, rate: int, fmt: AudioFormat) -> tuple[bytes, bytes]:
+        """(PCM16 at ``fmt.rate``, the same audio in ``fmt``'s codec)."""
         if rate != fmt.rate:
             key = (rate, fmt.rate)
             resampler = self._resamplers.get(key)
@@ -21,5 +27,5 @@ class OutputEncoder:
                 resampler = self._resamplers[key] = StreamResampler(rate, fmt.rate)
             pcm = resampler.process(pcm)
         if fmt.codec == "pcm16":
-            return pcm
-        return pcm16_to_g711(pcm, fmt.codec)
+            return pcm, pcm
+        return pcm, pcm16_to_g711(pcm, fmt.codec)

@@ -12,13 +12,12 @@ from duplex_server.ops.metrics import Metrics
 from duplex_server.ops.tracing import Tracing
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.config import EffectiveSession
-from duplex_server.protocol.session import SessionCore
+from duplex_server.protocol.machine import SessionMachine
 from duplex_server.session.adopt import adopt
 from duplex_server.session.attach import Attachment
 from duplex_server.session.engine_calls import EngineSessions
 from duplex_server.session.input_lane import InputScheduler
 from duplex_server.session.live import LiveSession, SessionLimits
-from duplex_server.session.output_audio import OutputEncoder
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +95,7 @@ class Sessions:
                 trace.refused(exc)
             raise
         assert res.session_id is not None
-        core = SessionCore(
-            res.session_id,
-            cfg,
-            lease_generation=res.lease_generation,
-            encode_output=OutputEncoder().encode,
-        )
+        core = SessionMachine(res.session_id, cfg, lease_generation=res.lease_generation)
         session = LiveSession(engine, core, self.limits, self.inputs, self.metrics)
         if trace is not None:
             trace.opened(session.session_id)

@@ -7,13 +7,15 @@ and the hub's transport interface with the writer every transport uses
 send watchdog, the same slow-client policy); its delivery routes each event: audio deltas
 go to the transport's media (``write_audio``, never stamped: they are not events on the
 wire), every other event is stamped and journaled as usual and handed to ``write_event``.
-It keeps what the far end reported as played per item, so that a barge-in truncates the
-conversation to what the caller heard (``conversation.item.truncate`` through the session
-core, as a client would). Barge-in is decided by the session core only, by its guards
+Audio deltas arrive with their PCM (the session runtime encodes reply audio once), so
+nothing is decoded here. The attachment reports its far end's playout to the session core
+(:mod:`duplex_server.protocol.playout`): audio handed to the far end (``Queued``), what it
+played (``Played``, :meth:`MediaAttachment.audio_played`) and a flush (``Flushed``).
+Barge-in is decided by the session core only, by its guards
 (:mod:`duplex_server.protocol.input`): on a response in progress, and on reply audio the
-far end still plays after its response ended (:mod:`duplex_server.protocol.playout`: the
-attachment reports it through :meth:`MediaAttachment.playing`); the transport carries out
-the ``output_audio_buffer.cleared`` that results.
+far end still plays after its response ended; the transport carries out the
+``output_audio_buffer.cleared`` that results, and the core truncates the item to what
+the caller heard.
 
 :class:`InputFeed` takes the transport's decoded PCM16, runs echo control
 (:mod:`audio_kit.echo`) when the session asks for it, and hands the session its audio
@@ -23,8 +25,6 @@ in the session's input format.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
 from typing import Any
 
@@ -34,15 +34,16 @@ import soxr
 
 from audio_kit.echo import RATE as ECHO_RATE
 from audio_kit.echo import EchoControl
-from audio_kit.g711 import g711_to_pcm16, pcm16_to_g711
+from audio_kit.g711 import pcm16_to_g711
 from audio_kit.pcm import StreamResampler
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.config import EffectiveSession, apply_patch
 from duplex_server.protocol.errors import CloseCode, ProtocolError
+from duplex_server.protocol.playout import Flushed, Played, PlayoutReport, Queued
 from duplex_server.session import handshake
 from duplex_server.session.attach import Outgoing
 from duplex_server.session.hub import Hub
-from duplex_server.session.live import LiveSession
+from duplex_server.session.live import LiveSession, now_ms
 from duplex_server.session.writer import QueuedWriter
 
 log = logging.getLogger(__name__)
@@ -76,11 +77,7 @@ class MediaAttachment(QueuedWriter):
     def __init__(self, hub: Hub) -> None:
         super().__init__(hub)
         self.feed: InputFeed | None = None
-        #: audio sent per item (ms, end of the last chunk) and what the far end played
-        self.sent_ms: dict[str, float] = {}
-        self.played_ms: dict[str, float] = {}
         self.audio_item: str | None = None  # the item whose audio is playing or queued
-        self.audio_response: str | None = None  # ... and its response
         self.ended = asyncio.Event()
 
     # ------------------------------------------------------------------ Attachment
@@ -91,6 +88,8 @@ class MediaAttachment(QueuedWriter):
 
     # ------------------------------------------------------------------ to implement
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
+        """Hand ``pcm`` (PCM16 at ``rate``) to the far end, and say so if any of it will
+        play (:meth:`audio_queued`)."""
         raise NotImplementedError
 
     async def write_event(self, event: ev.ServerEvent, data: bytes) -> None:
@@ -123,7 +122,6 @@ class MediaAttachment(QueuedWriter):
         """Open a session for this transport and apply ``patch`` (a session.update)."""
         session = await handshake.open_session(self.hub, self, patch=patch)
         self.session = session
-        session.core.talk_over.attach(self)
         self.feed = InputFeed(session)
         handshake.outcome(self.hub, f"{self.kind}_opened")
         return session
@@ -136,39 +134,28 @@ class MediaAttachment(QueuedWriter):
         else:
             self.close(CloseCode.NORMAL, reason)
 
-    def audio_played(self, item_id: str, ms: float) -> None:
-        """The far end reports that ``item_id`` played through ``ms``."""
-        if item_id in self.played_ms:
-            self.played_ms[item_id] = max(self.played_ms[item_id], ms)
+    def report(self, report: PlayoutReport) -> None:
+        """Tell the session core how the far end's playout stands."""
+        session = self.session
+        if session is not None:
+            session.apply(session.core.on_playout(report, now_ms()))
 
-    @property
-    def playout_pending(self) -> bool:
-        item = self.audio_item
-        return item is not None and self.played_ms.get(item, 0.0) < self.sent_ms.get(item, 0.0)
+    def audio_queued(self, item_id: str) -> None:
+        """The far end was handed audio of ``item_id`` to play (it reports it played)."""
+        self.report(Queued(item_id))
 
-    def playing(self) -> str | None:
-        """The response whose audio the far end still plays (the session core's
-        :class:`~duplex_server.protocol.playout.FarEnd`: talking over it clears it)."""
-        return self.audio_response if self.playout_pending else None
+    def audio_played(self, item_id: str, ms: float, queued_ms: float) -> None:
+        """The far end played ``item_id`` through ``ms`` and holds ``queued_ms`` more."""
+        self.report(Played(item_id, ms, queued_ms))
 
     async def barge_in(self) -> None:
-        """Flush what the far end has not played and truncate the item to what it heard."""
-        item = self.audio_item
+        """Flush what the far end has not played; the session core truncates the item
+        to what it heard."""
         await self.flush_playout()
         if self.feed is not None and self.feed.echo is not None:
             self.feed.echo.flush()
-        if item is None or self.session is None:
-            return
         self.audio_item = None
-        played = int(self.played_ms.pop(item, 0.0))
-        if self.sent_ms.pop(item, 0.0) > played:
-            truncate = {
-                "type": "conversation.item.truncate",
-                "item_id": item,
-                "content_index": 0,
-                "audio_end_ms": played,
-            }
-            self.session.receive_text(json.dumps(truncate))
+        self.report(Flushed())
 
     # ------------------------------------------------------------------ QueuedWriter
     async def deliver(self, item: Outgoing, session: LiveSession | None) -> bool:
@@ -183,11 +170,8 @@ class MediaAttachment(QueuedWriter):
             if item.epoch is not None and item.epoch < session.core.epoch:
                 session.metrics.stale_dropped.labels("writer").inc()
                 return False
-            pcm, rate = self._decode(session, event)
-            self.audio_item, self.audio_response = event.item_id, event.response_id
-            self.sent_ms[event.item_id] = event.audio_start_ms + event.duration_ms
-            self.played_ms.setdefault(event.item_id, 0.0)
-            await self.write_audio(event, pcm, rate)
+            self.audio_item = event.item_id
+            await self.write_audio(event, item.pcm, session.core.config.output_format.rate)
             return True
         data = session.next_frame(item)
         if data is None:
@@ -212,14 +196,6 @@ class MediaAttachment(QueuedWriter):
             await self.barge_in()
         elif isinstance(event, ev.AudioDone):
             self.audio_done(event.response_id)
-
-    @staticmethod
-    def _decode(session: LiveSession, event: ev.AudioDelta) -> tuple[bytes, int]:
-        fmt = session.core.config.output_format
-        data = base64.b64decode(event.delta)
-        if fmt.codec != "pcm16":
-            data = g711_to_pcm16(data, fmt.codec)
-        return data, fmt.rate
 
 
 class InputFeed:

@@ -78,6 +78,7 @@ class TwilioAttachment(MediaAttachment):
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
         sid = self.stream_sid
         await self._send(wire.SendMedia(streamSid=sid, media=wire.OutMedia(event.delta)))
+        self.audio_queued(event.item_id)  # its mark's echo reports it played
         # the mark names where this chunk ends in the item's audio as sent (samples, not
         # the engine's ms: the resampler to 8 kHz holds some back, unevenly), so that its
         # echo never claims more than the caller heard; playout is pending until it echoes
@@ -85,7 +86,6 @@ class TwilioAttachment(MediaAttachment):
         end = self._sent_end.get(item, 0.0) + len(pcm) / (2 * rate) * 1000
         self._sent_end[item] = end
         end_ms = round(end)
-        self.sent_ms[item] = float(end_ms)
         name = f"{item}:{end_ms}"
         if self.feed is not None:
             pos = self.feed.reference(pcm, rate)
@@ -242,7 +242,7 @@ class TwilioAttachment(MediaAttachment):
         self.marks_played += 1
         if item in self._cleared:
             return  # Twilio echoes the marks of cleared audio: it was never heard
-        self.audio_played(item, end_ms)
+        self.audio_played(item, end_ms, round(self._sent_end.get(item, end_ms)) - end_ms)
         pos = self._mark_pos.pop(name, None)
         if pos is not None and self.feed is not None and self.feed.echo is not None:
             self.feed.echo.played_through(pos)

@@ -83,11 +83,13 @@ class ReplyTrack(MediaStreamTrack):
         self.queue: deque[_Chunk] = deque()
         self.playing: str | None = None  # response whose audio is on the track
         self.done: set[str] = set()  # responses whose audio has all been queued
+        self.queued_bytes = 0  # of the queue, not yet played
         self._resamplers: dict[int, StreamResampler] = {}
         self._start = 0.0
         self._pts = 0
 
-    def enqueue(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
+    def enqueue(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> bool:
+        """Queue the audio to play; False if the resampler held all of it back."""
         if rate != TRACK_RATE:
             res = self._resamplers.get(rate)
             if res is None:
@@ -95,6 +97,8 @@ class ReplyTrack(MediaStreamTrack):
             pcm = res.process(pcm)
         if pcm:
             self.queue.append(_Chunk(event.response_id, event.item_id, event.audio_start_ms, pcm))
+            self.queued_bytes += len(pcm)
+        return bool(pcm)
 
     def finish(self, response_id: str) -> None:
         """The response's audio is all queued: drain the resamplers' tails into it."""
@@ -104,12 +108,14 @@ class ReplyTrack(MediaStreamTrack):
             tail = res.flush()
             if tail and last is not None and last.response_id == response_id:
                 last.pcm += tail
+                self.queued_bytes += len(tail)
         self._resamplers.clear()
 
     def flush(self) -> bool:
         """Barge-in: drop everything not yet played; True if audio was dropped."""
         had = bool(self.queue)
         self.queue.clear()
+        self.queued_bytes = 0
         self._resamplers.clear()
         self.playing = None
         return had
@@ -143,7 +149,10 @@ class ReplyTrack(MediaStreamTrack):
             part = chunk.pcm[chunk.offset : chunk.offset + nbytes - len(out)]
             out += part
             chunk.offset += len(part)
-            call.audio_played(chunk.item_id, chunk.start_ms + chunk.offset / (TRACK_RATE / 500))
+            self.queued_bytes -= len(part)
+            bytes_per_ms = TRACK_RATE / 500  # PCM16 mono
+            played_ms = chunk.start_ms + chunk.offset / bytes_per_ms
+            call.audio_played(chunk.item_id, played_ms, self.queued_bytes / bytes_per_ms)
             if chunk.offset >= len(chunk.pcm):
                 self.queue.popleft()
         playing = self.playing
@@ -253,7 +262,8 @@ class WebRtcAttachment(MediaAttachment):
             self.feed.reference(pcm, TRACK_RATE)
 
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
-        self.track.enqueue(event, pcm, rate)
+        if self.track.enqueue(event, pcm, rate):  # (the track reports it as it plays)
+            self.audio_queued(event.item_id)
 
     def audio_done(self, response_id: str) -> None:
         self.track.finish(response_id)
@@ -268,10 +278,6 @@ class WebRtcAttachment(MediaAttachment):
 
     async def flush_playout(self) -> None:
         self.track.flush()
-
-    @property
-    def playout_pending(self) -> bool:
-        return bool(self.track.queue)
 
     async def hang_up(self, code: int, reason: str) -> None:
         self.gone.set()

@@ -51,13 +51,13 @@ def test_the_repository_keeps_the_rule() -> None:
 def test_a_planted_engine_import_in_the_core_fails(tmp_path: Path) -> None:
     root = _copy_layers(tmp_path)
     assert check(root) == []
-    target = root / "duplex_server/protocol/session.py"
+    target = root / "duplex_server/protocol/machine.py"
     # hidden inside a function, where a module-level scan would miss it
     target.write_text(
         target.read_text() + "\n\ndef _sneaky() -> None:\n    from engine.errors import X\n"
     )
     errors = check(root)
-    assert len(errors) == 1 and "protocol/session.py" in errors[0]
+    assert len(errors) == 1 and "protocol/machine.py" in errors[0]
     assert "the protocol core imports engine.errors" in errors[0]
     assert main(["import_boundary", str(root)]) == 1
 
@@ -78,7 +78,7 @@ def test_planted_violations_in_the_sdk_and_the_contract_fail(tmp_path: Path) -> 
 
 def test_importing_the_sdk_and_the_core_loads_no_engine_module() -> None:
     code = (
-        "import sys, duplex_client, duplex_client.cli, duplex_server.protocol.session;"
+        "import sys, duplex_client, duplex_client.cli, duplex_server.protocol.machine;"
         "bad = sorted(m for m in sys.modules if m == 'engine' or m.startswith('engine.'));"
         "print(bad); sys.exit(1 if bad else 0)"
     )

@@ -5,12 +5,19 @@ the same session: this is what a WebRTC or telephony transport plugs into."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from duplex_contract.control import Activity, ControlResult, PlaybackMark, SignalEvent
-from duplex_contract.events import ResponseDone, ResponseStarted, SessionEvent, TextDelta
+from duplex_contract.events import (
+    AudioChunk,
+    ResponseDone,
+    ResponseStarted,
+    SessionEvent,
+    TextDelta,
+)
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings, SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
@@ -20,6 +27,7 @@ from duplex_server.protocol.errors import SessionFatal
 from duplex_server.session.attach import Outgoing
 from duplex_server.session.input_lane import InputScheduler
 from duplex_server.session.live import LiveSession, SessionLimits
+from duplex_server.session.output_audio import OutputEncoder
 from duplex_server.session.registry import Sessions
 
 SID = "sess_0123456789abcdef0123456789abcdef"
@@ -299,6 +307,46 @@ def test_a_transport_over_budget_ends_the_session_as_too_slow() -> None:
             assert slow.closed == (1008, "client_too_slow")
             assert session.attachment is None  # released: later events are only journaled
             assert "close" in engine.calls
+            await sessions.shutdown(1.0)
+
+    asyncio.run(main())
+
+
+def test_reply_audio_is_encoded_once_into_the_delta_with_its_pcm_beside_it() -> None:
+    """The core hands the runtime PCM (``SendAudio``); the client's event is the same
+    ``response.output_audio.delta`` as ever (base64 of the output format, stamped in turn)
+    and a media transport gets the PCM without decoding it."""
+
+    async def main() -> None:
+        engine = FakeEngine()
+        with ThreadPoolExecutor(1) as pool:
+            sessions = await _sessions(engine, pool)
+            a = FakeTransport()
+            session = await sessions.open(a, _caps(), beta=False)
+            a.session = session
+            pcmu = {"audio": {"output": {"format": {"type": "audio/pcmu"}}}}
+            session.receive_text(json.dumps({"type": "session.update", "session": pcmu}))
+            session.receive_text(json.dumps({"type": "response.create"}))
+            await _settle()
+            fence = Fence(SID, 0, 1, 1)
+            pcm = bytes(range(256)) * 40  # 10240 bytes: ~232 ms at 22050 Hz
+            await engine.events.put(ResponseStarted(fence=fence))
+            await engine.events.put(AudioChunk(fence, pcm, 22050, 0.0, 232.2, text="Hi"))
+            await _settle()
+            (audio,) = [i for i in a.queue if isinstance(i.event, ev.AudioDelta)]
+            delta = audio.event
+            assert isinstance(delta, ev.AudioDelta)
+            fmt = session.core.config.output_format
+            played, data = OutputEncoder().encode(pcm, 22050, fmt)
+            assert fmt.codec == "g711_ulaw" and data and len(played) == 2 * len(data)
+            assert base64.b64decode(delta.delta) == data and audio.pcm == played
+            assert audio.epoch == delta.epoch == 0  # (the writer's and the purge's check)
+            assert (delta.audio_start_ms, delta.duration_ms) == (0.0, 232.2)
+            types = a.flush()
+            at = types.index("response.output_audio.delta")
+            assert types[at + 1] == "response.output_audio_transcript.delta"
+            assert a.written[at]["delta"] == delta.delta
+            assert a.written[at]["server_event_seq"] == at + 1
             await sessions.shutdown(1.0)
 
     asyncio.run(main())
