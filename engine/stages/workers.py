@@ -114,7 +114,7 @@ class Worker:
     def __init__(self, name: str, model: Loadable, jobs: JobLoop) -> None:
         self.name = name
         self._model = model
-        self._loop_of_jobs = jobs
+        self._job_loop = jobs
         self._jobs: dict[str, Job] = {}
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -172,7 +172,7 @@ class Worker:
             return
         self._signal_ready(ready, None)
         try:
-            self._loop_of_jobs.serve()
+            self._job_loop.serve()
         except WorkerCrash as exc:
             self._on_crash(exc)
             return
@@ -183,7 +183,7 @@ class Worker:
 
     def _on_crash(self, exc: BaseException) -> None:
         log.error("stage %s worker died (%s); restarting", self.name, exc)
-        for job in self._loop_of_jobs.dead_jobs():
+        for job in self._job_loop.dead_jobs():
             job.fail(StageError(f"{self.name}: worker died: {exc}", code="worker_died"))
         if self._closing or self._loop is None:
             return
@@ -207,7 +207,7 @@ class Worker:
             on_wait=self.on_wait,
         )
         self._jobs[request.request_id] = job
-        self._loop_of_jobs.enqueue(job)
+        self._job_loop.enqueue(job)
         try:
             while True:
                 item = await job.out.get()
@@ -238,7 +238,7 @@ class Worker:
         self._closing = True
         for job in list(self._jobs.values()):
             job.cancelled.set()
-        self._loop_of_jobs.stop()
+        self._job_loop.stop()
         thread = self._thread
         if thread is not None:
             await asyncio.to_thread(thread.join, 10.0)
