@@ -25,7 +25,8 @@ from engine.orchestration.scheduling import (
     replica_capacity,
     request_kind,
 )
-from engine.stages.testing import BatchTestStage, TestStageOptions
+from engine.stages.testing import TestStageOptions
+from engine.stages.testing_batch import BatchTestStage
 from tests.engine.conftest import ROOT, UNIT, collect, make_config, open_engine, run, stages
 
 SPEECH = b"\1\0" * 8000  # 0.5 s at 16 kHz

@@ -78,8 +78,8 @@ def test_two_sessions_share_codec_decode_calls_and_speech_uses_the_route() -> No
                 assert len(pcm) // 2 == 2048 * len(REPLY.split())
                 assert np.abs(np.frombuffer(pcm, dtype=np.int16)).max() > 0
             # The runtime's own counters: some step decoded both sessions' windows at once.
-            assert codec.max_step_size >= 2
-            assert codec.decode_calls < codec.rows_decoded
+            assert codec.runtime.max_step_size >= 2
+            assert codec.decoder.decode_calls < codec.decoder.rows_decoded
             # The batch speech endpoint's route: [talker, codec].
             items = [
                 i async for i in engine.generate(SpeechJob(text="one two three four five six"))
