@@ -49,18 +49,6 @@ KNOWN_OVER = frozenset(
         "engine.api.remote_client.RemoteEngine",
         "engine.duplex.control.DuplexControl",
         "engine.duplex.control_input.ControlInput",
-        "engine.stages.asr_pocketsphinx.PocketsphinxAsr",
-        "engine.stages.asr_whisper.WhisperAsr",
-        "engine.stages.batching.BatchingBackend",
-        "engine.stages.codec_snac.SnacCodec",
-        "engine.stages.llm_llamacpp.LlamaCppLlm",
-        "engine.stages.llm_vllm.VllmLlm",
-        "engine.stages.talker_remote.RemoteTalker",
-        "engine.stages.talker_vllm.VllmTalker",
-        "engine.stages.testing.BatchTestStage",
-        "engine.stages.tts_espeak.EspeakTts",
-        "engine.stages.tts_piper.PiperTts",
-        "engine.stages.workers.ThreadedBackend",
     }
 )
 

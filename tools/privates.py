@@ -57,11 +57,7 @@ KNOWN: dict[str, int] = {
     "engine/duplex/control_epochs.py": 1,  # _err from control_core
     "engine/duplex/control_input.py": 1,  # _err from control_core
     "engine/duplex/replica.py": 3,  # control._lookup, control._ok
-    "engine/stages/batching.py": 11,  # _END, _Job, _aborted from workers; BatchSlot's privates
     "engine/stages/llm_llamacpp.py": 1,  # llama_cpp.Llama._ctx (a third party's private)
-    "engine/stages/llm_vllm.py": 2,  # _END, _Job from vllm_loop
-    "engine/stages/talker_remote.py": 1,  # _Failure from openai_remote
-    "engine/stages/talker_vllm.py": 2,  # _END, _Job from vllm_loop
 }
 
 
