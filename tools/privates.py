@@ -57,7 +57,6 @@ KNOWN: dict[str, int] = {
     "engine/duplex/control_epochs.py": 1,  # _err from control_core
     "engine/duplex/control_input.py": 1,  # _err from control_core
     "engine/duplex/replica.py": 3,  # control._lookup, control._ok
-    "engine/stages/llm_llamacpp.py": 1,  # llama_cpp.Llama._ctx (a third party's private)
 }
 
 

@@ -281,7 +281,7 @@ class LlamaCppLlm:
         if want != self._threads:
             import llama_cpp
 
-            llama_cpp.llama_set_n_threads(self._llama._ctx.ctx, want, want)
+            llama_cpp.llama_set_n_threads(self._llama.ctx, want, want)
             self._threads = want
             self.thread_switches += 1
 
