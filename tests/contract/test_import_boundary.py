@@ -97,7 +97,9 @@ def test_the_server_reaches_the_engine_only_through_its_public_api(tmp_path: Pat
     root = _copy_layers(tmp_path)
     assert check(root) == []
     _plant(root, "duplex_server/session/input_lane.py", "from engine.messages import AsrRequest")
-    _plant(root, "duplex_server/transports/media.py", "from engine.orchestration import orchestrator")
+    _plant(
+        root, "duplex_server/transports/media.py", "from engine.orchestration import orchestrator"
+    )
     _plant(root, "duplex_server/http/batch.py", "import engine.stages.sim")
     _plant(root, "duplex_server/app.py", "from engine.orchestration.pipeline import Pipeline")
     # the public API is fine
