@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from duplex_contract.audio import input_ms
+from duplex_contract.control import PlaybackMark
+from duplex_contract.settings import SessionUpdate
 from duplex_contract.tools import (
     ItemRef,
     ResponseOptions,
@@ -91,7 +93,8 @@ class CoreInput(CoreResponses):
         self.config = new
         out: list[Action] = []
         if new.settings() != old.settings():
-            out.append(Call(Update(self.epoch, new.settings(), event_id=e.event_id)))
+            upd = SessionUpdate.replace_with(new.settings())
+            out.append(Call(Update(self.epoch, upd, event_id=e.event_id)))
         if (
             new.input_format != old.input_format
             or new.turn_detection != old.turn_detection
@@ -228,15 +231,8 @@ class CoreInput(CoreResponses):
         if current is not None and current.item_id == item_id:
             sent_ms = current.audio_ms
         applied = min(played_ms, sent_ms)
-        touch = Touch(
-            self.epoch,
-            "playback_ack",
-            turn_id=turn,
-            response_seq=resp,
-            played_ms=applied,
-            truncate=truncate,
-            event_id=event_id,
-        )
+        mark = PlaybackMark(turn, resp, applied, truncate)
+        touch = Touch(self.epoch, "playback_ack", mark, event_id=event_id)
         if truncate:
             event: ev.ServerEvent = ev.ItemTruncated(
                 item_id=item_id,

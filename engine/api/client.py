@@ -2,9 +2,9 @@
 
 Three janus queues connect it to the orchestrator thread: requests (server -> engine),
 outputs (session events and batch items) and rpc (control results). The class is built in
-layers by job: engine/api/client_core.py holds its state, the RPC router and the engine's death,
-engine/api/client_calls.py the typed control calls, and this module the lifecycle, the session
-and batch streams and the figures.
+layers by job: engine/api/client_core.py holds its state, the one control call path
+(:meth:`call`), the RPC router and the engine's death, and this module the lifecycle, the
+session and batch streams and the figures.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from opentelemetry.trace import Tracer
 from duplex_contract.batch import BatchDone, BatchItem, BatchJob
 from duplex_contract.errors import EngineDeadError, EngineError
 from duplex_contract.events import SessionEvent, SessionLifecycle
-from engine.api.client_calls import EngineCalls
-from engine.api.client_core import _END
+from engine.api.client_core import _END, EngineClientCore
 from engine.config import EngineConfig
 from engine.messages import (
     AbortRequest,
@@ -75,7 +74,7 @@ def _guesses(spec: SpeculativeAsr | None) -> dict[str, int]:
     }
 
 
-class AsyncEngine(EngineCalls):
+class AsyncEngine(EngineClientCore):
     """Create with ``await AsyncEngine.start(config)``; see docs/engine.md."""
 
     # ------------------------------------------------------------------ lifecycle

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import janus
 
-from duplex_contract.control import ControlCall, ControlResult
+from duplex_contract.control import ControlCall, ControlResult, OpenCall
 from duplex_contract.errors import ControlError, EngineDeadError
 from duplex_contract.events import SessionLifecycle
 from engine.config import EngineConfig
@@ -47,8 +47,8 @@ class RequestSink(Protocol):
 
 
 class EngineClientCore:
-    """The client's state and the routing every part of it uses; :class:`EngineCalls`
-    (engine/api/client_calls.py) and :class:`engine.api.client.AsyncEngine` build on it."""
+    """The client's state and the routing every part of it uses;
+    :class:`engine.api.client.AsyncEngine` builds on it."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -166,7 +166,8 @@ class EngineClientCore:
         return cid, fut
 
     async def call(self, call: ControlCall, wait_s: float | None = None) -> ControlResult:
-        """Send one control call; raise its error if ``ok`` is False."""
+        """Send one control call; raise its error if ``ok`` is False. An opened session's
+        mailbox exists from then on (its events wait there until someone reads them)."""
         cid, fut = self.submit_call(call)
         try:
             # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as
@@ -181,4 +182,7 @@ class EngineClientCore:
         if not res.ok:
             assert res.error is not None
             raise res.error.to_exc()
+        if isinstance(call, OpenCall):
+            assert res.session_id is not None
+            self._mailbox(res.session_id)
         return res
