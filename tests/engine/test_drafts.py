@@ -33,7 +33,7 @@ SILENCE = b"\0\0" * 4000
 
 
 def _orch(engine: AsyncEngine) -> Orchestrator:
-    orch = engine._orch  # the loopback engine exposes its server's too (conftest)
+    orch = engine.orchestrator  # the loopback engine exposes its server's too (conftest)
     assert isinstance(orch, Orchestrator)
     return orch
 

@@ -54,7 +54,7 @@ async def turn(
         assert res.session_id and res.accepted_fence
         sid, fence = res.session_id, res.accepted_fence
     else:
-        session = engine._orch.control.sessions[sid]  # type: ignore[union-attr]
+        session = engine.orchestrator.control.sessions[sid]  # type: ignore[union-attr]
         fence = session.fence
     await engine.call(AppendCall(fence=fence, lease_generation=1, text="hi"))
     await engine.call(CommitCall(fence=fence, lease_generation=1))

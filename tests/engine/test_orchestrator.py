@@ -249,7 +249,7 @@ def test_rpc_timeout_and_late_reply_are_dropped() -> None:
     async def main() -> None:
         engine = await start_engine()
         try:
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None and orch.loop is not None
             busy = threading.Event()
 
@@ -262,12 +262,13 @@ def test_rpc_timeout_and_late_reply_are_dropped() -> None:
             with pytest.raises(ControlError) as info:
                 await engine.call(OpenCall(), wait_s=0.05)
             assert info.value.code == "deadline_exceeded" and info.value.retryable
+            waiters = engine.inbox.waiters
             for _ in range(100):
-                if engine.late_replies:
+                if waiters.late_replies:
                     break
                 await asyncio.sleep(0.01)
-            assert engine.late_replies == 1
-            assert not engine._waiters
+            assert waiters.late_replies == 1
+            assert len(waiters) == 0
         finally:
             await engine.shutdown()
 
@@ -279,7 +280,7 @@ def test_fatal_engine_error_fails_everyone() -> None:
         engine = await start_engine(stages(hang_on="stuck"))
         try:
             sid, _, _ = await text_turn(engine, "stuck")
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None
 
             def boom(msg: object) -> None:
@@ -367,7 +368,7 @@ def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
             await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             assert len(asr.submitted) == 3  # the dropped guess, then the commit's own ASR
             assert asr.priorities[asr.submitted[2]] == Priority.REALTIME
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None and orch.speculation is not None
             assert orch.speculation.started == 2 and orch.speculation.used == 1
         finally:
@@ -398,7 +399,7 @@ def test_speculation_is_used_when_sound_the_vad_did_not_call_speech_follows_the_
             asr = backends["asr"][0]
             assert isinstance(asr, TestStage)
             assert len(asr.submitted) == 1  # the guess served the commit
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None and orch.speculation is not None
             assert orch.speculation.started == 1 and orch.speculation.used == 1
             assert orch.speculation.reguesses == 0
@@ -422,7 +423,7 @@ def test_sound_after_the_pause_is_guessed_again_once_it_ends() -> None:
             await engine.call(AppendCall(fence=f, lease_generation=gen, audio=LOUD))
             await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.pause"))
             await asyncio.sleep(0.2)
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None and orch.speculation is not None
             spec = orch.speculation
 
@@ -588,7 +589,7 @@ def test_barge_in_keeps_committed_words_that_were_not_heard_yet() -> None:
             asr = backends["asr"][0]
             assert isinstance(asr, TestStage)
             assert len(asr.submitted) == 1  # the cancelled job's ASR was picked up, not redone
-            history = engine._orch.control.sessions[sid].history  # type: ignore[union-attr]
+            history = engine.orchestrator.control.sessions[sid].history  # type: ignore[union-attr]
             user = [m.content for m in history.messages("sys") if m.role == "user"]
             assert "first half of a question" in user[-1] and "second half" in user[-1]
         finally:
@@ -633,7 +634,7 @@ def test_batch_work_waits_while_a_session_waits_for_its_first_audio() -> None:
 
             await asyncio.wait_for(asyncio.gather(batch(), session()), 10 * UNIT)
             assert order == ["session", "batch"]
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None and orch.admission.waits >= 1
             assert orch.admission.critical == 0
         finally:

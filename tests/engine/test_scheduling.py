@@ -37,7 +37,7 @@ def _cfg(**sched: Any) -> Any:
 
 
 def _orch(engine: AsyncEngine) -> Orchestrator:
-    orch = engine._orch
+    orch = engine.orchestrator
     assert isinstance(orch, Orchestrator)
     return orch
 
