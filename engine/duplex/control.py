@@ -11,7 +11,7 @@ under the table's lock, which every insert and removal also holds.
 
 It holds its parts, each with one job: the session table (engine/duplex/table.py), the
 sessions' lifecycle (lifecycle.py: open, resume, close, expiry, detach), input sequencing
-(input.py: append and commit); it uses the epoch rules (epochs.py: cancels and new epochs),
+(sequencer.py: append and commit); it uses the epoch rules (epochs.py: cancels and new epochs),
 the other calls (signals.py: touch, pause, resume, item.delete, session.update), the fence
 checks (fence.py), each session's operation-id cache (operations.py) and the replica
 (replica.py). Here: the dispatch, the fence and lease checks and the orchestrator's hooks.
@@ -41,9 +41,9 @@ from engine.config import DuplexRuntimeConfig
 from engine.duplex import epochs, replica, signals
 from engine.duplex.effects import Effects
 from engine.duplex.fence import check_fresh, check_lease
-from engine.duplex.input import InputSequencer
 from engine.duplex.lifecycle import Lifecycle
 from engine.duplex.operations import digest_of
+from engine.duplex.sequencer import InputSequencer
 from engine.duplex.session import DuplexSession, TurnJob
 from engine.duplex.table import SessionTable
 

@@ -26,10 +26,10 @@ from engine.config import DuplexRuntimeConfig
 from engine.duplex import epochs, signals
 from engine.duplex.effects import Effects
 from engine.duplex.fence import check_fresh, check_lease
-from engine.duplex.input import InputSequencer
 from engine.duplex.lease import Lease
 from engine.duplex.lifecycle import Lifecycle
 from engine.duplex.operations import OperationCache, digest_of
+from engine.duplex.sequencer import InputSequencer
 from engine.duplex.session import DuplexSession, TurnJob
 from engine.duplex.table import SessionTable
 from engine.orchestration.history import ConversationHistory
