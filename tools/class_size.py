@@ -45,10 +45,6 @@ KNOWN_OVER = frozenset(
         "duplex_server.transports.realtime.SocketAttachment",
         "duplex_server.transports.twilio.TwilioAttachment",
         "duplex_server.transports.webrtc.WebRtcAttachment",
-        "engine.api.client.AsyncEngine",
-        "engine.api.remote_client.RemoteEngine",
-        "engine.duplex.control.DuplexControl",
-        "engine.duplex.control_input.ControlInput",
     }
 )
 

@@ -39,8 +39,6 @@ KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset(
     {
         # adopt_session() moved out of the registry, which imports it back
         frozenset({"duplex_server.session.adopt", "duplex_server.session.registry"}),
-        # the replica functions moved out of the control core, which imports them back
-        frozenset({"engine.duplex.control_core", "engine.duplex.replica"}),
     }
 )
 

@@ -50,13 +50,6 @@ OWN = frozenset({"self", "cls"})
 #: fewer (lower its count) or more. Emptied when the splits are merged: none is left then.
 KNOWN: dict[str, int] = {
     "duplex_server/session/input_lane.py": 11,  # module functions reach into InputLane
-    "engine/api/client.py": 1,  # _END from client_core
-    "engine/api/remote.py": 2,  # _FRONT_DECODER from remote_wire; engine._waiters
-    "engine/api/remote_client.py": 1,  # _ENGINE_DECODER from remote_wire
-    "engine/duplex/control.py": 1,  # _err from control_core
-    "engine/duplex/control_epochs.py": 1,  # _err from control_core
-    "engine/duplex/control_input.py": 1,  # _err from control_core
-    "engine/duplex/replica.py": 3,  # control._lookup, control._ok
 }
 
 

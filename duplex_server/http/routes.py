@@ -66,7 +66,7 @@ from duplex_server.http.codecs import (
     StreamEncoder,
     decode_audio,
 )
-from engine.api.client import AsyncEngine
+from engine.api.client import EngineClient
 
 log = logging.getLogger(__name__)
 __all__ = ["BatchConfig", "routes"]  # BatchConfig lives in duplex_server.config
@@ -133,12 +133,12 @@ def sse(obj: object) -> bytes:
 
 @dataclass(slots=True)
 class _Api:
-    get_engine: Callable[[], AsyncEngine | None]
+    get_engine: Callable[[], EngineClient | None]
     config: BatchConfig
     model_name: str
     voices: VoiceCatalog | None
 
-    def engine(self) -> AsyncEngine:
+    def engine(self) -> EngineClient:
         engine = self.get_engine()
         if engine is None or not engine.ready:
             raise ApiError(
@@ -395,7 +395,7 @@ async def _speech_sse(
 
 
 def routes(
-    get_engine: Callable[[], AsyncEngine | None],
+    get_engine: Callable[[], EngineClient | None],
     config: BatchConfig | None = None,
     model_name: str = "duplex",
     voices: VoiceCatalog | None = None,

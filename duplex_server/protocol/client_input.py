@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from duplex_contract.audio import input_ms
 from duplex_contract.events import UserTranscript
+from duplex_contract.settings import SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.protocol import dtmf
 from duplex_server.protocol import events as ev
@@ -132,7 +133,8 @@ class ClientInput:
         new = apply_patch(config, e.session)
         out: list[Action] = []
         if new.settings() != config.settings():
-            out.append(Call(Update(self.position.epoch, new.settings(), event_id=e.event_id)))
+            upd = SessionUpdate.replace_with(new.settings())
+            out.append(Call(Update(self.position.epoch, upd, event_id=e.event_id)))
         if (
             new.input_format != config.input_format
             or new.turn_detection != config.turn_detection

@@ -15,6 +15,7 @@ epoch is dropped before it becomes an event, queued audio below the new epoch is
 
 from __future__ import annotations
 
+from duplex_contract.control import PlaybackMark
 from duplex_contract.events import (
     AudioChunk,
     FunctionCallDelta,
@@ -162,15 +163,8 @@ class ResponseTracker:
         if current is not None and current.item_id == item_id:
             sent_ms = current.audio_ms
         applied = min(played_ms, sent_ms)
-        touch = Touch(
-            self.position.epoch,
-            "playback_ack",
-            turn_id=turn,
-            response_seq=resp,
-            played_ms=applied,
-            truncate=truncate,
-            event_id=event_id,
-        )
+        mark = PlaybackMark(turn, resp, applied, truncate)
+        touch = Touch(self.position.epoch, "playback_ack", mark, event_id=event_id)
         if truncate:
             event: ev.ServerEvent = ev.ItemTruncated(
                 item_id=item_id,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from duplex_contract.control import ResumeCall
 from duplex_contract.errors import ControlError
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import SessionFatal
@@ -40,7 +41,7 @@ async def adopt(sessions: Sessions, attachment: Attachment, req: ev.SessionResum
     sid = req.session_id
     not_found = SessionFatal("session_not_found", f"no live session {sid}")
     try:
-        peek = await engine.resume(sid, 0, peek=True)
+        peek = await engine.call(ResumeCall(sid, 0, peek=True))
     except ControlError as exc:
         if exc.code in ("not_found", "session_expired"):
             raise not_found from None
@@ -54,7 +55,7 @@ async def adopt(sessions: Sessions, attachment: Attachment, req: ev.SessionResum
         raise not_found from None
     if not token_matches(req.resume_token, rep.token_hash):
         raise SessionFatal("invalid_resume_token", "the resume token does not match")
-    res = await engine.resume(sid, peek.lease_generation)  # the compare and swap
+    res = await engine.call(ResumeCall(sid, peek.lease_generation))  # the compare and swap
     assert res.accepted_fence is not None
     core = SessionMachine(sid, rep.config, lease_generation=res.lease_generation)
     token, digest = new_resume_token()

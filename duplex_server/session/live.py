@@ -27,6 +27,7 @@ from typing import Literal
 
 import msgspec
 
+from duplex_contract.control import ResumeCall
 from duplex_contract.errors import ControlError, EngineDeadError, EngineError
 from duplex_contract.events import AudioChunk
 from duplex_contract.fence import Fence
@@ -147,9 +148,9 @@ class LiveSession:
 
     async def replicate(self, *, handed_over_at: int = 0) -> None:
         """Keep :meth:`replica` in the engine now; a failure only costs failover."""
-        core, state = self.core, self.replica(handed_over_at=handed_over_at)
+        state = self.replica(handed_over_at=handed_over_at)
         try:
-            await self.engine.replicate(core.fence_for(core.epoch), core.lease_generation, state)
+            await execute(self.engine, self.core, Replicate(state))
         except EngineError as exc:
             log.warning("%s: replica not kept: %s", self.session_id, exc)
 
@@ -158,7 +159,7 @@ class LiveSession:
         core = self.core
         core.admit_resume(req.resume_token)
         try:
-            res = await self.engine.resume(self.session_id, core.lease_generation)
+            res = await self.engine.call(ResumeCall(self.session_id, core.lease_generation))
         except BaseException:
             core.resumption.resume_failed()
             raise

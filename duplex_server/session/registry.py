@@ -7,6 +7,7 @@ import asyncio
 import logging
 
 from duplex_contract.audio import OUTPUT_RATE
+from duplex_contract.control import OpenCall
 from duplex_contract.voices import VoiceCatalog
 from duplex_server.ops.metrics import Metrics
 from duplex_server.ops.tracing import Tracing
@@ -85,10 +86,12 @@ class Sessions:
         )
         trace = self.tracing.session(self.route_key) if self.tracing is not None else None
         try:
-            res = await engine.open(
-                cfg.settings(),
-                route_key=self.route_key,
-                traceparent=trace.traceparent if trace is not None else None,
+            res = await engine.call(
+                OpenCall(
+                    cfg.settings(),
+                    route_key=self.route_key,
+                    traceparent=trace.traceparent if trace is not None else None,
+                )
             )
         except BaseException as exc:
             if trace is not None:

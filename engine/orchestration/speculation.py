@@ -10,7 +10,7 @@
   loaded ASR stage the guesses (up to one per pause in the user's speech) never delay a
   turn; a queued guess that the user's next words make stale is aborted before it runs.
 * Turn ASR survives a barge-in: a cancel aborts the old epoch's LLM and TTS work, but the
-  user's words are re-queued in the new epoch (engine/duplex/control_epochs.py), and their
+  user's words are re-queued in the new epoch (engine/duplex/epochs.py), and their
   transcription, already running, is picked up by the re-queued job (same audio) instead of
   starting again. So ASR request ids carry the session and turn but not the epoch
   (``sess_x/asr/t5/3``); a close still aborts them (session prefix).

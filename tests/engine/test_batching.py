@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from duplex_contract.batch import AudioOut, ChatMessage, TextOut
+from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.errors import StageError
 from duplex_contract.events import AudioChunk, ResponseDone
 from duplex_contract.settings import SessionSettings
@@ -274,7 +275,9 @@ def test_sessions_on_batched_stages_share_steps_and_barge_in_still_aborts() -> N
                 if isinstance(ev, AudioChunk):
                     break
             nxt = Fence(sid, fence.epoch + 1, fence.turn_id, fence.response_seq)
-            await engine.signal(fence, gen, "barge_in", next_fence=nxt)
+            await engine.call(
+                SignalCall(fence=fence, lease_generation=gen, event="barge_in", next_fence=nxt)
+            )
             tail = await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             assert isinstance(tail[-1], ResponseDone) and tail[-1].status == "cancelled"
             assert not any(isinstance(e, AudioChunk) for e in tail[:-1] if e.fence != fence)
@@ -315,10 +318,12 @@ def test_a_talker_and_codec_route_streams_codec_frames_into_audio() -> None:
         }
         engine = await open_engine(cfg, backends)
         try:
-            res = await engine.open(SessionSettings(output_modalities=("audio",)))
+            res = await engine.call(OpenCall(config=SessionSettings(output_modalities=("audio",))))
             assert res.session_id and res.accepted_fence
-            await engine.append(res.accepted_fence, 1, text="speak")
-            await engine.commit(res.accepted_fence, 1)
+            await engine.call(
+                AppendCall(fence=res.accepted_fence, lease_generation=1, text="speak")
+            )
+            await engine.call(CommitCall(fence=res.accepted_fence, lease_generation=1))
             events = await collect(
                 engine, res.session_id, lambda e: isinstance(e, ResponseDone), 10 * UNIT
             )

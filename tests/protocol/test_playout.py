@@ -194,7 +194,8 @@ def test_a_flush_truncates_the_item_to_what_the_far_end_played() -> None:
         item_id=item, content_index=0, audio_end_ms=1234, requested_audio_end_ms=1234
     )
     (touch,) = calls(out)
-    assert isinstance(touch, Touch) and touch.truncate and touch.played_ms == 1234.0
+    assert isinstance(touch, Touch) and touch.playback is not None
+    assert touch.playback.truncate and touch.playback.played_ms == 1234.0
     assert touch.event_id is None  # the core's own decision, not a client's event
     assert c.on_playout(Flushed(), 1500) == []  # nothing held any more
     assert c.on_playout(Played(item, 1300.0, 0.0), 1500) == []  # a late report: ignored

@@ -197,7 +197,8 @@ def test_truncate_is_clamped_to_audio_sent() -> None:
     assert isinstance(truncated, ev.ItemTruncated)
     assert (truncated.audio_end_ms, truncated.requested_audio_end_ms) == (100, 5000)
     touch = calls(out)[0]
-    assert isinstance(touch, Touch) and touch.truncate and touch.played_ms == 100.0
+    assert isinstance(touch, Touch) and touch.playback is not None
+    assert touch.playback.truncate and touch.playback.played_ms == 100.0
 
 
 @pytest.mark.parametrize(

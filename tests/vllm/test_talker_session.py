@@ -22,7 +22,7 @@ pytestmark = pytest.mark.vllm
 
 
 def _stages(app: Any) -> tuple[VllmTalker, SnacCodec]:
-    orch = app.state.engine.engine._orch
+    orch = app.state.engine.engine.orchestrator
     talker, codec = orch.pools["talker"].replicas[0], orch.pools["codec"].replicas[0]
     assert isinstance(talker, VllmTalker) and isinstance(codec, SnacCodec)
     return talker, codec
