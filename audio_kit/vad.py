@@ -38,6 +38,7 @@ CHUNK_SAMPLES = 512  # 32 ms: the only chunk size silero's 16 kHz model accepts
 _RECENT_CHUNKS = 12  # ~380 ms before speech_started: the onset and its padding
 _TURN_CHUNKS = 250  # 8 s: what Smart Turn hears of a turn
 _CONTEXT = 64  # samples of the previous chunk prepended to each chunk (silero v5+)
+_SR = np.array(SAMPLE_RATE, dtype=np.int64)  # the model's "sr" input
 CHUNK_MS = CHUNK_SAMPLES / SAMPLE_RATE * 1000.0
 
 
@@ -91,24 +92,33 @@ def _silero_session(path: Path, threads: int) -> ort.InferenceSession:
 
 class SileroVad:
     """Silero VAD v6 on onnxruntime (1 thread). One instance per audio stream; the ONNX
-    session is shared. :func:`silero_batch` runs one chunk of many streams in one call."""
+    session is shared. :func:`silero_batch` runs one chunk of many streams in one call,
+    through the stream's own steps: :meth:`window` (the model's input row for a chunk),
+    :attr:`state` (its recurrent state) and :meth:`advance` (keep what the model returned)."""
 
     def __init__(self, model_path: Path | None = None, *, threads: int = 1) -> None:
         path = model_path if model_path is not None else silero_vad_onnx()
-        self._session = _silero_session(path, threads)
-        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
-        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self.session = _silero_session(path, threads)  # shared: streams batch over it
+        self.state = np.zeros((2, 1, 128), dtype=np.float32)
         self._context = np.zeros((1, _CONTEXT), dtype=np.float32)
 
     def reset(self) -> None:
-        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self.state = np.zeros((2, 1, 128), dtype=np.float32)
         self._context = np.zeros((1, _CONTEXT), dtype=np.float32)
 
+    def window(self, chunk: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """The model's input for ``chunk``: the stream's last context samples, then it."""
+        return np.concatenate([self._context, _check_chunk(chunk)[None, :]], axis=1)
+
+    def advance(self, window: npt.NDArray[np.float32], state: npt.NDArray[np.float32]) -> None:
+        """``window`` (one row) was run: keep the model's new ``state`` and its context."""
+        self.state = state
+        self._context = window[:, -_CONTEXT:].copy()
+
     def probability(self, chunk: npt.NDArray[np.float32]) -> float:
-        x = np.concatenate([self._context, _check_chunk(chunk)[None, :]], axis=1)
-        out, state = self._session.run(None, {"input": x, "state": self._state, "sr": self._sr})
-        self._state = np.asarray(state, dtype=np.float32)
-        self._context = x[:, -_CONTEXT:]
+        x = self.window(chunk)
+        out, state = self.session.run(None, {"input": x, "state": self.state, "sr": _SR})
+        self.advance(x, np.asarray(state, dtype=np.float32))
         return float(np.asarray(out).reshape(-1)[0])
 
 
@@ -124,21 +134,19 @@ def silero_batch(items: Sequence[tuple[SileroVad, npt.NDArray[np.float32]]]) -> 
     if len(items) == 1:
         vad, chunk = items[0]
         return [vad.probability(chunk)]
-    first = items[0][0]
-    if any(vad._session is not first._session for vad, _ in items):
+    session = items[0][0].session
+    if any(vad.session is not session for vad, _ in items):
         raise ValueError("silero_batch: streams must share one model session")
     x = np.empty((len(items), _CONTEXT + CHUNK_SAMPLES), dtype=np.float32)
     state = np.empty((2, len(items), 128), dtype=np.float32)
     for i, (vad, chunk) in enumerate(items):
-        x[i, :_CONTEXT] = vad._context[0]
-        x[i, _CONTEXT:] = _check_chunk(chunk)
-        state[:, i, :] = vad._state[:, 0, :]
-    out, new_state = first._session.run(None, {"input": x, "state": state, "sr": first._sr})
+        x[i] = vad.window(chunk)[0]
+        state[:, i, :] = vad.state[:, 0, :]
+    out, new_state = session.run(None, {"input": x, "state": state, "sr": _SR})
     new_state = np.asarray(new_state, dtype=np.float32)
     probs = np.asarray(out, dtype=np.float32).reshape(len(items), -1)[:, 0]
     for i, (vad, _) in enumerate(items):
-        vad._state = new_state[:, i : i + 1, :].copy()
-        vad._context = x[i : i + 1, -_CONTEXT:].copy()
+        vad.advance(x[i : i + 1], new_state[:, i : i + 1, :].copy())
     return [float(p) for p in probs]
 
 
@@ -163,7 +171,7 @@ def probabilities(
     for entries in streams.values():
         vad = cast(SileroVad, work[entries[0]][0])
         queue = [(i, c) for i in entries for c in work[i][1]]
-        groups.setdefault(id(vad._session), []).append((vad, queue))
+        groups.setdefault(id(vad.session), []).append((vad, queue))
     for members in groups.values():
         rounds = max(len(queue) for _, queue in members)
         for r in range(rounds):

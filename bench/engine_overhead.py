@@ -19,6 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
+from duplex_contract.control import AppendCall, CloseCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.events import AudioChunk, ResponseDone
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings
@@ -45,11 +46,13 @@ async def one_session(
     cancels: list[float],
     stale: list[int],
 ) -> None:
-    res = await engine.open(SessionSettings(output_modalities=("audio",)))
+    res = await engine.call(OpenCall(config=SessionSettings(output_modalities=("audio",))))
     assert res.session_id and res.accepted_fence
     sid, gen = res.session_id, res.lease_generation
-    await engine.append(res.accepted_fence, gen, text="hello")
-    fence = (await engine.commit(res.accepted_fence, gen)).accepted_fence
+    await engine.call(AppendCall(fence=res.accepted_fence, lease_generation=gen, text="hello"))
+    fence = (
+        await engine.call(CommitCall(fence=res.accepted_fence, lease_generation=gen))
+    ).accepted_fence
     assert fence is not None
     events = engine.session_events(sid)
     seen = 0
@@ -61,7 +64,9 @@ async def one_session(
                 break
     t0 = time.perf_counter()
     nxt = Fence(sid, fence.epoch + 1, fence.turn_id, fence.response_seq)
-    await engine.signal(fence, gen, "barge_in", next_fence=nxt)
+    await engine.call(
+        SignalCall(fence=fence, lease_generation=gen, event="barge_in", next_fence=nxt)
+    )
     late = 0
     async for ev in events:
         if isinstance(ev, AudioChunk):
@@ -83,7 +88,7 @@ async def one_session(
     except TimeoutError:
         pass
     stale.append(after)
-    await engine.close(nxt, gen)
+    await engine.call(CloseCall(fence=nxt, lease_generation=gen))
 
 
 async def run_level(n: int, chunks: int, linger_s: float) -> dict[str, float | int]:

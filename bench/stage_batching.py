@@ -93,7 +93,7 @@ async def bench(rounds: int, threads: int) -> dict[str, Any]:
             texts: dict[str, list[str]] = {}
             for r in range(rounds):
                 for mode in ("batched", "serial") if r % 2 == 0 else ("serial", "batched"):
-                    asr.max_batch = 8 if mode == "batched" else 1
+                    asr.runtime.max_batch = 8 if mode == "batched" else 1
                     wall, lats, out = await one_round(asr, clips, n, f"{mode}{r}")
                     figures[mode]["lat"].extend(lats)
                     figures[mode]["wall"].append(wall)

@@ -33,6 +33,7 @@ from duplex_contract.batch import (
     TranscribeJob,
     TranscriptOut,
 )
+from duplex_contract.control import AppendCall, CloseCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.events import AudioChunk, ResponseDone, UserTranscript
 from duplex_contract.settings import SessionSettings
 from engine.api.client import AsyncEngine
@@ -59,20 +60,23 @@ async def record(engine: AsyncEngine, text: str) -> bytes:
 
 
 async def streaming_turn(engine: AsyncEngine, audio: bytes, silence_s: float) -> dict[str, object]:
-    res = await engine.open(SessionSettings(output_modalities=("audio",)))
+    res = await engine.call(OpenCall(config=SessionSettings(output_modalities=("audio",))))
     assert res.session_id and res.accepted_fence
     sid, fence, gen = res.session_id, res.accepted_fence, res.lease_generation
     t = time.perf_counter()
     for i in range(0, len(audio), CHUNK):  # a microphone: 20 ms chunks in real time
-        await engine.append(fence, gen, audio=audio[i : i + CHUNK])
+        await engine.call(AppendCall(fence=fence, lease_generation=gen, audio=audio[i : i + CHUNK]))
         t += 0.02
         await asyncio.sleep(max(0.0, t - time.perf_counter()))
-    await engine.signal(fence, gen, "input.pause")  # the VAD saw the pause begin
+    # the VAD saw the pause begin
+    await engine.call(SignalCall(fence=fence, lease_generation=gen, event="input.pause"))
     silence = b"\0\0" * int(16000 * silence_s)
     await asyncio.sleep(silence_s)  # the silence window passes in real time
-    await engine.append(fence, gen, audio=silence)
+    await engine.call(AppendCall(fence=fence, lease_generation=gen, audio=silence))
     t0 = time.perf_counter()
-    fence = (await engine.commit(fence, gen)).accepted_fence or fence
+    fence = (
+        await engine.call(CommitCall(fence=fence, lease_generation=gen))
+    ).accepted_fence or fence
     ttfa = None
     transcript = ""
     heard_ms = float("nan")
@@ -85,7 +89,7 @@ async def streaming_turn(engine: AsyncEngine, audio: bytes, silence_s: float) ->
         elif isinstance(ev, ResponseDone):
             reply, total = ev.text, (time.perf_counter() - t0) * 1000
             break
-    await engine.close(fence, gen)
+    await engine.call(CloseCall(fence=fence, lease_generation=gen))
     return {
         "ttfa_ms": ttfa,
         "transcript_ms": heard_ms,  # commit -> final user transcript (0 if speculation won)

@@ -26,14 +26,14 @@ from duplex_contract.errors import ConfigError, EngineDeadError
 from duplex_contract.voices import VoiceCatalog
 from duplex_server.auth import HttpAuth
 from duplex_server.config import AppConfig
-from duplex_server.http import batch
+from duplex_server.http.routes import routes as http_routes
 from duplex_server.ops.metrics import BatchTiming, Metrics
 from duplex_server.ops.tracing import Tracing
 from duplex_server.session.hub import Hub
 from duplex_server.transports import webrtc
 from duplex_server.transports.realtime import realtime_endpoint
 from duplex_server.transports.twilio import twilio_endpoint
-from engine.api.client import AsyncEngine
+from engine.api.client import AsyncEngine, EngineClient
 from engine.api.remote_client import RemoteEngine
 from engine.voices import voices_of
 
@@ -79,10 +79,10 @@ class EngineHandle:
     """The app's one engine (the only process-wide state is what this holds)."""
 
     def __init__(self) -> None:
-        self.engine: AsyncEngine | None = None
+        self.engine: EngineClient | None = None
         self.error: str | None = None
 
-    def get(self) -> AsyncEngine | None:
+    def get(self) -> EngineClient | None:
         return self.engine
 
 
@@ -101,7 +101,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
     async def start_engine() -> None:
         try:
             if engine_addr is not None:
-                engine: AsyncEngine = await attach_engine(engine_addr, config)
+                engine: EngineClient = await attach_engine(engine_addr, config)
             else:
                 tracer = tracing.engine_tracer() if tracing is not None else None
                 engine = await AsyncEngine.start(config.engine, tracer=tracer)
@@ -174,7 +174,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         WebSocketRoute("/v1/duplex", realtime_endpoint),
         WebSocketRoute("/v1/twilio", twilio_endpoint),
         *webrtc.routes(hub),
-        *batch.routes(handle.get, config.server.batch, config.server.model_name, voices),
+        *http_routes(handle.get, config.server.batch, config.server.model_name, voices),
     ]
     static = Path(config.server.static_dir)
     if (static / "index.html").is_file():

@@ -32,7 +32,10 @@ ECHO_PROTOCOLS = ("realtime",)
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
+class AccessDecision:
+    """What :func:`admit` decided: may the request proceed (else the refusal's ``code`` and
+    ``message``), and which WebSocket subprotocol to echo."""
+
     ok: bool
     subprotocol: str | None
     code: str = ""
@@ -57,16 +60,16 @@ def admit(
     *,
     keys: frozenset[str],
     allowed_origins: list[str] | None,
-) -> Admission:
+) -> AccessDecision:
     """Decide whether a WebSocket handshake may proceed, and which subprotocol to echo."""
     echo = next((p for p in subprotocols if p in ECHO_PROTOCOLS), None)
     if echo is None:
         echo = next((p for p in subprotocols if p.startswith(KEY_PROTOCOL_PREFIX)), None)
     origin = headers.get("origin")
     if allowed_origins is not None and origin is not None and origin not in allowed_origins:
-        return Admission(False, echo, "origin_not_allowed", f"origin {origin} is not allowed")
+        return AccessDecision(False, echo, "origin_not_allowed", f"origin {origin} is not allowed")
     if not keys:
-        return Admission(True, echo)
+        return AccessDecision(True, echo)
     candidates: list[str] = []
     authz = headers.get("authorization", "")
     if authz.lower().startswith("bearer "):
@@ -75,8 +78,8 @@ def admit(
         p[len(KEY_PROTOCOL_PREFIX) :] for p in subprotocols if p.startswith(KEY_PROTOCOL_PREFIX)
     ]
     if any(_matches(c, keys) for c in candidates):
-        return Admission(True, echo)
-    return Admission(False, echo, "unauthorized", "missing or invalid API key")
+        return AccessDecision(True, echo)
+    return AccessDecision(False, echo, "unauthorized", "missing or invalid API key")
 
 
 MetricsAccess = Literal["keyed", "open"]
@@ -89,7 +92,7 @@ def guards_http_path(path: str, metrics_access: MetricsAccess) -> bool:
     return path == "/metrics" and metrics_access == "keyed"
 
 
-def http_refusal(adm: Admission) -> tuple[int, bytes]:
+def http_refusal(adm: AccessDecision) -> tuple[int, bytes]:
     """The status and OpenAI-shaped JSON body of a refused HTTP request."""
     if adm.code == "unauthorized":
         status, code = 401, "invalid_api_key"

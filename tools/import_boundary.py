@@ -14,7 +14,19 @@
                               (duplex_contract.control), no session event (the members of
                               duplex_contract.events.SessionEvent), no control envelope
                               (engine.messages.ControlRequest, .SessionOutput), no session
-                              machinery (engine.duplex) and no server or SDK module
+                              machinery (engine.duplex) and no server or SDK module; of the
+                              orchestration only what a backend is built from
+                              (STAGE_ORCHESTRATION: edges, chunkers, compute)
+
+The rooms inside the server and the engine keep their jobs apart:
+
+    duplex_server.session     the session runtime: no transport (duplex_server.transports);
+                              a transport drives a session, never the other way
+    duplex_server.http        the batch routes: no transport and no session runtime
+    duplex_server.ops         operations: no transport
+    engine (all of it)        no server or SDK module
+    engine.orchestration      no engine client (engine.api): the clients call it
+    engine.duplex             the control plane: no engine client and no stage backend
 
 Every ``import`` and ``from ... import`` in a layer's files counts, wherever it is written
 (inside a function or under ``TYPE_CHECKING`` too), and so does the ``__init__`` of every
@@ -31,7 +43,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-FIRST_PARTY = ("audio_kit", "duplex_contract", "duplex_server", "duplex_client", "engine")
+from tools.product import FIRST_PARTY, absolute, module_of
 
 #: the engine modules the server may import: its client API (engine.api.remote_client is the
 #: front end's RemoteEngine, the AsyncEngine API over a socket; its frames, engine.api.remote_wire,
@@ -43,6 +55,16 @@ ENGINE_PUBLIC = (
     "engine.api.remote_client",
     "engine.orchestration.graph",
     "engine.voices",
+)
+
+#: the orchestration modules a stage backend may import: the edge types, the chunkers a
+#: backend may provide (``make_chunker``) and the compute gate of the stage runtimes
+#: (engine.orchestration.compute is used by the stage runtimes only: it belongs in
+#: engine/stages/, and edges.py beside it; both are proposed moves)
+STAGE_ORCHESTRATION = (
+    "engine.orchestration.edges",
+    "engine.orchestration.chunkers",
+    "engine.orchestration.compute",
 )
 
 #: the session events (duplex_contract.events.SessionEvent's members)
@@ -71,6 +93,8 @@ class Layer:
     #: module (or ``module.Name``) prefixes this layer may not import, whatever ``allowed`` says
     forbidden: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()  # globs of files left to another layer
+    #: module prefixes allowed inside a forbidden one (their parent packages too)
+    excepted: tuple[str, ...] = ()
 
 
 LAYERS = (
@@ -102,21 +126,43 @@ LAYERS = (
             "engine.messages.ControlRequest",
             "engine.messages.SessionOutput",
             "engine.duplex",
+            "engine.orchestration",
             "duplex_server",
             "duplex_client",
         ),
+        excepted=STAGE_ORCHESTRATION,
+    ),
+    # the rooms
+    Layer(
+        "session runtime",
+        ("duplex_server/session/**/*.py",),
+        None,
+        forbidden=("duplex_server.transports",),
+    ),
+    Layer(
+        "batch routes",
+        ("duplex_server/http/**/*.py",),
+        None,
+        forbidden=("duplex_server.transports", "duplex_server.session"),
+    ),
+    Layer(
+        "operations", ("duplex_server/ops/**/*.py",), None, forbidden=("duplex_server.transports",)
+    ),
+    Layer(
+        "engine",
+        ("engine/**/*.py",),
+        None,
+        forbidden=("duplex_server", "duplex_client"),
+        exclude=("engine/stages/**/*.py",),  # the stage backends' rule says it
+    ),
+    Layer("orchestration", ("engine/orchestration/**/*.py",), None, forbidden=("engine.api",)),
+    Layer(
+        "control plane",
+        ("engine/duplex/**/*.py",),
+        None,
+        forbidden=("engine.api", "engine.stages"),
     ),
 )
-
-
-def _module_of(path: Path, root: Path) -> str:
-    rel = path.relative_to(root).with_suffix("")
-    parts = list(rel.parts)
-    if parts[0] == "clients":
-        parts = parts[1:]
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
 
 
 def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
@@ -126,11 +172,7 @@ def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, st
         if isinstance(node, ast.Import):
             out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                pkg = module.split(".") if is_package else module.split(".")[:-1]
-                pkg = pkg[: len(pkg) - (node.level - 1)]
-                base = ".".join([*pkg, base] if base else pkg)
+            base = absolute(node, module, is_package)
             out.append((node.lineno, base))
             # ``from pkg import mod`` imports ``pkg.mod`` when it is a module
             out += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
@@ -144,8 +186,9 @@ def _under(name: str, prefix: str) -> bool:
 def _allowed(name: str, layer: Layer) -> bool:
     if name.split(".")[0] not in FIRST_PARTY:
         return True
-    if any(_under(name, f) for f in layer.forbidden):
-        return False
+    excepted = any(_under(name, e) or e.startswith(name + ".") for e in layer.excepted)
+    if any(_under(name, f) for f in layer.forbidden) and not excepted:
+        return False  # (an excepted module of a forbidden room, or its package, is not)
     if layer.allowed is None:
         return True
     # a parent package of an allowed one is fine (its __init__ is checked on its own)
@@ -154,14 +197,17 @@ def _allowed(name: str, layer: Layer) -> bool:
 
 def check(root: Path) -> list[str]:
     errors: list[str] = []
+    parsed: dict[Path, list[tuple[int, str]]] = {}  # a file is in several layers: parse once
     for layer in LAYERS:
         excluded = {p for pattern in layer.exclude for p in root.glob(pattern)}
         for pattern in layer.files:
             for path in sorted(set(root.glob(pattern)) - excluded):
-                module = _module_of(path, root)
+                module = module_of(path, root)
                 is_package = path.name == "__init__.py"
                 seen: set[int] = set()
-                for line, name in imports_of(path.read_text(), module, is_package):
+                if path not in parsed:
+                    parsed[path] = imports_of(path.read_text(), module, is_package)
+                for line, name in parsed[path]:
                     if line not in seen and not _allowed(name, layer):
                         seen.add(line)  # one report per import statement
                         rel = path.relative_to(root)

@@ -4,16 +4,11 @@ and :class:`SyncDuplexClient` (blocking), both built with ``connect``; the event
 """
 
 from duplex_client import events
-from duplex_client.client import (
-    ConnectionLost,
-    DuplexClient,
-    SessionEnded,
-    SessionRefused,
-    decode_event,
-    read_wav,
-    to_pcm16,
-)
+from duplex_client.audio_input import read_wav, to_pcm16
+from duplex_client.client import DuplexClient
+from duplex_client.errors import ConnectionLost, SessionEnded, SessionRefused
 from duplex_client.sync import SyncDuplexClient
+from duplex_client.wire import decode_event
 
 __all__ = [
     "ConnectionLost",

@@ -19,7 +19,8 @@ import httpx
 import soundfile
 
 from duplex_client import events as ev
-from duplex_client.client import DuplexClient, SessionRefused
+from duplex_client.client import DuplexClient
+from duplex_client.errors import SessionRefused
 from duplex_client.offer import make_offer
 from duplex_client.talk import talk
 

@@ -20,7 +20,9 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from duplex_client import events as ev
-from duplex_client.client import AudioInput, DuplexClient, SessionEnded
+from duplex_client.audio_input import AudioInput
+from duplex_client.client import DuplexClient
+from duplex_client.errors import SessionEnded
 
 T = TypeVar("T")
 

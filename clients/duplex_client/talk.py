@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from duplex_client import events as ev
-from duplex_client.client import DuplexClient, SessionEnded, read_wav, to_pcm16
+from duplex_client.audio_input import read_wav, to_pcm16
+from duplex_client.client import DuplexClient
+from duplex_client.errors import SessionEnded
 
 RATE = 16000  # the session's input rate: frames are sent as they are, never resampled
 FRAME_MS = 20

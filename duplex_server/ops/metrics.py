@@ -1,7 +1,7 @@
 """Prometheus metrics on a per-app registry (no process-global collectors).
 
 Engine-side numbers (sessions by state, admissions, stale chunks dropped in the engine,
-queue depths, per-stage latency) are read from ``AsyncEngine.stats()`` at scrape time.
+queue depths, per-stage latency) are read from ``EngineClient.stats()`` at scrape time.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duplex_server.protocol.events import Usage
-from engine.api.client import AsyncEngine, EngineStats
+from engine.api.client import EngineClient, EngineStats
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 _SLOW = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -82,7 +82,7 @@ def _stage_families(stats: EngineStats) -> Iterator[Metric]:
 
 
 class _EngineCollector(Collector):
-    def __init__(self, engine: Callable[[], AsyncEngine | None]) -> None:
+    def __init__(self, engine: Callable[[], EngineClient | None]) -> None:
         self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
@@ -124,7 +124,7 @@ class _EngineCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, engine: Callable[[], AsyncEngine | None]) -> None:
+    def __init__(self, engine: Callable[[], EngineClient | None]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._engine = engine
         r = self.registry

@@ -18,6 +18,7 @@ encodes as it would in the traced process.
 from __future__ import annotations
 
 import struct
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -112,11 +113,11 @@ _ENCODER = msgspec.msgpack.Encoder()
 
 def _plain(attrs: Any) -> Attributes:
     """Attributes as a dict to encode. The SDK keeps an ended span's attributes in a
-    ``BoundedAttributes`` (made immutable at the end) whose ``_dict`` is a plain dict:
-    encoding that dict directly saves the ~2 us a copy through the ``Mapping`` methods
-    costs per span (opentelemetry-sdk is pinned; any other mapping is copied)."""
-    if type(attrs) is BoundedAttributes:
-        return attrs._dict
+    ``BoundedAttributes``, which ``ReadableSpan.attributes`` wraps in a read-only
+    ``MappingProxyType``: both ``copy()`` to a plain dict at C speed (~0.2 us), where a
+    copy through the ``Mapping`` methods costs ~2 us per span. Any other mapping is copied."""
+    if isinstance(attrs, BoundedAttributes | MappingProxyType):
+        return dict(attrs.copy())
     return dict(attrs or ())
 
 
@@ -127,7 +128,7 @@ def encode_span(span: ReadableSpan, scope: int) -> bytes:
     status = span.status
     events = [
         EventRecord(e.name, e.timestamp, _plain(e.attributes), e.dropped_attributes)
-        for e in span._events
+        for e in span.events
     ]
     links = [
         LinkRecord(
@@ -138,7 +139,7 @@ def encode_span(span: ReadableSpan, scope: int) -> bytes:
             _plain(lk.attributes),
             lk.dropped_attributes,
         )
-        for lk in span._links
+        for lk in span.links
     ]
     state = ctx.trace_state
     record = SpanRecord(
@@ -153,7 +154,7 @@ def encode_span(span: ReadableSpan, scope: int) -> bytes:
         span.kind.value,
         span.start_time or 0,
         span.end_time or 0,
-        _plain(span._attributes),
+        _plain(span.attributes),
         events,
         links,
         status.status_code.value,
@@ -191,10 +192,10 @@ def _dropped(items: list[Any], dropped: int) -> list[Any] | BoundedList:  # type
 
 
 def _event(e: EventRecord) -> Event:
-    event = Event(e.name, e.attributes, e.time_ns)
+    attributes: Any = e.attributes
     if e.dropped_attributes:
-        event._attributes = _bounded_attributes(e.attributes, e.dropped_attributes)
-    return event
+        attributes = _bounded_attributes(e.attributes, e.dropped_attributes)
+    return Event(e.name, attributes, e.time_ns)
 
 
 def _bounded_attributes(attrs: Attributes, dropped: int) -> Any:

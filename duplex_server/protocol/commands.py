@@ -1,24 +1,46 @@
 """What the protocol core asks the session runtime to do: engine calls and local actions.
 
-Engine calls carry the epoch decided by the core; the runtime binds the turn and response
-counters from :attr:`SessionCore.position` when it executes them (they run in order, so a
-commit's result is known before the next call is sent).
+Each engine command is one control call of the contract (:mod:`duplex_contract.control`)
+that the core decided, less what only the runtime knows when it makes the call: the fence
+(the core decides its epoch; the runtime fences it with the turn and response counters of
+``SessionMachine.fence_for`` when it executes it: calls run in order, so a commit's result is
+known before the next call is sent) and the lease generation. Its other fields are the
+contract call's, by the same name and type, so each is written once on the way to the
+engine: the runtime's one translation (duplex_server/session/engine_calls.py) copies them
+into the contract call the command's ``CALL`` names, with the fence and lease generation
+filled in (tests/server/test_engine_calls.py checks the fields agree). ``epoch`` and
+``event_id`` are the core's own: the epoch the call is fenced at and the client event an
+error is reported against.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-from duplex_contract.settings import SessionSettings
+from duplex_contract.control import (
+    AppendCall,
+    CloseCall,
+    CommitCall,
+    PlaybackMark,
+    ReplicaCall,
+    SignalCall,
+    TouchCall,
+)
+from duplex_contract.settings import SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.protocol.codec import AudioFormat
+from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.events import ServerEvent, TurnDetection
+
+#: the fields of an engine command that are the core's own, not the contract call's
+CORE_FIELDS = ("epoch", "event_id")
 
 
 # ---------------------------------------------------------------------------- engine calls
 @dataclass(frozen=True, slots=True)
 class Append:
+    CALL: ClassVar[type[AppendCall]] = AppendCall
     epoch: int
     audio: bytes = b""
     text: str | None = None
@@ -31,6 +53,7 @@ class Append:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
+    CALL: ClassVar[type[CommitCall]] = CommitCall
     epoch: int
     respond: bool
     event_id: str | None = None
@@ -45,15 +68,19 @@ class Commit:
 class DeleteItem:
     """``conversation.item.delete``: the engine drops the item from its history."""
 
+    CALL: ClassVar[type[SignalCall]] = SignalCall
     epoch: int
     item: ItemRef
     event_id: str | None = None
+    event: Literal["item.delete"] = "item.delete"
 
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """Advance the epoch from ``epoch`` to ``epoch + 1`` (barge-in, cancel, input clear)."""
+    """Advance the epoch from ``epoch`` to ``epoch + 1`` (barge-in, cancel, input clear);
+    the runtime adds the ``next_fence`` of that epoch."""
 
+    CALL: ClassVar[type[SignalCall]] = SignalCall
     epoch: int
     event: Literal["barge_in", "response.cancel", "input.cancel"]
     event_id: str | None = None
@@ -61,26 +88,30 @@ class Cancel:
 
 @dataclass(frozen=True, slots=True)
 class Update:
-    """The session's engine settings changed: they replace the engine's whole settings."""
+    """The session's engine settings changed: ``update`` replaces the engine's whole
+    settings (``SessionUpdate.replace_with``)."""
 
+    CALL: ClassVar[type[SignalCall]] = SignalCall
     epoch: int
-    settings: SessionSettings
+    update: SessionUpdate
     event_id: str | None = None
+    event: Literal["session.update"] = "session.update"
 
 
 @dataclass(frozen=True, slots=True)
 class Touch:
+    CALL: ClassVar[type[TouchCall]] = TouchCall
     epoch: int
     activity: Literal["heartbeat", "playback_ack", "detach"]
-    turn_id: int = 0
-    response_seq: int = 0
-    played_ms: float = 0.0
-    truncate: bool = False
+    playback: PlaybackMark | None = None  # playback_ack: what the client played
     event_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class CloseSession:
+    """Fenced at the session's epoch when it is made (no ``epoch`` of its own)."""
+
+    CALL: ClassVar[type[CloseCall]] = CloseCall
     reason: str
     event_id: str | None = None
 
@@ -90,6 +121,7 @@ class Speculate:
     """The VAD saw a pause inside speech (``input.pause``: transcribe ahead of the commit)
     or speech resumed (``input.resume``: drop that speculation)."""
 
+    CALL: ClassVar[type[SignalCall]] = SignalCall
     epoch: int
     event: Literal["input.pause", "input.resume"]
     event_id: str | None = None
@@ -100,8 +132,10 @@ class Speculate:
 @dataclass(frozen=True, slots=True)
 class Replicate:
     """Keep this front end's state of the session in the engine (duplex_server/session/snapshot.py),
-    so another front end can take the session over (docs/scale.md)."""
+    so another front end can take the session over (docs/scale.md). Fenced at the session's
+    epoch when it is made."""
 
+    CALL: ClassVar[type[ReplicaCall]] = ReplicaCall
     state: bytes
     event_id: str | None = None
 
@@ -115,6 +149,23 @@ EngineCommand = (
 @dataclass(frozen=True, slots=True)
 class Send:
     event: ServerEvent
+
+
+@dataclass(frozen=True, slots=True)
+class SendAudio:
+    """Reply audio: the engine's PCM16 (mono, ``sample_rate``) and where it belongs.
+
+    The runtime encodes it once to the session's output format: a WebSocket client gets it
+    as ``response.output_audio.delta`` (base64, stamped and journaled like any event), a
+    media transport plays the encoded PCM without decoding an event."""
+
+    response_id: str
+    item_id: str
+    epoch: int
+    pcm: bytes
+    sample_rate: int
+    audio_start_ms: float  # where it starts on the item's audio clock
+    duration_ms: float  # the engine's own duration
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +188,11 @@ class ConfigureInput:
     format: AudioFormat
     turn_detection: TurnDetection | None
     noise_reduction: Literal["near_field", "far_field"] | None = None
+
+
+def configure_input(config: EffectiveSession) -> ConfigureInput:
+    """The input lane's settings of the session configuration ``config``."""
+    return ConfigureInput(config.input_format, config.turn_detection, config.noise_reduction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +224,7 @@ class Takeover:
 @dataclass(frozen=True, slots=True)
 class Replay:
     """Send the new transport the journaled events after ``after_seq``, then report to
-    :meth:`SessionCore.replayed` what the journal still had."""
+    ``SessionMachine.replayed`` what the journal still had."""
 
     after_seq: int
 
@@ -193,6 +249,7 @@ class Release:
 
 Action = (
     Send
+    | SendAudio
     | Call
     | ProcessAudio
     | ConfigureInput

@@ -91,6 +91,11 @@ class EffectiveSession:
         )
 
     @property
+    def beta(self) -> bool:
+        """Are events named as in the beta Realtime API (``realtime=v1``)?"""
+        return self.event_names == "beta"
+
+    @property
     def create_response(self) -> bool:
         """Does a VAD commit create a response (never in a transcription session)?"""
         td = self.turn_detection

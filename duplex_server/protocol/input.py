@@ -2,9 +2,10 @@
 item in progress, and the barge-in guards.
 
 :class:`InputTurns` takes processed input (engine-rate PCM16 and the VAD decisions it
-produced) and returns :data:`TurnStep` decisions in order; the session core turns them into
-engine calls and server events (it owns the epoch and the response lifecycle). It knows
-nothing of responses except what :func:`should_interrupt` is told.
+produced) and returns :data:`TurnStep` decisions in order; the client input handler
+(:mod:`~duplex_server.protocol.client_input`) turns them into engine calls and server events
+(the response tracker owns the response lifecycle). It knows nothing of responses except
+what :func:`should_interrupt` is told.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 Realtime events of one response.
 
 :class:`Responses` tracks the response in progress and the requested ones not started yet;
-the session core decides when one is requested, cancelled or interrupted. The event
+the response tracker (:mod:`~duplex_server.protocol.response_tracker`) decides when one is
+requested, cancelled or interrupted. The event
 builders emit *what* is sent, in the order OpenAI's Realtime API uses: ``response.created``
 -> output item / content part added -> deltas -> ``.done`` events -> ``response.done``.
 """
@@ -18,8 +19,7 @@ from duplex_contract.events import AudioChunk
 from duplex_contract.fence import Fence
 from duplex_contract.tools import ResponseOptions
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.codec import encode_audio_b64
-from duplex_server.protocol.commands import Action, Send
+from duplex_server.protocol.commands import Action, Send, SendAudio
 
 
 @dataclass(slots=True)
@@ -165,23 +165,22 @@ def call_done_events(resp: Response, call_id: str, name: str, arguments: str) ->
     return out
 
 
-def audio_events(resp: Response, chunk: AudioChunk, data: bytes) -> list[Action]:
-    """One audio delta and the transcript delta of the text it speaks (its mark)."""
+def audio_events(resp: Response, chunk: AudioChunk) -> list[Action]:
+    """One piece of reply audio (``response.output_audio.delta`` once the runtime encoded
+    it) and the transcript delta of the text it speaks (its mark)."""
     resp.audio_ms = chunk.audio_start_ms + chunk.duration_ms  # the engine's own duration
     resp.parts.append(chunk.text)
-    return [
-        Send(
-            ev.AudioDelta(
-                response_id=resp.id,
-                item_id=resp.item_id,
-                delta=encode_audio_b64(data),
-                epoch=chunk.fence.epoch,
-                audio_start_ms=chunk.audio_start_ms,
-                duration_ms=chunk.duration_ms,
-            )
-        ),
-        Send(ev.TranscriptDelta(response_id=resp.id, item_id=resp.item_id, delta=chunk.text)),
-    ]
+    audio = SendAudio(
+        response_id=resp.id,
+        item_id=resp.item_id,
+        epoch=chunk.fence.epoch,
+        pcm=chunk.pcm,
+        sample_rate=chunk.sample_rate,
+        audio_start_ms=chunk.audio_start_ms,
+        duration_ms=chunk.duration_ms,
+    )
+    delta = ev.TranscriptDelta(response_id=resp.id, item_id=resp.item_id, delta=chunk.text)
+    return [audio, Send(delta)]
 
 
 def finished_events(

@@ -166,6 +166,7 @@ class Outgoing:
     size: int
     epoch: int | None = None  # audio deltas: the epoch they belong to
     t_in: float = 0.0  # perf_counter when the engine output arrived (audio)
+    pcm: bytes = b""  # audio deltas: the audio as PCM16 at the output rate (media transports)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from duplex_server.ops.metrics import Metrics
 from duplex_server.protocol.commands import Action, ConfigureInput
 from duplex_server.protocol.errors import ProtocolError
-from duplex_server.protocol.session import SessionCore
+from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.vad import VadEvent
 from duplex_server.session.input_lane import InputLane, InputScheduler, VadBackend
 
@@ -35,7 +35,7 @@ class AudioInput:
 
     def __init__(
         self,
-        core: SessionCore,
+        core: SessionMachine,
         inputs: InputScheduler,
         *,
         vad_backend: VadBackend,

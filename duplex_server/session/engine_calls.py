@@ -1,110 +1,64 @@
 """A live session's engine calls: the engine API it needs (:class:`EngineSessions`), its
-one ordered mailbox of calls (:class:`CallQueue`) and the translation of a core command into
-an engine call (:func:`execute`)."""
+one ordered mailbox of calls (:class:`CallQueue`) and the one translation of a core command
+into the contract call it stands for (:func:`engine_call`), made through ``engine.call``.
+
+Every field of a call is written once on its way: in the contract
+(:mod:`duplex_contract.control`), where the engine command of the core
+(:mod:`duplex_server.protocol.commands`) takes it by name; :func:`engine_call` copies it and
+adds what only the runtime knows when the call is made: the fence and the lease generation.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 
-from duplex_contract.control import Activity, ControlResult, PlaybackMark, SignalEvent
+from duplex_contract.control import ControlCall, ControlResult
 from duplex_contract.events import SessionEvent
 from duplex_contract.fence import Fence
-from duplex_contract.settings import SessionSettings, SessionUpdate
-from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.protocol.commands import (
+    CORE_FIELDS,
     Append,
     Cancel,
     CloseSession,
-    Commit,
-    DeleteItem,
     EngineCommand,
     Replicate,
-    Speculate,
-    Update,
 )
-from duplex_server.protocol.session import SessionCore
 
 log = logging.getLogger(__name__)
 
 
 class EngineSessions(Protocol):
-    """The engine calls a live session makes: :class:`engine.api.client.AsyncEngine` in
-    process, or any front end of an engine in another process that speaks the same calls."""
+    """The engine API a live session uses: :class:`engine.api.client.AsyncEngine` in
+    process, :class:`engine.api.remote_client.RemoteEngine` over a socket, or a test fake."""
 
     @property
     def ready(self) -> bool: ...
 
-    async def open(
-        self,
-        config: SessionSettings | None = None,
-        *,
-        route_key: str | None = None,
-        traceparent: str | None = None,
-    ) -> ControlResult: ...
-
-    async def resume(
-        self, session_id: str, expected_lease_generation: int, *, peek: bool = False
-    ) -> ControlResult: ...
-
-    async def append(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        *,
-        audio: bytes = b"",
-        text: str | None = None,
-        item_id: str | None = None,
-        tool_output: ToolOutput | None = None,
-        stream_ms: float | None = None,
-        seq: int | None = None,
-    ) -> ControlResult: ...
-
-    async def commit(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        *,
-        respond: bool = True,
-        item_id: str | None = None,
-        response: ResponseOptions | None = None,
-        traceparent: str | None = None,
-    ) -> ControlResult: ...
-
-    async def signal(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        event: SignalEvent,
-        *,
-        next_fence: Fence | None = None,
-        update: SessionUpdate | None = None,
-        item: ItemRef | None = None,
-        respond: bool = True,
-        traceparent: str | None = None,
-    ) -> ControlResult: ...
-
-    async def touch(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        activity: Activity,
-        *,
-        playback: PlaybackMark | None = None,
-    ) -> ControlResult: ...
-
-    async def close(
-        self, fence: Fence, lease_generation: int, reason: str = "client"
-    ) -> ControlResult: ...
-
-    async def replicate(
-        self, fence: Fence, lease_generation: int, state: bytes
-    ) -> ControlResult: ...
+    async def call(self, call: ControlCall) -> ControlResult:
+        """Make one control call; raise its error if the engine refused it."""
+        ...
 
     def session_events(self, session_id: str) -> AsyncIterator[SessionEvent]: ...
+
+
+class Position(Protocol):
+    """Where the session stands when a call is made (the protocol core:
+    :class:`~duplex_server.protocol.machine.SessionMachine`)."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def lease_generation(self) -> int: ...
+
+    def fence_for(self, epoch: int) -> Fence:
+        """``epoch`` with the turn and response counters of the results so far."""
+        ...
 
 
 class CallQueue:
@@ -166,61 +120,27 @@ class CallQueue:
             seq = nxt.seq if nxt.seq is not None else seq  # the newest input it completes
         if len(parts) == 1:
             return cmd
-        return Append(
-            cmd.epoch,
-            audio=b"".join(parts),
-            event_id=cmd.event_id,
-            stream_ms=cmd.stream_ms,
-            seq=seq,
-        )
+        return dataclasses.replace(cmd, audio=b"".join(parts), seq=seq)
 
 
-async def execute(engine: EngineSessions, core: SessionCore, cmd: EngineCommand) -> Fence | None:
-    """Make the engine call ``cmd`` stands for, fenced at the core's position."""
-    eng = engine
-    gen = core.lease_generation
-    if isinstance(cmd, CloseSession):
-        await eng.close(core.fence_for(core.epoch), gen, reason=cmd.reason)
-        return None
-    if isinstance(cmd, Replicate):
-        await eng.replicate(core.fence_for(core.epoch), gen, cmd.state)
-        return None
-    fence = core.fence_for(cmd.epoch)
-    if isinstance(cmd, Append):
-        res = await eng.append(
-            fence,
-            gen,
-            audio=cmd.audio,
-            text=cmd.text,
-            item_id=cmd.item_id,
-            tool_output=cmd.tool_output,
-            stream_ms=cmd.stream_ms,
-            seq=cmd.seq,
+def engine_call(cmd: EngineCommand, core: Position) -> ControlCall:
+    """The contract call ``cmd`` stands for, fenced at the core's position now: the epoch
+    the core decided (a close or a replica: the current one), the turn and response
+    counters of the results so far, and the current lease generation."""
+    epoch = core.epoch if isinstance(cmd, CloseSession | Replicate) else cmd.epoch
+    fence = core.fence_for(epoch)
+    fields: dict[str, Any] = {
+        f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd) if f.name not in CORE_FIELDS
+    }
+    if isinstance(cmd, Cancel):  # the epoch it opens
+        fields["next_fence"] = Fence(
+            fence.session_id, cmd.epoch + 1, fence.turn_id, fence.response_seq
         )
-    elif isinstance(cmd, Commit):
-        res = await eng.commit(
-            fence,
-            gen,
-            respond=cmd.respond,
-            item_id=cmd.item_id,
-            response=cmd.response,
-            traceparent=cmd.traceparent,
-        )
-    elif isinstance(cmd, DeleteItem):
-        res = await eng.signal(fence, gen, "item.delete", item=cmd.item)
-    elif isinstance(cmd, Cancel):
-        nxt = Fence(fence.session_id, cmd.epoch + 1, fence.turn_id, fence.response_seq)
-        res = await eng.signal(fence, gen, cmd.event, next_fence=nxt)
-    elif isinstance(cmd, Speculate):
-        res = await eng.signal(
-            fence, gen, cmd.event, respond=cmd.respond, traceparent=cmd.traceparent
-        )
-    elif isinstance(cmd, Update):
-        upd = SessionUpdate.replace_with(cmd.settings)
-        res = await eng.signal(fence, gen, "session.update", update=upd)
-    else:
-        mark = None
-        if cmd.activity == "playback_ack":
-            mark = PlaybackMark(cmd.turn_id, cmd.response_seq, cmd.played_ms, cmd.truncate)
-        res = await eng.touch(fence, gen, cmd.activity, playback=mark)
-    return res.accepted_fence
+    return cmd.CALL(fence=fence, lease_generation=core.lease_generation, **fields)
+
+
+async def execute(engine: EngineSessions, core: Position, cmd: EngineCommand) -> Fence | None:
+    """Make the engine call ``cmd`` stands for; the fence the engine accepted (None for a
+    close or a replica, which move no counter)."""
+    res = await engine.call(engine_call(cmd, core))
+    return None if isinstance(cmd, CloseSession | Replicate) else res.accepted_fence

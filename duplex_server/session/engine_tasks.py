@@ -25,7 +25,7 @@ from duplex_contract.events import AudioChunk
 from duplex_contract.fence import Fence
 from duplex_server.ops.tracing import SessionTrace
 from duplex_server.protocol.commands import Action, CloseSession, Commit, EngineCommand, Replicate
-from duplex_server.protocol.session import SessionCore
+from duplex_server.protocol.machine import SessionMachine
 from duplex_server.session.engine_calls import CallQueue, EngineSessions, execute
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class EngineTasks:
     def __init__(
         self,
         engine: EngineSessions,
-        core: SessionCore,
+        core: SessionMachine,
         calls: CallQueue,
         *,
         apply: Apply,

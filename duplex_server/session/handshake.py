@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from duplex_contract.errors import EngineError
-from duplex_server.auth import Admission, admit
+from duplex_server.auth import AccessDecision, admit
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
 from duplex_server.session.attach import Attachment
@@ -31,7 +31,9 @@ from duplex_server.session.hub import Hub, Transport
 from duplex_server.session.live import LiveSession
 
 
-def admit_socket(hub: Hub, headers: Mapping[str, str], subprotocols: Sequence[str]) -> Admission:
+def admit_socket(
+    hub: Hub, headers: Mapping[str, str], subprotocols: Sequence[str]
+) -> AccessDecision:
     """A WebSocket upgrade: its API key and origin (and the subprotocol to echo)."""
     s = hub.config.server
     return admit(headers, subprotocols, keys=hub.keys, allowed_origins=s.allowed_origins)

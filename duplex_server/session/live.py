@@ -7,6 +7,9 @@ executes the core's actions (:meth:`LiveSession.apply`), each on the object whos
 
 * :class:`~duplex_server.session.outlet.Outlet`: the attached transport, stamping and the
   journal (events out, takeover, detach);
+* :class:`~duplex_server.session.output_audio.OutputEncoder`: the core's reply audio
+  (``SendAudio``) encoded once into the output format: the ``response.output_audio.delta``
+  and, beside it, its PCM16 for a media transport (which decodes nothing);
 * :class:`~duplex_server.session.audio_input.AudioInput` (:attr:`LiveSession.audio`: the
   transports hand it their audio): raw audio into the session's input lane (decode,
   resample, VAD off the loop); the processed audio reaches the core once
@@ -17,6 +20,8 @@ executes the core's actions (:meth:`LiveSession.apply`), each on the object whos
   session's events into the core; both tasks run in one task group (:meth:`LiveSession.run`);
 * :class:`~duplex_server.session.meter.SessionMeter`: latency, usage and error metrics.
 
+A media transport reports its far end's playout (``Queued``, ``Played``, ``Flushed``) through
+:meth:`LiveSession.report_playout`; the core keeps the playout state and decides what follows.
 Open, resume, takeover and slow-client handling are the core's decisions. The
 :class:`~duplex_server.session.registry.Sessions` registry opens, resumes and adopts sessions
 for any transport.
@@ -28,6 +33,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from duplex_contract.control import ResumeCall
 from duplex_contract.errors import EngineError
 from duplex_server.ops.metrics import Metrics
 from duplex_server.ops.tracing import SessionTrace
@@ -46,21 +52,24 @@ from duplex_server.protocol.commands import (
     Replay,
     Replicate,
     Send,
+    SendAudio,
     SendStamped,
     Takeover,
     Touch,
 )
 from duplex_server.protocol.errors import ProtocolError
+from duplex_server.protocol.machine import SessionMachine
+from duplex_server.protocol.playout import PlayoutReport
 from duplex_server.protocol.resume import new_resume_token
-from duplex_server.protocol.session import SessionCore
 from duplex_server.session import snapshot as replica
 from duplex_server.session.attach import Attachment, Journal, Outgoing, Stamper
 from duplex_server.session.audio_input import AudioInput
-from duplex_server.session.engine_calls import CallQueue, EngineSessions
+from duplex_server.session.engine_calls import CallQueue, EngineSessions, execute
 from duplex_server.session.engine_tasks import EngineTasks
 from duplex_server.session.input_lane import InputScheduler, VadBackend
 from duplex_server.session.meter import SessionMeter
 from duplex_server.session.outlet import Outlet
+from duplex_server.session.output_audio import OutputEncoder
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +109,7 @@ class LiveSession:
     def __init__(
         self,
         engine: EngineSessions,
-        core: SessionCore,
+        core: SessionMachine,
         limits: SessionLimits,
         inputs: InputScheduler,
         metrics: Metrics,
@@ -115,10 +124,11 @@ class LiveSession:
         self.stamper = Stamper(
             core.session_id, Journal(limits.journal_max_bytes, limits.journal_max_age_s)
         )
-        self.stamper.beta = core.beta
+        self.stamper.beta = core.config.beta
         if event_seq:
             self.stamper.restart_at(event_seq)
         self.outlet = Outlet(self.stamper)
+        self.output = OutputEncoder()  # reply audio -> the output format, once
         self.audio = AudioInput(
             core,
             inputs,
@@ -160,7 +170,7 @@ class LiveSession:
     # ------------------------------------------------------------------ opening
     async def open(self, attachment: Attachment, capabilities: ev.Capabilities) -> None:
         token, digest = new_resume_token()
-        self.core.token_hash = digest
+        self.core.resumption.token_hash = digest
         await self.replicate()  # before the client holds the token (failover, docs/scale.md)
         self.outlet.attach(attachment)
         self.apply(self.core.opened(token, capabilities, token_hash=digest))
@@ -175,9 +185,9 @@ class LiveSession:
 
     async def replicate(self, *, handed_over_at: int = 0) -> None:
         """Keep :meth:`replica` in the engine now; a failure only costs failover."""
-        core, state = self.core, self.replica(handed_over_at=handed_over_at)
+        state = self.replica(handed_over_at=handed_over_at)
         try:
-            await self.engine.replicate(core.fence_for(core.epoch), core.lease_generation, state)
+            await execute(self.engine, self.core, Replicate(state))
         except EngineError as exc:
             log.warning("%s: replica not kept: %s", self.session_id, exc)
 
@@ -186,9 +196,9 @@ class LiveSession:
         core = self.core
         core.admit_resume(req.resume_token)
         try:
-            res = await self.engine.resume(self.session_id, core.lease_generation)
+            res = await self.engine.call(ResumeCall(self.session_id, core.lease_generation))
         except BaseException:
-            core.resume_failed()
+            core.resumption.resume_failed()
             raise
         if self.trace is not None:
             self.trace.resumed(res.lease_generation)
@@ -228,6 +238,11 @@ class LiveSession:
         """A keypad digit from a phone transport; ``received_at``: Unix time (s)."""
         self.apply(self.core.on_dtmf(digit, received_at, now_ms()))
 
+    def report_playout(self, report: PlayoutReport) -> None:
+        """A media transport's report of its far end's playout (the core keeps the state
+        and decides: :mod:`duplex_server.protocol.playout`)."""
+        self.apply(self.core.on_playout(report, now_ms()))
+
     def fail(self, exc: ProtocolError) -> None:
         """The transport refused input for a reason of its own (e.g. a frame too large)."""
         self.apply(self.core.error(exc))
@@ -265,6 +280,9 @@ class LiveSession:
         for action in actions:
             if isinstance(action, Send):
                 self.emit(action.event, t_in=t_in)
+            elif isinstance(action, SendAudio):  # encoded once, here
+                delta, pcm = self.output.delta(action, self.core.config.output_format)
+                self.emit(delta, t_in=t_in, pcm=pcm)
             elif isinstance(action, Call):
                 cmd = action.command
                 self.meter.called(cmd, time.perf_counter())
@@ -292,8 +310,9 @@ class LiveSession:
         if self.core.config is not self._replicated_config and not self.core.closed:
             self._calls.put_nowait(Replicate(self.replica()))  # a session.update
 
-    def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0) -> None:
-        """Send ``event`` to the client (measured, traced, stamped when written)."""
+    def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0, pcm: bytes = b"") -> None:
+        """Send ``event`` to the client (measured, traced, stamped when written); ``pcm``:
+        an audio delta's audio as PCM16 at the output rate, for a media transport."""
         if self.handed_over_at and self.handed_over_at == self.stamper.seq:
             # an event after the handover never reaches the client: the replica says so,
             # and a front end taking the session over sends session.resync_required
@@ -301,8 +320,8 @@ class LiveSession:
             self.handed_over_at = -1
         trace = self.trace
         if isinstance(event, ev.ResponseDone):
-            origin = self.core.response_origin.get(event.response.id)
-            event = self.meter.response_done(event, self.core.response_origin)
+            origin = self.core.responses.origin.get(event.response.id)
+            event = self.meter.response_done(event, self.core.responses.origin)
             if trace is not None:
                 trace.response_done(event, origin)
         else:
@@ -311,7 +330,7 @@ class LiveSession:
                 log_usage(self.session_id, event.reason, event.usage)
             if trace is not None and not isinstance(event, ev.AudioDelta):
                 trace.on_event(event, now_ms(), self.core.input.input_ms)
-        if not self.outlet.send(event, beta=self.core.beta, t_in=t_in):
+        if not self.outlet.send(event, beta=self.core.config.beta, t_in=t_in, pcm=pcm):
             self.too_slow()
 
     # ------------------------------------------------------------------ tasks

@@ -38,9 +38,12 @@ class Outlet:
         self.attachment = attachment
 
     # ------------------------------------------------------------------ events out
-    def send(self, event: ev.ServerEvent, *, beta: bool, t_in: float = 0.0) -> bool:
+    def send(
+        self, event: ev.ServerEvent, *, beta: bool, t_in: float = 0.0, pcm: bytes = b""
+    ) -> bool:
         """Queue ``event`` on the transport (or stamp and journal it now); False if the
-        transport's queue is over its budget (a slow client)."""
+        transport's queue is over its budget (a slow client). ``pcm``: an audio delta's
+        audio as PCM16 at the output rate (what a media transport plays)."""
         self.stamper.beta = beta
         att = self.attachment
         if att is None or self._last_words:
@@ -50,7 +53,7 @@ class Outlet:
             return True
         epoch = event.epoch if isinstance(event, ev.AudioDelta) else None
         size = len(event.delta) + 256 if isinstance(event, ev.AudioDelta) else 512
-        return att.send_event(Outgoing(event, None, size, epoch, t_in))
+        return att.send_event(Outgoing(event, None, size, epoch, t_in, pcm))
 
     def next_frame(self, item: Outgoing) -> bytes:
         """A transport writes ``item`` (not stale): its bytes, stamped and journaled now."""

@@ -21,6 +21,7 @@ import logging
 import msgspec
 
 from duplex_contract.audio import OUTPUT_RATE
+from duplex_contract.control import OpenCall, ResumeCall
 from duplex_contract.errors import ControlError
 from duplex_contract.voices import VoiceCatalog
 from duplex_server.ops.metrics import Metrics
@@ -28,13 +29,12 @@ from duplex_server.ops.tracing import Tracing
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import SessionFatal
+from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.resume import new_resume_token, token_matches
-from duplex_server.protocol.session import SessionCore
 from duplex_server.session.attach import Attachment
 from duplex_server.session.engine_calls import EngineSessions
 from duplex_server.session.input_lane import InputScheduler
 from duplex_server.session.live import LiveSession, SessionLimits
-from duplex_server.session.output_audio import OutputEncoder
 from duplex_server.session.snapshot import Replica, decode
 
 log = logging.getLogger(__name__)
@@ -103,22 +103,19 @@ class Sessions:
         )
         trace = self.tracing.session(self.route_key) if self.tracing is not None else None
         try:
-            res = await engine.open(
-                cfg.settings(),
-                route_key=self.route_key,
-                traceparent=trace.traceparent if trace is not None else None,
+            res = await engine.call(
+                OpenCall(
+                    cfg.settings(),
+                    route_key=self.route_key,
+                    traceparent=trace.traceparent if trace is not None else None,
+                )
             )
         except BaseException as exc:
             if trace is not None:
                 trace.refused(exc)
             raise
         assert res.session_id is not None
-        core = SessionCore(
-            res.session_id,
-            cfg,
-            lease_generation=res.lease_generation,
-            encode_output=OutputEncoder().encode,
-        )
+        core = SessionMachine(res.session_id, cfg, lease_generation=res.lease_generation)
         if trace is not None:
             trace.opened(res.session_id)
         session = LiveSession(engine, core, self.limits, self.inputs, self.metrics, trace=trace)
@@ -157,14 +154,9 @@ class Sessions:
         assert engine is not None
         sid = req.session_id
         rep, lease_generation = await self._replica(req)
-        res = await engine.resume(sid, lease_generation)  # the compare and swap
+        res = await engine.call(ResumeCall(sid, lease_generation))  # the compare and swap
         assert res.accepted_fence is not None
-        core = SessionCore(
-            sid,
-            rep.config,
-            lease_generation=res.lease_generation,
-            encode_output=OutputEncoder().encode,
-        )
+        core = SessionMachine(sid, rep.config, lease_generation=res.lease_generation)
         token, digest = new_resume_token()
         core.adopted(res.accepted_fence, res.input_seq or 0, digest)
         client_seq = req.last_received_server_event_seq
@@ -188,7 +180,7 @@ class Sessions:
         sid = req.session_id
         not_found = SessionFatal("session_not_found", f"no live session {sid}")
         try:
-            peek = await engine.resume(sid, 0, peek=True)
+            peek = await engine.call(ResumeCall(sid, 0, peek=True))
         except ControlError as exc:
             if exc.code in ("not_found", "session_expired"):
                 raise not_found from None

@@ -21,7 +21,7 @@ import dataclasses
 import msgspec
 
 from duplex_server.protocol.config import EffectiveSession
-from duplex_server.protocol.session import SessionCore
+from duplex_server.protocol.machine import SessionMachine
 
 VERSION = 1
 
@@ -39,9 +39,10 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Replica)
 
 
-def encode(core: SessionCore, event_seq: int, *, handed_over: bool = False) -> bytes:
+def encode(core: SessionMachine, event_seq: int, *, handed_over: bool = False) -> bytes:
     config = dataclasses.replace(core.config, voices=None)
-    return _ENCODER.encode(Replica(VERSION, core.token_hash, config, event_seq, handed_over))
+    token_hash = core.resumption.token_hash
+    return _ENCODER.encode(Replica(VERSION, token_hash, config, event_seq, handed_over))
 
 
 def decode(blob: bytes, template: EffectiveSession) -> Replica:

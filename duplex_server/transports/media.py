@@ -5,43 +5,40 @@ A media transport holds one :class:`MediaLink` and implements :class:`MediaOut` 
 events and the hang-up reach its wire). The link holds the transport's writer (the one every
 transport holds, :class:`~duplex_server.session.writer.QueuedWriter`: a bounded outbox, one
 writer task, the hub's send watchdog, the same slow-client policy; the writer is what the
-session sees), the transport's playout
-(:class:`~duplex_server.transports.media_playout.MediaPlayout`) and its input path
-(:class:`~duplex_server.transports.media_input.InputFeed`). The writer task runs on a
-:class:`MediaWire`: audio deltas go to the transport's media (``write_audio``, never stamped:
-they are not events on the wire), every other event is stamped and journaled as usual and
-handed to ``write_event``.
+session sees) and its input path (:class:`~duplex_server.transports.media_input.InputFeed`).
+The writer task runs on a :class:`MediaWire`: audio deltas go to the transport's media
+(``write_audio``, never stamped: they are not events on the wire) with the PCM the session
+runtime encoded them from (nothing is decoded here), every other event is stamped and
+journaled as usual and handed to ``write_event``.
 
-Barge-in is decided by the session core only, by its guards
-(:mod:`duplex_server.protocol.input`): on a response in progress, and on reply audio the far
-end still plays after its response ended (:mod:`duplex_server.protocol.playout`: the link's
-playout reports it through ``playing()``); the link carries out the
-``output_audio_buffer.cleared`` that results (:meth:`MediaWire.barge_in`): the transport
-flushes its playout and the item is truncated to what the caller heard
-(``conversation.item.truncate`` through the session core, as a client would).
+The playout seam (:mod:`duplex_server.protocol.playout`): the session core keeps the playout
+state; the transport only reports to it, through its link: audio handed to the far end
+(:meth:`MediaLink.audio_queued`: ``Queued``), what the far end played and still holds
+(:meth:`MediaLink.audio_played`: ``Played``) and a flush (``Flushed``). Barge-in is decided
+by the session core only, by its guards (:mod:`duplex_server.protocol.input`): on a response
+in progress, and on reply audio the far end still plays after its response ended; the link
+carries out the ``output_audio_buffer.cleared`` that results (:meth:`MediaWire.barge_in`:
+the transport flushes its playout and reports it), and the core truncates the item to what
+the caller heard.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
 
-from audio_kit.g711 import g711_to_pcm16
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.config import EffectiveSession, apply_patch
 from duplex_server.protocol.errors import CloseCode, ProtocolError
+from duplex_server.protocol.playout import Flushed, Played, PlayoutReport, Queued
 from duplex_server.session import handshake
 from duplex_server.session.attach import Outgoing
 from duplex_server.session.hub import Hub
 from duplex_server.session.live import LiveSession
 from duplex_server.session.writer import QueuedWriter
 from duplex_server.transports.media_input import InputFeed
-from duplex_server.transports.media_playout import MediaPlayout
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +66,8 @@ class MediaOut(Protocol):
     """How a media transport writes to its wire (its :class:`MediaLink` calls these)."""
 
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
-        """Reply audio: ``event``'s chunk as PCM16 at ``rate``."""
+        """Reply audio: ``event``'s chunk as PCM16 at ``rate``; say so to the link
+        (:meth:`MediaLink.audio_queued`) if any of it will play."""
         ...
 
     async def write_event(self, event: ev.ServerEvent, data: bytes) -> None:
@@ -92,16 +90,14 @@ class MediaOut(Protocol):
 
 
 class MediaLink:
-    """One media transport's link to its live session: writer, playout and input path."""
+    """One media transport's link to its live session: writer, input path, and the
+    transport's playout reports to the session core."""
 
-    def __init__(
-        self, hub: Hub, kind: str, *, still_queued: Callable[[], bool] | None = None
-    ) -> None:
+    def __init__(self, hub: Hub, kind: str) -> None:
         self.hub = hub
         self.kind = kind  # metrics and log label
         # media transports are never resumed onto: replaced, they close without a word
         self.writer = QueuedWriter(hub, announce_replaced=False)
-        self.playout = MediaPlayout(still_queued)
         self.feed: InputFeed | None = None
 
     @property
@@ -120,7 +116,6 @@ class MediaLink:
         """Open a session for this transport and apply ``patch`` (a session.update)."""
         session = await handshake.open_session(self.hub, self.writer, patch=patch)
         self.writer.session = session
-        session.core.talk_over.attach(self.playout)
         self.feed = InputFeed(session)
         handshake.outcome(self.hub, f"{self.kind}_opened")
         return session
@@ -132,6 +127,22 @@ class MediaLink:
             session.apply(session.core.close(reason))
         else:
             self.writer.close(CloseCode.NORMAL, reason)
+
+    # ------------------------------------------------------------------ playout reports
+    def report(self, report: PlayoutReport) -> None:
+        """Tell the session core how the far end's playout stands."""
+        session = self.session
+        if session is not None:
+            session.report_playout(report)
+
+    def audio_queued(self, item_id: str) -> None:
+        """The far end was handed audio of ``item_id`` to play (it reports it played)."""
+        self.report(Queued(item_id))
+
+    def audio_played(self, item_id: str, ms: float, queued_ms: float) -> None:
+        """The far end played ``item_id`` through ``ms`` (as heard) and holds ``queued_ms``
+        more it has not played."""
+        self.report(Played(item_id, ms, queued_ms))
 
     async def run_writer(self, out: MediaOut) -> None:
         """The transport's writer task, writing to ``out`` (held by the task alone: the
@@ -159,9 +170,8 @@ class MediaWire:
             if item.epoch is not None and item.epoch < session.core.epoch:
                 session.metrics.stale_dropped.labels("writer").inc()
                 return False
-            pcm, rate = decode_audio(session, event)
-            self.link.playout.sent(event)
-            await self.out.write_audio(event, pcm, rate)
+            rate = session.core.config.output_format.rate
+            await self.out.write_audio(event, item.pcm, rate)
             return True
         data = session.next_frame(item)
         if data is None:
@@ -174,23 +184,13 @@ class MediaWire:
         return True
 
     async def barge_in(self) -> None:
-        """Flush what the far end has not played and truncate the item to what it heard."""
+        """Flush what the far end has not played and say so; the session core truncates
+        the item to what was heard."""
         link = self.link
         await self.out.flush_playout()
         if link.feed is not None:
             link.feed.flush_echo()
-        if link.session is None:
-            return
-        cut = link.playout.cut()
-        if cut is not None:
-            item, played = cut
-            truncate = {
-                "type": "conversation.item.truncate",
-                "item_id": item,
-                "content_index": 0,
-                "audio_end_ms": played,
-            }
-            link.session.receive_text(json.dumps(truncate))
+        link.report(Flushed())
 
     async def finish(self, code: int, reason: str) -> None:
         await self.out.hang_up(code, reason)
@@ -201,12 +201,3 @@ class MediaWire:
 
     def writer_done(self) -> None:
         """Nothing more to do: the transport ends with its own tasks."""
-
-
-def decode_audio(session: LiveSession, event: ev.AudioDelta) -> tuple[bytes, int]:
-    """An audio delta's PCM16 and rate, decoded from the session's output format."""
-    fmt = session.core.config.output_format
-    data = base64.b64decode(event.delta)
-    if fmt.codec != "pcm16":
-        data = g711_to_pcm16(data, fmt.codec)
-    return data, fmt.rate

@@ -3,13 +3,30 @@
 After each chunk of reply audio the server sends a ``mark`` named ``<item_id>:<end_ms>``:
 where the chunk ends in the item's audio as sent, counted in samples (not the engine's ms:
 the resampler to 8 kHz holds some back, unevenly), so that its echo never claims more than
-the caller heard. Twilio echoes a mark once the audio before it has played. A ``clear``
-(barge-in) drops what Twilio buffered, but Twilio still echoes the marks of the cleared
-audio: those were never heard and are ignored. A mark may also carry the echo canceller's
-playout position of its chunk, handed back when it echoes.
+the caller heard. Twilio echoes a mark once the audio before it has played: the echo says
+how far the item played and how much of it was sent after (what Twilio still holds of it),
+the transport's ``Played`` report to the session core
+(:mod:`duplex_server.protocol.playout`). A ``clear`` (barge-in) drops what Twilio buffered,
+but Twilio still echoes the marks of the cleared audio: those were never heard and are
+ignored. A mark may also carry the echo canceller's playout position of its chunk, handed
+back when it echoes.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class MarkEcho:
+    """A heard mark: ``item_id`` played through ``played_ms`` (as sent, in samples) and
+    ``queued_ms`` more of it was sent after; ``position``: the echo canceller's playout
+    position the mark carried, if any."""
+
+    item_id: str
+    played_ms: float
+    queued_ms: float
+    position: int | None
 
 
 class TwilioMarks:
@@ -19,35 +36,38 @@ class TwilioMarks:
         self.sent = 0
         self.echoed = 0
         self.clears = 0
+        self.item: str | None = None  # the item whose audio was sent last (a clear drops it)
         self._cleared: set[str] = set()  # items cleared: their late marks are ignored
         self._position: dict[str, int] = {}  # mark name -> playout position (echo control)
         self._sent_end: dict[str, float] = {}  # item -> ms of its audio sent (samples)
 
-    def next(self, item_id: str, nbytes: int, rate: int) -> tuple[str, int]:
+    def next(self, item_id: str, nbytes: int, rate: int) -> str:
         """A chunk of ``nbytes`` of PCM16 at ``rate`` of ``item_id`` is sent: the name of its
-        mark and the ms of the item's audio sent through it."""
+        mark (where the item's audio sent ends with it, in whole ms)."""
         end = self._sent_end.get(item_id, 0.0) + nbytes / (2 * rate) * 1000
         self._sent_end[item_id] = end
-        end_ms = round(end)
+        self.item = item_id
         self.sent += 1
-        return f"{item_id}:{end_ms}", end_ms
+        return f"{item_id}:{round(end)}"
 
     def hold_position(self, name: str, position: int) -> None:
         """The echo canceller's playout position at the end of mark ``name``'s chunk."""
         if position:
             self._position[name] = position
 
-    def clear(self, item_id: str | None) -> None:
-        """A ``clear`` is sent: ``item_id``'s later marks were never heard."""
-        if item_id is not None:
-            self._cleared.add(item_id)
+    def clear(self) -> None:
+        """A ``clear`` is sent: the later marks of the item sent last were never heard."""
+        if self.item is not None:
+            self._cleared.add(self.item)
+            self.item = None
         self._position.clear()
         self.clears += 1
 
-    def echo(self, name: str, item_id: str) -> tuple[bool, int | None]:
-        """Twilio echoed mark ``name`` (of ``item_id``): whether it was heard (not cleared)
-        and the echo canceller's playout position it holds, if any."""
+    def echo(self, name: str, item_id: str, end_ms: float) -> MarkEcho | None:
+        """Twilio echoed mark ``name`` (of ``item_id``, ending at ``end_ms``): what it says,
+        or None if its audio was cleared (never heard)."""
         self.echoed += 1
         if item_id in self._cleared:
-            return False, None
-        return True, self._position.pop(name, None)
+            return None
+        queued_ms = round(self._sent_end.get(item_id, end_ms)) - end_ms
+        return MarkEcho(item_id, end_ms, queued_ms, self._position.pop(name, None))

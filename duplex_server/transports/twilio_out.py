@@ -5,8 +5,10 @@ audio goes out as ``media`` (the delta's own base64 mu-law), each chunk followed
 ``mark`` named where it ends in the item's audio as sent
 (:class:`~duplex_server.transports.twilio_marks.TwilioMarks`); a barge-in sends ``clear``;
 other server events are only logged when they are errors (Twilio has no channel for them).
-When Twilio echoes a mark, the caller has heard the audio before it: the link's playout
-learns how far the item played, and the echo canceller how far its reference played.
+It reports playout to the session core through its link: each chunk sent is ``Queued``;
+when Twilio echoes a mark, the caller has heard the audio before it: ``Played`` (how far the
+item played and how much of it Twilio still holds), and the echo canceller learns how far
+its reference played.
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ class TwilioOut:
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
         sid = self.stream_sid
         await self.send(wire.SendMedia(streamSid=sid, media=wire.OutMedia(event.delta)))
+        self.link.audio_queued(event.item_id)  # its mark's echo reports it played
         # the mark names where this chunk ends in the item's audio as sent, so that its
-        # echo never claims more than the caller heard; playout is pending until it echoes
-        name, end_ms = self.marks.next(event.item_id, len(pcm), rate)
-        self.link.playout.sent_through(event.item_id, float(end_ms))
+        # echo never claims more than the caller heard
+        name = self.marks.next(event.item_id, len(pcm), rate)
         feed = self.link.feed
         if feed is not None:
             self.marks.hold_position(name, feed.reference(pcm, rate))
@@ -55,7 +57,7 @@ class TwilioOut:
         log.warning("twilio %s: %s", self.stream_sid, data.decode(errors="replace"))
 
     async def flush_playout(self) -> None:
-        self.marks.clear(self.link.playout.item)
+        self.marks.clear()
         await self.send(wire.Clear(streamSid=self.stream_sid))
 
     def audio_done(self, response_id: str) -> None:
@@ -71,10 +73,10 @@ class TwilioOut:
         """Twilio played the audio before a mark we sent (raises ``Malformed`` if the mark
         is not one of ours)."""
         item, end_ms = msg.position()
-        heard, position = self.marks.echo(msg.mark.name, item)
-        if not heard:
+        echo = self.marks.echo(msg.mark.name, item, end_ms)
+        if echo is None:
             return  # Twilio echoes the marks of cleared audio: it was never heard
-        self.link.playout.played(item, end_ms)
+        self.link.audio_played(echo.item_id, echo.played_ms, echo.queued_ms)
         feed = self.link.feed
-        if position is not None and feed is not None:
-            feed.played_through(position)
+        if echo.position is not None and feed is not None:
+            feed.played_through(echo.position)

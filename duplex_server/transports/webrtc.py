@@ -22,8 +22,8 @@ played.
 One :class:`WebRtcCall` per call holds its peer connection
 (:class:`~duplex_server.transports.webrtc_peer.WebRtcPeer`: SDP, data channel, microphone),
 its reply track, and its link to the session
-(:class:`~duplex_server.transports.media.MediaLink`: writer, playout, input path); the call
-routes between them. :func:`routes` serves the HTTP side.
+(:class:`~duplex_server.transports.media.MediaLink`: writer, input path, playout reports);
+the call routes between them. :func:`routes` serves the HTTP side.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class WebRtcCall:
             ice_servers=s.webrtc_ice_servers,
             host_addresses=s.webrtc_host_addresses,
         )
-        self.link = MediaLink(hub, "webrtc", still_queued=self.track.has_queued)
+        self.link = MediaLink(hub, "webrtc")
 
     @property
     def session(self) -> LiveSession | None:
@@ -106,12 +106,13 @@ class WebRtcCall:
         if self.link.feed is not None:
             self.link.feed.reference(pcm, TRACK_RATE)
 
-    def audio_played(self, item_id: str, ms: float) -> None:
-        self.link.playout.played(item_id, ms)
+    def audio_played(self, item_id: str, ms: float, queued_ms: float) -> None:
+        self.link.audio_played(item_id, ms, queued_ms)
 
     # ------------------------------------------------------------------ out (MediaOut)
     async def write_audio(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
-        self.track.enqueue(event, pcm, rate)
+        if self.track.enqueue(event, pcm, rate):  # (the track reports it as it plays)
+            self.link.audio_queued(event.item_id)
 
     def audio_done(self, response_id: str) -> None:
         self.track.finish(response_id)

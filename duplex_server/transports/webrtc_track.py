@@ -4,8 +4,9 @@
 (resampled to 48 kHz), and aiortc pulls a frame every 20 ms (:meth:`ReplyTrack.recv`, paced
 by the track's own clock), silence between replies. As it plays, the track tells its
 :class:`TrackListener` (the call): ``output_audio_buffer.started`` / ``.stopped`` when a
-response's audio begins and ends playing, how far each item has played, and the PCM played
-(the echo canceller's reference). A barge-in flushes the queue at once.
+response's audio begins and ends playing, how far each item has played and how much audio
+still waits on the track (the call reports both to the session core: ``Played``), and the PCM
+played (the echo canceller's reference). A barge-in flushes the queue at once.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from duplex_server.protocol import events as ev
 TRACK_RATE = 48000
 PTIME_S = 0.02
 TRACK_FRAME = int(TRACK_RATE * PTIME_S)  # 960 samples
+BYTES_PER_MS = TRACK_RATE / 500  # PCM16 mono
 
 
 class TrackListener(Protocol):
@@ -39,8 +41,8 @@ class TrackListener(Protocol):
         """One frame of PCM16 at ``TRACK_RATE`` went out (silence included)."""
         ...
 
-    def audio_played(self, item_id: str, ms: float) -> None:
-        """``item_id`` has played through ``ms``."""
+    def audio_played(self, item_id: str, ms: float, queued_ms: float) -> None:
+        """``item_id`` has played through ``ms``; ``queued_ms`` more waits on the track."""
         ...
 
 
@@ -64,11 +66,13 @@ class ReplyTrack(MediaStreamTrack):
         self.queue: deque[TrackChunk] = deque()
         self.playing: str | None = None  # response whose audio is on the track
         self.done: set[str] = set()  # responses whose audio has all been queued
+        self.queued_bytes = 0  # of the queue, not yet played
         self._resamplers: dict[int, StreamResampler] = {}
         self._start = 0.0
         self._pts = 0
 
-    def enqueue(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> None:
+    def enqueue(self, event: ev.AudioDelta, pcm: bytes, rate: int) -> bool:
+        """Queue the audio to play; False if the resampler held all of it back."""
         if rate != TRACK_RATE:
             res = self._resamplers.get(rate)
             if res is None:
@@ -78,6 +82,8 @@ class ReplyTrack(MediaStreamTrack):
             self.queue.append(
                 TrackChunk(event.response_id, event.item_id, event.audio_start_ms, pcm)
             )
+            self.queued_bytes += len(pcm)
+        return bool(pcm)
 
     def finish(self, response_id: str) -> None:
         """The response's audio is all queued: drain the resamplers' tails into it."""
@@ -87,16 +93,14 @@ class ReplyTrack(MediaStreamTrack):
             tail = res.flush()
             if tail and last is not None and last.response_id == response_id:
                 last.pcm += tail
+                self.queued_bytes += len(tail)
         self._resamplers.clear()
-
-    def has_queued(self) -> bool:
-        """Audio waits on the track to be played."""
-        return bool(self.queue)
 
     def flush(self) -> bool:
         """Barge-in: drop everything not yet played; True if audio was dropped."""
         had = bool(self.queue)
         self.queue.clear()
+        self.queued_bytes = 0
         self._resamplers.clear()
         self.playing = None
         return had
@@ -130,7 +134,9 @@ class ReplyTrack(MediaStreamTrack):
             part = chunk.pcm[chunk.offset : chunk.offset + nbytes - len(out)]
             out += part
             chunk.offset += len(part)
-            listener.audio_played(chunk.item_id, chunk.start_ms + chunk.offset / (TRACK_RATE / 500))
+            self.queued_bytes -= len(part)
+            played_ms = chunk.start_ms + chunk.offset / BYTES_PER_MS
+            listener.audio_played(chunk.item_id, played_ms, self.queued_bytes / BYTES_PER_MS)
             if chunk.offset >= len(chunk.pcm):
                 self.queue.popleft()
         playing = self.playing

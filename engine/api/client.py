@@ -1,44 +1,45 @@
-"""AsyncEngine: the engine's proxy in the server's event loop (see docs/engine.md).
+"""The engine's clients in the server's event loop (see docs/engine.md): :class:`EngineClient`,
+what both are, and :class:`AsyncEngine`, the engine in this process.
 
-Three janus queues connect it to the orchestrator thread: requests (server -> engine),
-outputs (session events and batch items) and rpc (control results). The class is built in
-layers by job: engine/api/client_core.py holds its state, the RPC router and the engine's death,
-engine/api/client_calls.py the typed control calls, and this module the lifecycle, the session
-and batch streams and the figures.
+A client is three parts it holds, each with one job: its :class:`~engine.api.inbox.EngineInbox`
+(control-call waiters, session and batch mailboxes, the engine's death), its link, the
+transport to the engine (:class:`EngineLink`: janus queues to the orchestrator thread,
+engine/api/inprocess.py, or a socket to an engine process, engine/api/remote_client.py), and
+its :class:`Figures`. Every control call goes through one method, :meth:`EngineClient.call`,
+with a struct of :mod:`duplex_contract.control`; a fatal engine error fails every pending and
+later call and every stream with :class:`EngineDeadError`, whatever the transport.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import threading
+import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
-import janus
 from opentelemetry.trace import Tracer
 
 from duplex_contract.batch import BatchDone, BatchItem, BatchJob
-from duplex_contract.errors import EngineDeadError, EngineError
-from duplex_contract.events import SessionEvent, SessionLifecycle
-from engine.api.client_calls import EngineCalls
-from engine.api.client_core import _END
+from duplex_contract.control import ControlCall, ControlResult, OpenCall
+from duplex_contract.errors import ControlError, EngineDeadError
+from duplex_contract.events import SessionEvent
+from engine.api.inbox import EngineInbox
+from engine.api.inprocess import InProcessLink
 from engine.config import EngineConfig
 from engine.messages import (
     AbortRequest,
-    BatchOutput,
+    ControlRequest,
+    DetachRequest,
+    EngineRequest,
     GenerateRequest,
-    ShutdownRequest,
 )
 from engine.orchestration.orchestrator import Orchestrator
 from engine.orchestration.speculation import SpeculativeAsr
 from engine.spans import EngineTracing
 from engine.stage_figures import StageEngineFigures, stage_engine_figures
 from engine.stages.base import StageBackend
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,178 @@ class EngineStats:
     stage_engines: dict[str, StageEngineFigures] = field(default_factory=dict)
 
 
+class EngineLink(Protocol):
+    """The transport to the engine. What comes back goes to the client's inbox."""
+
+    @property
+    def open(self) -> bool:
+        """False once closed or lost."""
+        ...
+
+    def send(self, msg: EngineRequest) -> None:
+        """Send one request now (requests keep their order); RuntimeError once the engine
+        is gone."""
+        ...
+
+    def backlog(self) -> int:
+        """What waits to reach the engine (requests, or bytes on a socket)."""
+        ...
+
+    async def close(self) -> None:
+        """End the link; safe to call twice."""
+        ...
+
+
+class Figures(Protocol):
+    """The engine's figures: read off the orchestrator, or as an engine process pushed them."""
+
+    def stats(self) -> EngineStats:
+        """Engine-wide figures (``pending_calls`` is the client's own: filled in by it)."""
+        ...
+
+    def drain_stage_latencies(self) -> list[tuple[str, float]]:
+        """(stage, seconds to first output) of each stage request since the last drain."""
+        ...
+
+    def drain_stage_steps(self) -> list[tuple[str, int]]:
+        """(stage, batch size) of each step the batching stages ran since the last drain."""
+        ...
+
+    def drain_stage_waits(self) -> list[tuple[str, float]]:
+        """(stage, seconds from submit to the start of its work) since the last drain."""
+        ...
+
+    def drain_stage_decodes(self) -> list[tuple[str, float, float]]:
+        """(stage, decoder seconds, audio seconds) of each decoder step since the last drain."""
+        ...
+
+
+class EngineClient:
+    """The engine's API in the server's loop, over any link (see the module docstring)."""
+
+    def __init__(
+        self, config: EngineConfig, inbox: EngineInbox, link: EngineLink, figures: Figures
+    ) -> None:
+        self.config = config
+        self.inbox = inbox
+        self.link = link
+        self.figures = figures
+        self._shutdown_lock = asyncio.Lock()
+
+    @property
+    def ready(self) -> bool:
+        return self.link.open and self.inbox.dead is None
+
+    def on_dead(self, hook: Callable[[EngineDeadError], None]) -> None:
+        """Call ``hook`` (on this loop) once, when the engine dies or is shut down."""
+        self.inbox.on_dead(hook)
+
+    # ------------------------------------------------------------------ control calls
+    def submit(self, call: ControlCall) -> asyncio.Future[ControlResult]:
+        """Send one control call now (calls keep their order); its result arrives on the
+        future, ``ok`` False included. Raises :class:`EngineDeadError` if the engine is gone."""
+        if self.inbox.dead is not None:
+            raise self.inbox.dead
+        cid, fut = self.inbox.waiters.add()
+        try:
+            self.link.send(ControlRequest(control_id=cid, call=call))
+        except RuntimeError as exc:  # the engine is gone: the future fails with it
+            self.inbox.die(EngineDeadError(f"engine stopped: {exc}"))
+        return fut
+
+    async def call(self, call: ControlCall, wait_s: float | None = None) -> ControlResult:
+        """Make one control call; raise its error if ``ok`` is False. An opened session's
+        mailbox exists from then on (its events wait there until someone reads them)."""
+        fut = self.submit(call)
+        try:
+            # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as
+            # the result does, and a session's caller cancelled then never ended (its session
+            # stayed live in the front end for good)
+            async with asyncio.timeout(wait_s or self.config.control_timeout_s):
+                res = await fut
+        except TimeoutError:
+            raise ControlError("engine did not answer in time", code="deadline_exceeded") from None
+        if not res.ok:
+            assert res.error is not None
+            raise res.error.to_exc()
+        if isinstance(call, OpenCall):
+            assert res.session_id is not None
+            self.inbox.mailboxes.open_session(res.session_id)
+        return res
+
+    # ------------------------------------------------------------------ streams
+    def session_events(self, session_id: str) -> AsyncIterator[SessionEvent]:
+        """Typed events of one session; ends after SessionLifecycle(state='closed').
+
+        Events wait in the session's mailbox while nobody iterates, so a consumer that
+        stops (a dropped socket) and a new one (the resumed socket) see one unbroken stream.
+        """
+        return self.inbox.mailboxes.session_events(session_id)
+
+    async def generate(
+        self, job: BatchJob, request_id: str | None = None
+    ) -> AsyncIterator[BatchItem]:
+        """Run one batch job; yields its items and ends after BatchDone."""
+        rid = request_id or f"req_{uuid.uuid4().hex}"
+        boxes = self.inbox.mailboxes
+        boxes.open_batch(rid)
+        try:
+            self._send(GenerateRequest(request_id=rid, job=job))
+            while True:
+                out = await boxes.batch_output(rid)
+                if out.error is not None:
+                    raise out.error.to_exc()
+                assert out.item is not None
+                yield out.item
+                if isinstance(out.item, BatchDone):
+                    return
+        finally:
+            if boxes.close_batch(rid) and self.inbox.dead is None:
+                self._send(AbortRequest(request_id=rid))
+
+    async def abort(self, request_id: str) -> None:
+        self._send(AbortRequest(request_id=request_id))
+
+    def detach(self, session_ids: tuple[str, ...]) -> None:
+        """Detach sessions whose front end is gone (they expire after the grace period)."""
+        self._send(DetachRequest(session_ids=session_ids))
+
+    def _send(self, msg: EngineRequest) -> None:
+        if self.inbox.dead is not None:
+            raise self.inbox.dead
+        try:
+            self.link.send(msg)
+        except RuntimeError as exc:  # the engine is gone
+            self.inbox.die(EngineDeadError(f"engine stopped: {exc}"))
+            assert self.inbox.dead is not None
+            raise self.inbox.dead from None
+
+    # ------------------------------------------------------------------ figures
+    def stats(self) -> EngineStats:
+        """The engine's figures, with this client's own pending calls."""
+        return dataclasses.replace(self.figures.stats(), pending_calls=len(self.inbox.waiters))
+
+    def drain_stage_latencies(self) -> list[tuple[str, float]]:
+        return self.figures.drain_stage_latencies()
+
+    def drain_stage_steps(self) -> list[tuple[str, int]]:
+        return self.figures.drain_stage_steps()
+
+    def drain_stage_waits(self) -> list[tuple[str, float]]:
+        return self.figures.drain_stage_waits()
+
+    def drain_stage_decodes(self) -> list[tuple[str, float, float]]:
+        return self.figures.drain_stage_decodes()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def shutdown(self) -> None:
+        """End the link (in process: stop the orchestrator; a remote engine keeps running
+        for its other front ends) and fail every waiter and stream; safe to call twice."""
+        async with self._shutdown_lock:
+            await self.link.close()
+            self.inbox.die(EngineDeadError("engine shut down"))
+
+
 def _guesses(spec: SpeculativeAsr | None) -> dict[str, int]:
     """Speculative transcripts of pauses by outcome (engine/orchestration/speculation.py)."""
     if spec is None:
@@ -75,160 +248,23 @@ def _guesses(spec: SpeculativeAsr | None) -> dict[str, int]:
     }
 
 
-class AsyncEngine(EngineCalls):
-    """Create with ``await AsyncEngine.start(config)``; see docs/engine.md."""
+class OrchestratorFigures:
+    """The in-process engine's figures, read off its orchestrator when asked."""
 
-    # ------------------------------------------------------------------ lifecycle
-    @classmethod
-    async def start(
-        cls,
-        config: EngineConfig,
-        backends: Mapping[str, Sequence[StageBackend]] | None = None,
-        *,
-        tracer: Tracer | None = None,
-    ) -> AsyncEngine:
-        """``tracer``: record a span per stage request in the callers' traces
-        (engine/spans.py); None: no spans."""
-        self = cls(config)
-        await self._start(backends, tracer)
-        return self
+    def __init__(self, link: InProcessLink) -> None:
+        self.link = link
+        self.orchestrator = link.orchestrator
 
-    async def _start(
-        self, backends: Mapping[str, Sequence[StageBackend]] | None, tracer: Tracer | None
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        self._out = janus.Queue()
-        self._rpc = janus.Queue()
-        self._orch = Orchestrator(
-            self.config, self._out.sync_q, self._rpc.sync_q, backends, EngineTracing(tracer)
-        )
-        self._thread_done = loop.create_future()
-        done = self._thread_done
-
-        def finished() -> None:
-            if not done.done():
-                done.set_result(None)
-
-        def main() -> None:
-            assert self._orch is not None
-            try:
-                self._orch.run()
-            finally:
-                try:
-                    loop.call_soon_threadsafe(finished)
-                except RuntimeError:
-                    pass
-
-        self._thread = threading.Thread(target=main, name="engine-orchestrator", daemon=True)
-        self._thread.start()
-        try:
-            self._req = await asyncio.wrap_future(self._orch.started)
-        except BaseException:
-            await done
-            await self._close_queues()
-            raise
-        self._router = [
-            asyncio.create_task(self._route_rpc(), name="engine-rpc-router"),
-            asyncio.create_task(self._route_outputs(), name="engine-output-router"),
-        ]
-        self._ready = True
-
-    @property
-    def ready(self) -> bool:
-        return self._ready and self._dead is None
-
-    async def shutdown(self) -> None:
-        """Stop the orchestrator and unblock every waiter; safe to call twice."""
-        async with self._shutdown_lock:
-            if self._thread_done is None:
-                return
-            self._ready = False
-            if not self._thread_done.done() and self._req is not None:
-                try:
-                    self._req.put_nowait(ShutdownRequest())
-                except RuntimeError:
-                    pass
-                try:
-                    await asyncio.wait_for(asyncio.shield(self._thread_done), 15.0)
-                except TimeoutError:
-                    log.error("orchestrator did not stop within 15 s")
-            if self._thread is not None:
-                self._thread.join(timeout=1.0)
-            self._die(EngineDeadError("engine shut down"))
-            for task in self._router:
-                task.cancel()
-            await asyncio.gather(*self._router, return_exceptions=True)
-            self._router = []
-            await self._close_queues()
-            self._thread_done = None
-
-    async def _close_queues(self) -> None:
-        for q in (self._out, self._rpc):
-            if q is not None:
-                q.close()
-                await q.wait_closed()
-
-    # ------------------------------------------------------------------ streams
-    async def session_events(self, session_id: str) -> AsyncIterator[SessionEvent]:
-        """Typed events of one session; ends after SessionLifecycle(state='closed').
-
-        Events wait in the session's mailbox while nobody iterates, so a consumer that
-        stops (a dropped socket) and a new one (the resumed socket) see one unbroken stream.
-        """
-        box = self._mailbox(session_id)
-        closed = False
-        while True:
-            item = await box.get()
-            if item is _END:
-                if self._sessions.get(session_id) is box:
-                    del self._sessions[session_id]
-                if self._dead is not None and not closed:
-                    raise self._dead
-                return
-            if isinstance(item, SessionLifecycle) and item.state == "closed":
-                closed = True
-            yield item
-
-    async def generate(
-        self, job: BatchJob, request_id: str | None = None
-    ) -> AsyncIterator[BatchItem]:
-        """Run one batch job; yields its items and ends after BatchDone."""
-        rid = request_id or f"req_{uuid.uuid4().hex}"
-        box: asyncio.Queue[Any] = asyncio.Queue()
-        self._batches[rid] = box
-        try:
-            self._send(GenerateRequest(request_id=rid, job=job))
-            while True:
-                item = await box.get()
-                if item is _END:
-                    raise self._dead or EngineDeadError("engine stopped")
-                assert isinstance(item, BatchOutput)
-                if item.error is not None:
-                    raise item.error.to_exc()
-                assert item.item is not None
-                yield item.item
-                if isinstance(item.item, BatchDone):
-                    return
-        finally:
-            if self._batches.pop(rid, None) is not None and self._dead is None:
-                self._send(AbortRequest(request_id=rid))
-
-    async def abort(self, request_id: str) -> None:
-        self._send(AbortRequest(request_id=request_id))
-
-    # ------------------------------------------------------------------ observability
     def stats(self) -> EngineStats:
-        orch = self._orch
-        if orch is None:
-            raise EngineError("engine not started")
+        orch = self.orchestrator
         control = orch.control
         return EngineStats(
             sessions=control.counts(),
             admissions=dict(control.admissions),
             stale_chunks_dropped=orch.counters.stale_dropped,
-            request_queue_depth=self._req.qsize() if self._req is not None else 0,
-            output_queue_depth=self._out.sync_q.qsize() if self._out is not None else 0,
-            pending_calls=len(self._waiters),
+            request_queue_depth=self.link.backlog(),
+            output_queue_depth=self.link.output_backlog(),
+            pending_calls=0,
             stage_restarts={
                 name: sum(r.restarts for r in pool.replicas) for name, pool in orch.pools.items()
             },
@@ -240,17 +276,37 @@ class AsyncEngine(EngineCalls):
         )
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:
-        """(stage, batch size) of each step the batching stages ran since the last drain."""
-        return self._orch.counters.drain_steps() if self._orch is not None else []
+        return self.orchestrator.counters.drain_steps()
 
     def drain_stage_latencies(self) -> list[tuple[str, float]]:
-        """(stage, seconds to first output) of each stage request since the last drain."""
-        return self._orch.counters.drain_latencies() if self._orch is not None else []
+        return self.orchestrator.counters.drain_latencies()
 
     def drain_stage_waits(self) -> list[tuple[str, float]]:
-        """(stage, seconds from submit to the start of its work) since the last drain."""
-        return self._orch.counters.drain_waits() if self._orch is not None else []
+        return self.orchestrator.counters.drain_waits()
 
     def drain_stage_decodes(self) -> list[tuple[str, float, float]]:
-        """(stage, decoder seconds, audio seconds) of each decoder step since the last drain."""
-        return self._orch.counters.drain_decodes() if self._orch is not None else []
+        return self.orchestrator.counters.drain_decodes()
+
+
+class AsyncEngine(EngineClient):
+    """The engine in this process: its orchestrator thread, reached through janus queues.
+    Create with ``await AsyncEngine.start(config)``; see docs/engine.md."""
+
+    def __init__(self, config: EngineConfig, inbox: EngineInbox, link: InProcessLink) -> None:
+        super().__init__(config, inbox, link, OrchestratorFigures(link))
+        #: the engine's orchestrator (tests look inside it)
+        self.orchestrator: Orchestrator = link.orchestrator
+
+    @classmethod
+    async def start(
+        cls,
+        config: EngineConfig,
+        backends: Mapping[str, Sequence[StageBackend]] | None = None,
+        *,
+        tracer: Tracer | None = None,
+    ) -> AsyncEngine:
+        """Start the orchestrator and load the stages. ``tracer``: record a span per stage
+        request in the callers' traces (engine/spans.py); None: no spans."""
+        inbox = EngineInbox()
+        link = await InProcessLink.start(config, backends, EngineTracing(tracer), inbox)
+        return cls(config, inbox, link)

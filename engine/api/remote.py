@@ -47,7 +47,7 @@ from duplex_contract.errors import ConfigError, EngineDeadError, EngineError
 from duplex_contract.events import ErrorInfo, Msg
 from engine.api.client import AsyncEngine
 from engine.api.remote_wire import (
-    _FRONT_DECODER,
+    FRONT_DECODER,
     MAX_FRAME,
     PROTOCOL,
     Hello,
@@ -62,7 +62,6 @@ from engine.messages import (
     AbortRequest,
     BatchOutput,
     ControlRequest,
-    DetachRequest,
     EngineFatal,
     GenerateRequest,
     SessionOutput,
@@ -191,7 +190,7 @@ class EngineServer:
         conn: _Conn | None = None
         try:
             body = await asyncio.wait_for(read_frame(reader), 10.0)
-            hello = _FRONT_DECODER.decode(body) if body is not None else None
+            hello = FRONT_DECODER.decode(body) if body is not None else None
             if not isinstance(hello, Hello) or hello.protocol != PROTOCOL:
                 writer.write(frame(Refused(message=f"expected hello, protocol {PROTOCOL}")))
                 return
@@ -207,7 +206,7 @@ class EngineServer:
             self._send(conn, StatsPush(stats=engine.stats()))  # figures from the start
             log.info("front end %s attached (%d attached)", conn.name, len(self._conns))
             while (body := await read_frame(reader)) is not None:
-                self._dispatch(conn, engine, _FRONT_DECODER.decode(body))
+                self._dispatch(conn, engine, FRONT_DECODER.decode(body))
         except (ConnectionError, TimeoutError, msgspec.DecodeError, OSError) as exc:
             log.warning("front end %s: %s", conn.name if conn else "?", exc)
         finally:
@@ -238,14 +237,14 @@ class EngineServer:
         engine = self.engine
         if owned and engine is not None and engine.ready:
             with contextlib.suppress(EngineError):
-                engine._send(DetachRequest(session_ids=tuple(owned)))
+                engine.detach(tuple(owned))
         conn.writer.close()
         log.info("front end %s detached (%s): %d sessions detached", conn.name, why, len(owned))
 
     def _dispatch(self, conn: _Conn, engine: AsyncEngine, msg: Any) -> None:
         if isinstance(msg, ControlRequest):
             try:
-                gid, fut = engine.submit_call(msg.call)
+                fut = engine.submit(msg.call)
             except EngineError as exc:
                 self._send(
                     conn,
@@ -254,7 +253,7 @@ class EngineServer:
                     ),
                 )
                 return
-            task = asyncio.create_task(self._answer(conn, engine, msg, gid, fut))
+            task = asyncio.create_task(self._answer(conn, engine, msg, fut))
             conn.calls.add(task)
             task.add_done_callback(conn.calls.discard)
         elif isinstance(msg, GenerateRequest):
@@ -272,15 +271,12 @@ class EngineServer:
         conn: _Conn,
         engine: AsyncEngine,
         msg: ControlRequest,
-        gid: int,
         fut: asyncio.Future[ControlResult],
     ) -> None:
         try:
             res = await fut
         except EngineError as exc:
-            res = ControlResult(control_id=gid, ok=False, error=ErrorInfo.from_exc(exc))
-        finally:
-            engine._waiters.pop(gid, None)
+            res = ControlResult(control_id=msg.control_id, ok=False, error=ErrorInfo.from_exc(exc))
         sid = res.session_id
         owns = isinstance(msg.call, OpenCall) or (
             isinstance(msg.call, ResumeCall) and not msg.call.peek

@@ -1,21 +1,26 @@
-"""The front end's :class:`RemoteEngine`: the :class:`engine.api.client.AsyncEngine` API over a
-socket to an engine process (engine/api/remote.py). Public client API: the server imports it."""
+"""The front end's :class:`RemoteEngine`: the engine client (:class:`EngineClient`, the API of
+the in-process :class:`~engine.api.client.AsyncEngine`) over a socket to an engine process
+(engine/api/remote.py). Public client API: the server imports it.
+
+Its link is :class:`SocketLink` (frames of engine/api/remote_wire.py on one stream socket; a
+reader task hands what arrives to the client's inbox) and its figures are
+:class:`PushedFigures`, the last the engine pushed.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import replace
-from typing import Any
 
 import msgspec
 
 from duplex_contract.control import ControlResult
 from duplex_contract.errors import EngineDeadError, EngineError
-from engine.api.client import AsyncEngine, EngineStats
+from engine.api.client import EngineClient, EngineStats
+from engine.api.inbox import EngineInbox
 from engine.api.remote import Address, parse_address
 from engine.api.remote_wire import (
-    _ENGINE_DECODER,
+    ENGINE_DECODER,
     MAX_FRAME,
     PROTOCOL,
     Hello,
@@ -26,127 +31,35 @@ from engine.api.remote_wire import (
     read_frame,
 )
 from engine.config import EngineConfig
-from engine.messages import BatchOutput, EngineFatal, SessionOutput
+from engine.messages import BatchOutput, EngineFatal, EngineRequest, SessionOutput
+
+#: figures kept between two drains, per kind (the oldest go first)
+_KEPT = 10_000
 
 
-class _StreamSink:
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
-        self.closed = False
+class PushedFigures:
+    """The engine's figures as its process last pushed them (a few times a second)."""
 
-    def put_nowait(self, item: Any) -> None:
-        if self.closed or self.writer.is_closing():
-            raise RuntimeError("the engine connection is closed")
-        self.writer.write(frame(item))
-
-    def qsize(self) -> int:
-        return int(self.writer.transport.get_write_buffer_size())
-
-
-class RemoteEngine(AsyncEngine):
-    """The :class:`AsyncEngine` API over a socket to an engine process (a front end)."""
-
-    def __init__(self, config: EngineConfig, address: Address) -> None:
-        super().__init__(config)
-        self.address = address
-        self.engine_id = ""
-        self._writer: asyncio.StreamWriter | None = None
-        self._sink: _StreamSink | None = None
-        self._reader_task: asyncio.Task[None] | None = None
-        self._stats: EngineStats | None = None
+    def __init__(self, first: EngineStats | None = None) -> None:
+        self._stats = first
         self._latency: list[tuple[str, float]] = []
         self._steps: list[tuple[str, int]] = []
         self._waits: list[tuple[str, float]] = []
         self._decodes: list[tuple[str, float, float]] = []
 
-    @classmethod
-    async def connect(
-        cls, addr: str, *, name: str = "front-end", timeout_s: float = 30.0
-    ) -> RemoteEngine:
-        address = parse_address(addr)
-        try:
-            if address.kind == "unix":
-                opened = asyncio.open_unix_connection(address.path, limit=MAX_FRAME)
-            else:
-                opened = asyncio.open_connection(address.host, address.port, limit=MAX_FRAME)
-            reader, writer = await asyncio.wait_for(opened, timeout_s)
-        except (OSError, TimeoutError) as exc:
-            raise EngineDeadError(f"cannot reach the engine at {address}: {exc}") from None
-        writer.write(frame(Hello(protocol=PROTOCOL, name=name)))
-        try:
-            body = await asyncio.wait_for(read_frame(reader), timeout_s)
-            welcome = _ENGINE_DECODER.decode(body) if body is not None else None
-        except (ConnectionError, TimeoutError, msgspec.DecodeError) as exc:
-            writer.close()
-            raise EngineDeadError(f"engine at {address} did not welcome us: {exc}") from None
-        if not isinstance(welcome, Welcome):
-            writer.close()
-            why = welcome.message if isinstance(welcome, Refused) else "no welcome"
-            raise EngineDeadError(f"engine at {address} refused the connection: {why}")
-        self = cls(welcome.config, address)
-        self.engine_id = welcome.engine_id
-        try:  # the engine's figures follow the welcome at once
-            body = await asyncio.wait_for(read_frame(reader), timeout_s)
-            first = _ENGINE_DECODER.decode(body) if body is not None else None
-        except (ConnectionError, TimeoutError, msgspec.DecodeError) as exc:
-            writer.close()
-            raise EngineDeadError(f"engine at {address} went away: {exc}") from None
-        if isinstance(first, StatsPush):
-            self._stats = first.stats
-        self._writer = writer
-        self._sink = _StreamSink(writer)
-        self._req = self._sink
-        self._reader_task = asyncio.create_task(self._read(reader), name="engine-reader")
-        self._ready = True
-        return self
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        why = "the engine process closed the connection"
-        try:
-            while (body := await read_frame(reader)) is not None:
-                msg = _ENGINE_DECODER.decode(body)
-                if isinstance(msg, ControlResult):
-                    self._on_rpc(msg)
-                elif isinstance(msg, StatsPush):
-                    self._stats = msg.stats
-                    self._latency.extend(msg.stage_latency)
-                    self._steps.extend(msg.stage_steps)
-                    self._waits.extend(msg.stage_waits)
-                    self._decodes.extend(msg.stage_decodes)
-                    del self._latency[:-10_000], self._steps[:-10_000]
-                    del self._waits[:-10_000], self._decodes[:-10_000]
-                elif isinstance(msg, SessionOutput | BatchOutput | EngineFatal):
-                    self._on_output(msg)
-        except (ConnectionError, OSError, msgspec.DecodeError) as exc:
-            why = f"lost the engine process connection: {exc}"
-        finally:
-            self._ready = False
-            if self._sink is not None:
-                self._sink.closed = True
-            self._die(EngineDeadError(f"{why} ({self.address})"))
-
-    async def shutdown(self) -> None:
-        """Detach from the engine (which keeps running for other front ends)."""
-        async with self._shutdown_lock:
-            self._ready = False
-            if self._sink is not None:
-                self._sink.closed = True
-            if self._writer is not None:
-                self._writer.close()
-                with contextlib.suppress(Exception):
-                    await self._writer.wait_closed()
-            if self._reader_task is not None:
-                self._reader_task.cancel()
-                await asyncio.gather(self._reader_task, return_exceptions=True)
-                self._reader_task = None
-            self._die(EngineDeadError("engine shut down"))
+    def push(self, msg: StatsPush) -> None:
+        self._stats = msg.stats
+        self._latency.extend(msg.stage_latency)
+        self._steps.extend(msg.stage_steps)
+        self._waits.extend(msg.stage_waits)
+        self._decodes.extend(msg.stage_decodes)
+        del self._latency[:-_KEPT], self._steps[:-_KEPT]
+        del self._waits[:-_KEPT], self._decodes[:-_KEPT]
 
     def stats(self) -> EngineStats:
-        """The engine's figures as last pushed (a few times a second), with this front
-        end's own pending calls."""
         if self._stats is None:
             raise EngineError("no figures from the engine process yet")
-        return replace(self._stats, pending_calls=len(self._waiters))
+        return self._stats
 
     def drain_stage_latencies(self) -> list[tuple[str, float]]:
         out, self._latency = self._latency, []
@@ -165,4 +78,112 @@ class RemoteEngine(AsyncEngine):
         return out
 
 
-__all__ = ["RemoteEngine"]
+class SocketLink:
+    """One stream socket to an engine process: requests out as frames, and a reader task
+    that hands results, events, batch items and the fatal error to the inbox and the
+    figures pushes to :class:`PushedFigures`. A broken socket is the engine's death."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        inbox: EngineInbox,
+        figures: PushedFigures,
+        address: Address,
+    ) -> None:
+        self.inbox = inbox
+        self.figures = figures
+        self.address = address
+        self._writer = writer
+        self._closed = False
+        self._reader = asyncio.create_task(self._read(reader), name="engine-reader")
+
+    @property
+    def open(self) -> bool:
+        return not self._closed
+
+    def send(self, msg: EngineRequest) -> None:
+        if self._closed or self._writer.is_closing():
+            raise RuntimeError("the engine connection is closed")
+        self._writer.write(frame(msg))
+
+    def backlog(self) -> int:
+        return int(self._writer.transport.get_write_buffer_size())
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        why = "the engine process closed the connection"
+        try:
+            while (body := await read_frame(reader)) is not None:
+                msg = ENGINE_DECODER.decode(body)
+                if isinstance(msg, StatsPush):
+                    self.figures.push(msg)
+                elif isinstance(msg, ControlResult | SessionOutput | BatchOutput | EngineFatal):
+                    self.inbox.receive(msg)
+        except (ConnectionError, OSError, msgspec.DecodeError) as exc:
+            why = f"lost the engine process connection: {exc}"
+        finally:
+            self._closed = True
+            self.inbox.die(EngineDeadError(f"{why} ({self.address})"))
+
+    async def close(self) -> None:
+        """Detach from the engine (which keeps running for other front ends)."""
+        self._closed = True
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
+class RemoteEngine(EngineClient):
+    """The engine client over a socket to an engine process (a front end); create with
+    ``await RemoteEngine.connect(addr)``."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        inbox: EngineInbox,
+        link: SocketLink,
+        engine_id: str,
+    ) -> None:
+        super().__init__(config, inbox, link, link.figures)
+        self.address = link.address
+        self.engine_id = engine_id
+
+    @classmethod
+    async def connect(
+        cls, addr: str, *, name: str = "front-end", timeout_s: float = 30.0
+    ) -> RemoteEngine:
+        address = parse_address(addr)
+        try:
+            if address.kind == "unix":
+                opened = asyncio.open_unix_connection(address.path, limit=MAX_FRAME)
+            else:
+                opened = asyncio.open_connection(address.host, address.port, limit=MAX_FRAME)
+            reader, writer = await asyncio.wait_for(opened, timeout_s)
+        except (OSError, TimeoutError) as exc:
+            raise EngineDeadError(f"cannot reach the engine at {address}: {exc}") from None
+        writer.write(frame(Hello(protocol=PROTOCOL, name=name)))
+        try:
+            body = await asyncio.wait_for(read_frame(reader), timeout_s)
+            welcome = ENGINE_DECODER.decode(body) if body is not None else None
+        except (ConnectionError, TimeoutError, msgspec.DecodeError) as exc:
+            writer.close()
+            raise EngineDeadError(f"engine at {address} did not welcome us: {exc}") from None
+        if not isinstance(welcome, Welcome):
+            writer.close()
+            why = welcome.message if isinstance(welcome, Refused) else "no welcome"
+            raise EngineDeadError(f"engine at {address} refused the connection: {why}")
+        try:  # the engine's figures follow the welcome at once
+            body = await asyncio.wait_for(read_frame(reader), timeout_s)
+            first = ENGINE_DECODER.decode(body) if body is not None else None
+        except (ConnectionError, TimeoutError, msgspec.DecodeError) as exc:
+            writer.close()
+            raise EngineDeadError(f"engine at {address} went away: {exc}") from None
+        figures = PushedFigures(first.stats if isinstance(first, StatsPush) else None)
+        inbox = EngineInbox()
+        link = SocketLink(reader, writer, inbox, figures, address)
+        return cls(welcome.config, inbox, link, welcome.engine_id)
+
+
+__all__ = ["PushedFigures", "RemoteEngine", "SocketLink"]

@@ -56,8 +56,8 @@ FrontMessage = Hello | ControlRequest | GenerateRequest | AbortRequest
 EngineMessage = (
     Welcome | Refused | ControlResult | SessionOutput | BatchOutput | EngineFatal | StatsPush
 )
-_FRONT_DECODER = msgspec.msgpack.Decoder(FrontMessage)
-_ENGINE_DECODER = msgspec.msgpack.Decoder(EngineMessage)
+FRONT_DECODER = msgspec.msgpack.Decoder(FrontMessage)
+ENGINE_DECODER = msgspec.msgpack.Decoder(EngineMessage)
 _ENCODER = msgspec.msgpack.Encoder()
 
 

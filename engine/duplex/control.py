@@ -7,16 +7,20 @@ never awaits, never reads the clock and touches no queue, so every rule is unit-
 property-testable; the orchestrator thread is its only caller, so calls of one session run
 in arrival order and no session ever waits on another. The one exception is
 :meth:`DuplexControl.counts` (metrics, from the server thread): it reads the session table
-under :attr:`DuplexControl.table_lock`, which every insert and removal also holds.
+under the table's lock, which every insert and removal also holds.
 
-By job, as a chain of layers: the session table, open, resume and close in
-engine/duplex/control_core.py; the orchestrator's hooks (turn queue, lease reaper, detach,
-counts) in control_hooks.py; cancels and epoch advances in control_epochs.py; append,
-commit, touch and signals in control_input.py; the dispatch, the fence and lease checks and
-the operation_id cache here. The orchestrator's effects are in engine/duplex/effects.py.
+It holds its parts, each with one job: the session table (engine/duplex/table.py), the
+sessions' lifecycle (lifecycle.py: open, resume, close, expiry, detach), input sequencing
+(sequencer.py: append and commit); it uses the epoch rules (epochs.py: cancels and new epochs),
+the other calls (signals.py: touch, pause, resume, item.delete, session.update), the fence
+checks (fence.py), each session's operation-id cache (operations.py) and the replica
+(replica.py). Here: the dispatch, the fence and lease checks and the orchestrator's hooks.
+The orchestrator's effects are in engine/duplex/effects.py.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from duplex_contract.control import (
     AppendCall,
@@ -32,16 +36,38 @@ from duplex_contract.control import (
 )
 from duplex_contract.errors import ControlError
 from duplex_contract.events import ErrorInfo
-from engine.duplex import replica
-from engine.duplex.control_core import _err
-from engine.duplex.control_epochs import CANCEL_REASONS
-from engine.duplex.control_input import ControlInput
+from duplex_contract.fence import Fence
+from engine.config import DuplexRuntimeConfig
+from engine.duplex import epochs, replica, signals
 from engine.duplex.effects import Effects
-from engine.duplex.session import digest_of
+from engine.duplex.fence import check_fresh, check_lease
+from engine.duplex.lifecycle import Lifecycle
+from engine.duplex.operations import digest_of
+from engine.duplex.sequencer import InputSequencer
+from engine.duplex.session import DuplexSession, TurnJob
+from engine.duplex.table import SessionTable
 
 
-class DuplexControl(ControlInput):
-    """The control plane's entry point: :meth:`handle` takes every control call."""
+class DuplexControl:
+    """The control plane's entry point: :meth:`handle` takes every control call; the
+    orchestrator's hooks (the turn queue, the reaper, detach, counts) are below it."""
+
+    def __init__(self, config: DuplexRuntimeConfig, default_instructions: str = "") -> None:
+        self.config = config
+        self.default_instructions = default_instructions
+        self.table = SessionTable(config.max_sessions)
+        self.lifecycle = Lifecycle(config, self.table)
+        self.input = InputSequencer(config)
+
+    @property
+    def sessions(self) -> Mapping[str, DuplexSession]:
+        """Every session not yet finished, by id (open or closing)."""
+        return self.table.sessions
+
+    @property
+    def admissions(self) -> dict[str, int]:
+        """Sessions accepted and refused (at capacity) so far."""
+        return self.table.admissions
 
     # ------------------------------------------------------------------ dispatch
     def handle(
@@ -55,13 +81,13 @@ class DuplexControl(ControlInput):
             sid = call.fence.session_id
         try:
             if isinstance(call, OpenCall):
-                result = self._open(call, control_id, now)
+                result = self.lifecycle.open(call, control_id, now)
             elif isinstance(call, ResumeCall):
-                result = self._resume(call, control_id, now)
+                result = self.lifecycle.resume(call, control_id, now)
             elif isinstance(call, CloseCall):
-                result = self._close(call, control_id, now, effects)
+                result = self.lifecycle.close(call, control_id, effects)
             elif isinstance(call, ReplicaCall):
-                result = replica.keep(self, call, control_id)
+                result = replica.keep(self.table, call, control_id)
             else:
                 result = self._fenced(call, control_id, now, effects)
         except ControlError as exc:
@@ -73,7 +99,6 @@ class DuplexControl(ControlInput):
             )
         return result, effects
 
-    # ------------------------------------------------------------------ fenced calls
     def _fenced(
         self,
         call: AppendCall | CommitCall | SignalCall | TouchCall,
@@ -81,52 +106,76 @@ class DuplexControl(ControlInput):
         now: float,
         effects: Effects,
     ) -> ControlResult:
-        session = self._lookup(call.fence.session_id)
-        if call.lease_generation != session.lease.generation:
-            raise _err(
-                "stale_fence",
-                f"lease generation {call.lease_generation} is not current "
-                f"({session.lease.generation}): the session was resumed elsewhere",
-            )
+        """A call on an open session: the lease and operation-id checks, then the fence
+        (a newer epoch is adopted, an older fence refused; a cancel brings its own)."""
+        session = self.table.lookup(call.fence.session_id)
+        check_lease(call.lease_generation, session.lease.generation)
         op_id = None if isinstance(call, TouchCall) else call.operation_id
         digest = ""
         if op_id is not None:
             digest = digest_of(type(call).__name__, call)
-            cached = session.ops.get(op_id)
-            if cached is not None:
-                if cached.digest != digest:
-                    raise _err(
-                        "invalid_argument", f"operation_id {op_id} was used for a different call"
-                    )
-                return ControlResult(
-                    control_id=control_id,
-                    ok=True,
-                    session_id=cached.result.session_id,
-                    accepted_fence=cached.result.accepted_fence,
-                    lease_generation=cached.result.lease_generation,
-                    clamped_ms=cached.result.clamped_ms,
-                    deduplicated=True,
-                )
-        if isinstance(call, SignalCall) and call.event in CANCEL_REASONS:
-            result = self._cancel(session, call, control_id, now, effects)
+            replayed = session.ops.replay(op_id, digest, control_id)
+            if replayed is not None:
+                return replayed
+        if isinstance(call, SignalCall) and call.event in epochs.CANCEL_REASONS:
+            epochs.cancel(session, call, now, effects)
+            result = session.ok(control_id)
         else:
-            if call.fence.is_stale_against(session.fence):
-                raise _err(
-                    "stale_fence", f"stale fence {call.fence.key()} (current {session.fence.key()})"
-                )
+            check_fresh(call.fence, session.fence)
             if call.fence.epoch > session.fence.epoch:  # newer epoch: adopt it, drop the old work
-                self._advance(session, call.fence, "fence_advanced", effects)
+                epochs.advance(session, call.fence, "fence_advanced", effects)
             session.lease.activity(now)
             if isinstance(call, AppendCall):
-                result = self._append(session, call, control_id, effects)
+                result = self.input.append(session, call, control_id, effects)
             elif isinstance(call, CommitCall):
-                result = self._commit(session, call, control_id, effects)
+                result = self.input.commit(session, call, control_id, effects)
             elif isinstance(call, TouchCall):
-                result = self._touch(session, call, control_id, now)
+                result = signals.touch(session, call, control_id, now)
             else:
-                result = self._signal(session, call, control_id, effects)
+                result = signals.signal(session, call, control_id, effects)
         if op_id is not None and result.ok:
-            session.remember(
+            session.ops.remember(
                 op_id, type(call).__name__, digest, result, self.config.operation_cache
             )
         return result
+
+    # ------------------------------------------------------------------ orchestrator hooks
+    def next_job(self, session_id: str) -> TurnJob | None:
+        """The session's next queued turn becomes its running one (None: busy or none)."""
+        session = self.table.get(session_id)
+        if session is None or session.state != "open" or session.active is not None:
+            return None
+        if not session.jobs:
+            return None
+        session.active = session.jobs.popleft()
+        return session.active
+
+    def job_done(self, session_id: str, job: TurnJob, now: float) -> None:
+        session = self.table.get(session_id)
+        if session is None or session.active is not job:
+            return  # cancelled or closed meanwhile: already accounted for
+        session.active = None
+        session.lease.activity(now)
+
+    def is_current(self, fence: Fence) -> bool:
+        """May output tagged with ``fence`` still be delivered?"""
+        session = self.table.get(fence.session_id)
+        return (
+            session is not None and session.state == "open" and fence.epoch == session.fence.epoch
+        )
+
+    def tick(self, now: float, cleaning: set[str]) -> Effects:
+        """Reaper: warn, expire, and retry cleanups that are not running."""
+        return self.lifecycle.tick(now, cleaning)
+
+    def detach(self, session_id: str, now: float) -> bool:
+        """Detach a session whose front end is gone; False for an unknown or closing one."""
+        return self.lifecycle.detach(session_id, now)
+
+    def finish_close(self, session_id: str) -> Effects:
+        """The orchestrator finished aborting this session's work: free the slot."""
+        return self.lifecycle.finish_close(session_id)
+
+    def counts(self) -> dict[str, int]:
+        """Sessions by state; safe to call from another thread (metrics)."""
+        return self.table.counts()

@@ -1,10 +1,13 @@
-"""Fence rules as pure functions (the Fence itself is in :mod:`duplex_contract.fence`)."""
+"""Fence rules as pure functions (the Fence itself is in :mod:`duplex_contract.fence`): the
+session ids, the fence checks every fenced call passes, epoch merges and the stage request
+id prefixes of a session, an epoch and a draft."""
 
 from __future__ import annotations
 
 import re
 import uuid
 
+from duplex_contract.errors import ControlError
 from duplex_contract.fence import ROUTE_KEY as ROUTE_KEY
 from duplex_contract.fence import Fence
 from duplex_contract.fence import route_key_of as route_key_of
@@ -20,6 +23,24 @@ def new_session_id(route_key: str | None = None) -> str:
 
 def initial_fence(session_id: str) -> Fence:
     return Fence(session_id=session_id, epoch=0, turn_id=0, response_seq=0)
+
+
+def check_lease(generation: int, current: int) -> None:
+    """A call of an older lease generation comes from a replaced attachment: ``stale_fence``."""
+    if generation != current:
+        raise ControlError(
+            f"lease generation {generation} is not current ({current}): "
+            "the session was resumed elsewhere",
+            code="stale_fence",
+        )
+
+
+def check_fresh(fence: Fence, current: Fence) -> None:
+    """A fence older than the session's is refused: ``stale_fence``."""
+    if fence.is_stale_against(current):
+        raise ControlError(
+            f"stale fence {fence.key()} (current {current.key()})", code="stale_fence"
+        )
 
 
 def merge_forward(current: Fence, proposed: Fence) -> Fence:

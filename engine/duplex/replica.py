@@ -6,43 +6,36 @@ is in it and when it is sent). A front end asked to resume a session it does not
 (``ResumeCall(peek=True)``): it gets the current lease generation, the blob and the newest
 client input seq the engine has, checks the client's resume token against the blob, and
 then resumes with that generation (the usual compare and swap: of two front ends racing,
-one wins). The engine never reads the blob. Pure functions of the control plane's state,
-called by :class:`~engine.duplex.control.DuplexControl` (on the orchestrator thread).
+one wins). The engine never reads the blob. Pure functions of the control plane's session
+table, called by :class:`~engine.duplex.control.DuplexControl` and its
+:class:`~engine.duplex.lifecycle.Lifecycle` (on the orchestrator thread).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from duplex_contract.control import ControlResult, ReplicaCall
 from duplex_contract.errors import ControlError
+from engine.duplex.fence import check_lease
 from engine.duplex.session import DuplexSession
-
-if TYPE_CHECKING:
-    from engine.duplex.control_core import ControlCore
+from engine.duplex.table import SessionTable
 
 #: a replica over this is refused (it is the protocol state, not the conversation)
 MAX_REPLICA_BYTES = 64 * 1024
 
 
-def keep(control: ControlCore, call: ReplicaCall, control_id: int) -> ControlResult:
+def keep(table: SessionTable, call: ReplicaCall, control_id: int) -> ControlResult:
     """Store the owner's latest replica; a replaced owner's (older lease) is refused."""
-    session = control._lookup(call.fence.session_id)
-    if call.lease_generation != session.lease.generation:
-        raise ControlError(
-            f"lease generation {call.lease_generation} is not current "
-            f"({session.lease.generation}): the session was resumed elsewhere",
-            code="stale_fence",
-        )
+    session = table.lookup(call.fence.session_id)
+    check_lease(call.lease_generation, session.lease.generation)
     if len(call.state) > MAX_REPLICA_BYTES:
         raise ControlError(
             f"replica of {len(call.state)} bytes is over {MAX_REPLICA_BYTES}",
             code="invalid_argument",
         )
     session.replica = call.state
-    return control._ok(control_id, session)
+    return session.ok(control_id)
 
 
-def peek(control: ControlCore, session: DuplexSession, control_id: int) -> ControlResult:
+def peek(session: DuplexSession, control_id: int) -> ControlResult:
     """What a front end needs to take the session over; changes nothing."""
-    return control._ok(control_id, session, replica=session.replica, input_seq=session.last_seq)
+    return session.ok(control_id, replica=session.replica, input_seq=session.last_seq)

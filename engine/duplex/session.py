@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -12,6 +11,7 @@ from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings
 from duplex_contract.tools import ResponseOptions, ToolOutput
 from engine.duplex.lease import Lease
+from engine.duplex.operations import OperationCache
 from engine.orchestration.history import ConversationHistory
 
 SessionState = Literal["open", "closing", "closed"]
@@ -36,13 +36,6 @@ class TurnJob:
 
 
 @dataclass
-class CachedOp:
-    kind: str
-    digest: str
-    result: ControlResult
-
-
-@dataclass
 class DuplexSession:
     session_id: str
     config: SessionSettings
@@ -60,7 +53,7 @@ class DuplexSession:
     replica: bytes = b""  # the owning front end's state (engine/duplex/replica.py)
     jobs: deque[TurnJob] = field(default_factory=deque)
     active: TurnJob | None = None
-    ops: OrderedDict[str, CachedOp] = field(default_factory=OrderedDict)
+    ops: OperationCache = field(default_factory=OperationCache)  # by operation_id
     # played_ms reported per (turn_id, response_seq), and audio produced per response
     played: dict[tuple[int, int], float] = field(default_factory=dict)
 
@@ -104,16 +97,24 @@ class DuplexSession:
     def pending_turns(self) -> int:
         return len(self.jobs) + (1 if self.active is not None else 0)
 
-    def remember(self, op_id: str, kind: str, digest: str, result: ControlResult, cap: int) -> None:
-        self.ops[op_id] = CachedOp(kind, digest, result)
-        self.ops.move_to_end(op_id)
-        while len(self.ops) > cap:
-            self.ops.popitem(last=False)
-
-
-def digest_of(*parts: object) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for part in parts:
-        h.update(part if isinstance(part, bytes) else repr(part).encode())
-        h.update(b"\x00")
-    return h.hexdigest()
+    def ok(
+        self,
+        control_id: int,
+        *,
+        clamped_ms: float | None = None,
+        deduplicated: bool = False,
+        replica: bytes | None = None,
+        input_seq: int | None = None,
+    ) -> ControlResult:
+        """The call succeeded: the session's position and lease generation now."""
+        return ControlResult(
+            control_id=control_id,
+            ok=True,
+            session_id=self.session_id,
+            accepted_fence=self.fence,
+            lease_generation=self.lease.generation,
+            clamped_ms=clamped_ms,
+            deduplicated=deduplicated,
+            replica=replica,
+            input_seq=input_seq,
+        )

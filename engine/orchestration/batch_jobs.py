@@ -1,4 +1,5 @@
-"""Batch jobs (speech, chat, transcription) on the same pipeline, at batch priority.
+"""Batch jobs (speech, chat, transcription) on the same pipeline, at batch priority, and
+the table of those running (:class:`BatchJobs`).
 
 Each job takes its route: transcription -> ``transcribe``, speech -> ``speech``, chat ->
 ``voice`` when audio is asked for, else ``text`` (engine/orchestration/graph.py).
@@ -120,3 +121,38 @@ async def serve_batch(
     except Exception as exc:
         log.exception("batch request %s failed", rid)
         error("stage_failed", repr(exc))
+
+
+class BatchJobs:
+    """The batch requests running on the orchestrator's loop, by request id: each in a
+    task of its own (``serve_batch``) that an ``AbortRequest`` cancels. ``put`` takes their
+    outputs, ``abort(prefix)`` stops a cancelled one's stage requests."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        put: Callable[[BatchOutput], None],
+        abort: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self._pipeline = pipeline
+        self._put = put
+        self._abort = abort
+        self._running: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, msg: GenerateRequest) -> None:
+        task = asyncio.create_task(self._run(msg), name=f"batch:{msg.request_id}")
+        self._running[msg.request_id] = task
+
+    def cancel(self, request_id: str) -> None:
+        running = self._running.get(request_id)
+        if running is not None:
+            running.cancel()
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return list(self._running.values())
+
+    async def _run(self, msg: GenerateRequest) -> None:
+        try:
+            await serve_batch(self._pipeline, msg, self._put, self._abort)
+        finally:
+            self._running.pop(msg.request_id, None)

@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable, Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from duplex_contract.errors import StageError
 from duplex_contract.fence import Fence
 from duplex_contract.tools import ResponseOptions
 from engine.duplex.fence import draft_prefix
-from engine.orchestration.drafts import Draft, ResponsePlan, response_plan
+from engine.orchestration.drafts import (
+    Draft,
+    ResponsePlan,
+    plan_diff,
+    response_plan,
+    start_response,
+)
 from engine.orchestration.pipeline import LlmResult
 from engine.tasks import cancelling, reap
 
@@ -32,9 +39,7 @@ if TYPE_CHECKING:
     from engine.orchestration.scheduling import Scheduler
     from engine.orchestration.speculation import SpeculativeAsr
 
-#: (prefix, session id, plan, draft) -> the response; the orchestrator's, with the draft's
-#: held-output callbacks
-Respond = Callable[[str, str, ResponsePlan, Draft], Awaitable[LlmResult]]
+log = logging.getLogger(__name__)
 
 
 class DraftBook:
@@ -50,7 +55,6 @@ class DraftBook:
         counters: Counters,
         *,
         route_of: Callable[[str], str],
-        respond: Respond,
         abort: Callable[[str, str], None],
         track: Callable[[asyncio.Task[Any]], None],
     ) -> None:
@@ -61,7 +65,6 @@ class DraftBook:
         self.sessions = sessions
         self.counters = counters
         self._route_of = route_of
-        self._respond = respond
         self._abort = abort
         self._track = track
         self.drafts: dict[str, Draft] = {}
@@ -155,11 +158,27 @@ class DraftBook:
         ):
             return None
         draft.plan = response_plan(self.config, session, ResponseOptions(), pending_user=heard)
-        return await self._respond(draft.prefix, draft.session_id, draft.plan, draft)
+        return await start_response(
+            self.pipeline,
+            draft.prefix,
+            draft.session_id,
+            draft.plan,
+            on_text=draft.on_text,
+            on_chunk=draft.on_chunk,
+            on_call=draft.on_call,
+        )
 
-    def pop(self, sid: str) -> Draft | None:
-        """The session's draft, taken out of the book (its commit adopts or discards it)."""
-        return self.drafts.pop(sid, None)
+    def take(self, sid: str, plan: ResponsePlan, prefix: str) -> Draft | None:
+        """The session's draft, taken out of the book, when it answers ``plan`` (the
+        response of the turn ``prefix``, which adopts it); else it is discarded."""
+        draft = self.drafts.pop(sid, None)
+        if draft is not None and (draft.plan is None or draft.plan != plan):
+            if log.isEnabledFor(logging.INFO):
+                why = "not started" if draft.plan is None else plan_diff(draft.plan, plan)
+                log.info("speculative response for %s not used: %s", prefix, why)
+            self.discard(draft)  # not started yet, or it answers something else
+            draft = None
+        return draft
 
     def drop(self, sid: str) -> None:
         draft = self.drafts.pop(sid, None)

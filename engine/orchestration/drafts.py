@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from duplex_contract.batch import ChatMessage
 from duplex_contract.settings import Tool
 from duplex_contract.tools import ResponseOptions, active_tools, tools_prompt
-from engine.orchestration.pipeline import LlmResult, SpokenChunk
+from engine.messages import Priority
+from engine.orchestration.pipeline import LlmResult, Pipeline, SpokenChunk
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -141,6 +142,36 @@ def response_plan(
         sample_rate=cfg.output_sample_rate,
         tools=tools,
         tool_required=required,
+    )
+
+
+async def start_response(
+    pipeline: Pipeline,
+    prefix: str,
+    sid: str,
+    plan: ResponsePlan,
+    *,
+    on_text: Callable[[str], None],
+    on_chunk: Callable[[SpokenChunk], None],
+    on_call: Callable[[str], None],
+) -> LlmResult:
+    """The stage work of ``plan`` under the request prefix ``prefix``, at real-time
+    priority, its outputs to the callbacks: a turn's own, or a draft's that hold them."""
+    return await pipeline.respond(
+        prefix,
+        plan.messages,
+        route=plan.route,
+        max_tokens=plan.max_tokens,
+        temperature=plan.temperature,
+        voice=plan.voice,
+        sample_rate=plan.sample_rate,
+        session_id=sid,
+        priority=Priority.REALTIME,
+        on_text=on_text,
+        on_chunk=on_chunk,
+        tools=plan.tools,
+        tool_required=plan.tool_required,
+        on_call=on_call,
     )
 
 

@@ -1,12 +1,15 @@
-"""The orchestrator: its own thread and event loop; start-up, dispatch, clean-up, reaper.
+"""The orchestrator: its own thread and event loop; start-up, shutdown, and the dispatch of
+requests and control-plane effects to the parts it holds.
 
-It owns the control plane (:class:`DuplexControl`), the stage pools and one runner task per
-session with committed turns. No model code runs here: stage backends compute in their own
-workers. Results go back on the rpc queue, session and batch outputs on the output queue.
-Output whose fence is stale is dropped before routing. By job: the state and the output
-routing in engine/orchestration/orchestrator_core.py, the sessions' turns in
-engine/orchestration/orchestrator_turns.py,
-the thread's lifecycle, the dispatch of requests and the clean-up here.
+It owns the control plane (:class:`DuplexControl`) and the stage pools, and holds one part
+per job: the output router (engine/orchestration/output_router.py: stale fences dropped),
+the turn runner (turn_runner.py: one runner task per session with committed turns; the
+response in responder.py), the stage aborts of a fence (stage_aborts.py), the draft book
+(draft_book.py) and the speculative transcripts (speculation.py), the scheduling policy
+(scheduling.py), live partials (live_partials.py), a closing session's clean-up
+(session_cleanup.py), the reaper (reaper.py) and the batch jobs (batch_jobs.py). No model
+code runs here: stage backends compute in their own workers. Results go back on the rpc
+queue, session and batch outputs on the output queue.
 """
 
 from __future__ import annotations
@@ -15,33 +18,58 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import janus
 
-from duplex_contract.control import AppendCall, CloseCall, CommitCall, OpenCall, SignalCall
+from duplex_contract.control import (
+    AppendCall,
+    CloseCall,
+    CommitCall,
+    ControlResult,
+    OpenCall,
+    SignalCall,
+)
 from duplex_contract.errors import EngineDeadError
 from duplex_contract.events import ErrorInfo
-from duplex_contract.languages import ENGLISH_ONLY
-from engine import heap
+from engine.config import EngineConfig
+from engine.duplex.control import DuplexControl
 from engine.duplex.effects import Effects
-from engine.duplex.fence import session_prefix
 from engine.messages import (
     AbortRequest,
     ControlRequest,
     DetachRequest,
     EngineFatal,
+    EngineOutput,
     EngineRequest,
     GenerateRequest,
     ShutdownRequest,
 )
-from engine.orchestration.batch_jobs import serve_batch
+from engine.orchestration.admission import BatchAdmission
+from engine.orchestration.background import BackgroundTasks
+from engine.orchestration.batch_jobs import BatchJobs
+from engine.orchestration.counters import Counters
 from engine.orchestration.draft_book import DraftBook
-from engine.orchestration.graph import build_graph
-from engine.orchestration.orchestrator_turns import OrchestratorTurns
+from engine.orchestration.graph import Graph, build_graph
+from engine.orchestration.live_partials import LivePartials, OnPartial, PartialFeed
+from engine.orchestration.output_router import OutputRouter
 from engine.orchestration.pipeline import Pipeline
-from engine.orchestration.scheduling import make_scheduler
+from engine.orchestration.reaper import Reaper
+from engine.orchestration.responder import Responder
+from engine.orchestration.scheduling import (
+    CapacityScheduler,
+    Scheduler,
+    SerialScheduler,
+    make_scheduler,
+)
+from engine.orchestration.session_cleanup import SessionCleanup
+from engine.orchestration.session_facts import SessionFacts
 from engine.orchestration.speculation import SpeculativeAsr
+from engine.orchestration.stage_aborts import StageAborts
+from engine.orchestration.turn_runner import Runners, TurnRunner
+from engine.spans import EngineTracing
+from engine.stages.base import HealthSource, StageBackend
 from engine.stages.pool import StagePool
 from engine.startup import start_pools
 
@@ -50,11 +78,67 @@ log = logging.getLogger(__name__)
 _BATCH_MAX = 512
 
 
-class Orchestrator(OrchestratorTurns):
-    """The orchestrator's thread: it starts the stages, dispatches requests, cleans up
-    closed sessions (the reaper) and runs batch jobs. Its state and shared helpers are
-    :class:`engine.orchestration.orchestrator_core.OrchestratorCore`'s, the sessions' turns
-    :class:`engine.orchestration.orchestrator_turns.OrchestratorTurns`'."""
+class Orchestrator:
+    """The orchestrator's thread: it starts the stages, builds its parts, dispatches
+    requests to them and stops everything at shutdown. ``run()`` is the thread's entry;
+    ``started`` resolves to the request queue once every stage has loaded."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        out_q: janus.SyncQueue[EngineOutput],
+        rpc_q: janus.SyncQueue[Any],
+        backends: Mapping[str, Sequence[StageBackend]] | None = None,
+        tracing: EngineTracing | None = None,
+    ) -> None:
+        self.config = config
+        self.tracing = tracing or EngineTracing()
+        self._out = out_q
+        self._rpc = rpc_q
+        self._backends = backends
+        self.control = DuplexControl(config.duplex, config.default_instructions)
+        self.counters = Counters()
+        self.pools: dict[str, StagePool] = {}
+        self.output = OutputRouter(out_q.put_nowait, self.control.is_current, self.counters)
+        self.background = BackgroundTasks()
+        self.aborts = StageAborts(self.pools, self.background.spawn)
+        self.runners = Runners()
+        self.facts = SessionFacts(self.control.sessions)
+        self.started: concurrent.futures.Future[janus.SyncQueue[EngineRequest]] = (
+            concurrent.futures.Future()
+        )
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.request_q: janus.Queue[EngineRequest] | None = None
+        # built on the loop, once the stages run (_start_stages, _build)
+        self.graph: Graph | None = None
+        self.partials: LivePartials | None = None
+        self.scheduler: Scheduler | None = None  # engine/orchestration/scheduling.py
+        self.pipeline: Pipeline | None = None
+        self.speculation: SpeculativeAsr | None = None
+        self.drafts: DraftBook | None = None  # guesses and drafts (draft_book.py)
+        self.turns: TurnRunner | None = None
+        self.cleanup: SessionCleanup | None = None
+        self.reaper: Reaper | None = None
+        self.batches: BatchJobs | None = None
+
+    # ------------------------------------------------------------------ figures
+    def stages_down(self) -> dict[str, str]:
+        """Stages with a replica that reports itself down (``health()``), and why."""
+        down: dict[str, str] = {}
+        for name, pool in self.pools.items():
+            for replica in pool.replicas:
+                why = replica.health() if isinstance(replica, HealthSource) else None
+                if why:
+                    down[name] = why
+        return down
+
+    @property
+    def admission(self) -> BatchAdmission | CapacityScheduler | None:
+        """Batch admission figures (``waits``, ``critical``) of the scheduling policy."""
+        scheduler = self.scheduler
+        if isinstance(scheduler, SerialScheduler):
+            return scheduler.admission
+        return scheduler if isinstance(scheduler, CapacityScheduler) else None
 
     # ------------------------------------------------------------------ thread main
     def run(self) -> None:
@@ -87,29 +171,7 @@ class Orchestrator(OrchestratorTurns):
             if not self.started.done():
                 self.started.set_exception(exc)
             return
-        assert self.graph is not None
-        self.scheduler = make_scheduler(self.config.scheduling, self.pools, self._turn_running)
-        self.pipeline = Pipeline(self.config, self.graph, self.pools, self.scheduler)
-        self.speculation = SpeculativeAsr(
-            self.pipeline,
-            self.config.input_sample_rate,
-            self._track,
-            self.route_of,
-            self.language_of,
-            self.stream_of,
-        )
-        self.drafts = DraftBook(
-            self.config,
-            self.pipeline,
-            self.scheduler,
-            self.speculation,
-            self.control.sessions,
-            self.counters,
-            route_of=self.route_of,
-            respond=self._draft_response,
-            abort=self._abort,
-            track=self._track,
-        )
+        reaper = self._build()
         try:
             self.started.set_result(self.request_q.sync_q)
         except concurrent.futures.InvalidStateError:  # the starter gave up while models loaded
@@ -117,11 +179,11 @@ class Orchestrator(OrchestratorTurns):
             self.request_q.close()
             await self.request_q.wait_closed()
             return
-        reaper = asyncio.create_task(self._reaper(), name="reaper")
+        reaping = asyncio.create_task(reaper.run(), name="reaper")
         try:
             await self._serve(self.request_q.async_q)
         finally:
-            reaper.cancel()
+            reaping.cancel()
             await self._stop_everything()
             self.request_q.close()
             await self.request_q.wait_closed()
@@ -143,12 +205,98 @@ class Orchestrator(OrchestratorTurns):
             )
         await start_pools(self.pools, self.config.start_timeout_s)
         if self.config.partials.backend == "pocketsphinx":
-            from engine.orchestration.partials import PartialTranscriber
-
-            self.partials = PartialTranscriber(
-                self._partial_from_worker, max_streams=self.config.partials.max_streams
+            assert self.loop is not None
+            self.partials = LivePartials(
+                self._open_pocketsphinx,
+                self.loop,
+                self.control.sessions,
+                self.output.emit,
+                self.facts.language_of,
             )
-            self.partials.start()
+
+    def _open_pocketsphinx(self, on_partial: OnPartial) -> PartialFeed:
+        from engine.orchestration.partials import PartialTranscriber
+
+        transcriber = PartialTranscriber(on_partial, max_streams=self.config.partials.max_streams)
+        transcriber.start()
+        return transcriber
+
+    def _build(self) -> Reaper:
+        """The parts that work on the running stages; returns the reaper to run."""
+        assert self.graph is not None
+        config, facts, output = self.config, self.facts, self.output
+        scheduler = make_scheduler(config.scheduling, self.pools, self.runners.turn_running)
+        pipeline = Pipeline(config, self.graph, self.pools, scheduler)
+        speculation = SpeculativeAsr(
+            pipeline,
+            config.input_sample_rate,
+            self.background.track,
+            facts.route_of,
+            facts.language_of,
+            facts.stream_of,
+        )
+        drafts = DraftBook(
+            config,
+            pipeline,
+            scheduler,
+            speculation,
+            self.control.sessions,
+            self.counters,
+            route_of=facts.route_of,
+            abort=self.aborts.abort,
+            track=self.background.track,
+        )
+        responder = Responder(
+            config,
+            pipeline,
+            drafts,
+            speculation,
+            self.counters,
+            emit=output.emit,
+            leave_critical=scheduler.leave_critical,
+        )
+        turns = TurnRunner(
+            self.runners,
+            self.control,
+            responder,
+            drafts,
+            scheduler,
+            speculation,
+            self.tracing,
+            emit=output.emit,
+            abort=self.aborts.abort,
+            track=self.background.track,
+        )
+        cleanup = SessionCleanup(
+            config.duplex.cleanup_timeout_s,
+            drafts,
+            self.aborts,
+            turns,
+            speculation,
+            self.pools,
+            self.tracing,
+            self.partials,
+            finish=self._finish_close,
+            spawn=self.background.spawn,
+        )
+        reaper = Reaper(
+            config.duplex,
+            self.control,
+            self.counters,
+            speculation,
+            drafts,
+            cleaning=cleanup.cleaning,
+            apply=self._apply,
+        )
+        self.scheduler = scheduler
+        self.pipeline = pipeline
+        self.speculation = speculation
+        self.drafts = drafts
+        self.turns = turns
+        self.cleanup = cleanup
+        self.reaper = reaper
+        self.batches = BatchJobs(pipeline, output.put, self.aborts.abort_now)
+        return reaper
 
     async def _close_stages(self) -> None:
         if self.partials is not None:
@@ -156,11 +304,12 @@ class Orchestrator(OrchestratorTurns):
         await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
 
     async def _stop_everything(self) -> None:
-        tasks: list[asyncio.Task[Any]] = [r.task for r in self._runners.values()]
-        tasks += list(self._batch.values())
+        tasks: list[asyncio.Task[Any]] = list(self.runners.tasks())
+        if self.batches is not None:
+            tasks += self.batches.tasks()
         if self.speculation is not None:
             tasks += self.speculation.tasks()
-        tasks += list(self._tasks)
+        tasks += self.background.tasks()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -205,17 +354,14 @@ class Orchestrator(OrchestratorTurns):
                         session_id=sid,
                         message="append pre-empted by a later cancel/close of its input",
                     )
-                    self._reply_raw(msg.control_id, sid, err)
+                    self._rpc.put_nowait(
+                        ControlResult(
+                            control_id=msg.control_id, ok=False, session_id=sid, error=err
+                        )
+                    )
                     continue
             kept.append(msg)
         return kept
-
-    def _reply_raw(self, control_id: int, sid: str, err: ErrorInfo) -> None:
-        from duplex_contract.control import ControlResult
-
-        self._rpc.put_nowait(
-            ControlResult(control_id=control_id, ok=False, session_id=sid, error=err)
-        )
 
     def _dispatch(self, msg: EngineRequest) -> None:
         if isinstance(msg, ControlRequest):
@@ -229,106 +375,32 @@ class Orchestrator(OrchestratorTurns):
             with self.tracing.turn(tp):
                 self._apply(effects)
         elif isinstance(msg, GenerateRequest):
-            assert self.pipeline is not None
-            task = asyncio.create_task(self._run_batch(msg), name=f"batch:{msg.request_id}")
-            self._batch[msg.request_id] = task
+            assert self.batches is not None
+            self.batches.start(msg)
         elif isinstance(msg, AbortRequest):
-            running = self._batch.get(msg.request_id)
-            if running is not None:
-                running.cancel()
+            assert self.batches is not None
+            self.batches.cancel(msg.request_id)
         elif isinstance(msg, DetachRequest):
             now = time.monotonic()
             for sid in msg.session_ids:
                 self.control.detach(sid, now)
 
     def _apply(self, effects: Effects) -> None:
+        """Carry out the control plane's effects, in this order."""
+        turns, drafts, cleanup = self.turns, self.drafts, self.cleanup
+        assert turns is not None and drafts is not None and cleanup is not None
         for cancel in effects.cancels:
-            self._cancel(cancel)
-        if self.drafts is not None:
-            self.drafts.on_effects(effects)
+            turns.cancel(cancel)
+        drafts.on_effects(effects)
         if self.partials is not None:
-            for sid in effects.input_reset:
-                self._partial_gen[sid] = self._partial_gen.get(sid, 0) + 1
-                self.partials.reset(sid)
-            for sid, pcm in effects.heard:
-                if self.language_of(sid) in ENGLISH_ONLY:  # pocketsphinx's model is en-us
-                    self.partials.feed(sid, self._partial_gen.get(sid, 0), pcm)
+            self.partials.on_effects(effects)
         for sid in effects.start:
-            self._ensure_runner(sid)
+            turns.ensure(sid)
         for out in effects.events:
-            self._out.put_nowait(out)
+            self.output.put(out)
         for sid in effects.cleanups:
-            if sid not in self._cleaning:
-                self._cleaning.add(sid)
-                self._spawn(self._cleanup(sid), f"cleanup:{sid}")
+            cleanup.start(sid)
 
-    # ------------------------------------------------------------------ clean-up
-    async def _cleanup(self, sid: str) -> None:
-        """Abort everything of a closing session; free its slot only once that succeeded."""
-        try:
-            self._drop_draft(sid)
-            self._abort(sid, session_prefix(sid))
-            runner = self._runners.pop(sid, None)
-            if runner is not None:
-                runner.task.cancel()
-                await asyncio.gather(runner.task, return_exceptions=True)
-            plans = list(self._plans.get(sid, ()))
-            try:
-                await asyncio.wait_for(
-                    asyncio.gather(*(self._run_plan(p) for p in plans)),
-                    self.config.duplex.cleanup_timeout_s,
-                )
-            except TimeoutError:
-                log.warning("cleanup of %s: stage aborts did not finish; the reaper retries", sid)
-                return
-            self._plans.pop(sid, None)
-            if self.speculation is not None:
-                self.speculation.drop(sid)
-            for pool in self.pools.values():
-                pool.release_session(sid)
-            self.tracing.session_closed(sid)
-            if self.partials is not None:
-                self.partials.drop(sid)
-                self._partial_gen.pop(sid, None)
-            self._apply(self.control.finish_close(sid))
-        except Exception:
-            log.exception("cleanup of %s failed; the reaper retries it", sid)
-        finally:
-            self._cleaning.discard(sid)
-
-    async def _reaper(self) -> None:
-        interval = self.config.duplex.reaper_interval_s
-        trim_every = self.config.duplex.heap_trim_interval_s
-        next_trim = time.monotonic() + trim_every
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                now = time.monotonic()
-                self._apply(self.control.tick(now, self._cleaning))
-                self.counters.session_bytes = self._session_bytes()
-                if trim_every > 0 and now >= next_trim and heap.can_trim():
-                    next_trim = now + trim_every
-                    await asyncio.to_thread(heap.trim_heap)  # ~ms; off the loop
-                    self.counters.heap_trims += 1
-            except Exception:
-                log.exception("reaper tick failed")
-
-    def _session_bytes(self) -> dict[str, int]:
-        """What the engine holds for its sessions, by part (docs/protocol.md §8)."""
-        pending = history = 0
-        for session in self.control.sessions.values():
-            pending += session.input_bytes()
-            history += session.history.nbytes
-        spec = self.speculation.nbytes if self.speculation is not None else 0
-        draft = self.drafts.held_bytes if self.drafts is not None else 0
-        return {"engine_input": pending, "history": history, "speculation": spec, "draft": draft}
-
-    # ------------------------------------------------------------------ batch
-    async def _run_batch(self, msg: GenerateRequest) -> None:
-        assert self.pipeline is not None
-        try:
-            await serve_batch(
-                self.pipeline, msg, self._out.put_nowait, lambda p: self._run_plan(self._plan(p))
-            )
-        finally:
-            self._batch.pop(msg.request_id, None)
+    def _finish_close(self, sid: str) -> None:
+        """A session's clean-up is done: the control plane frees it."""
+        self._apply(self.control.finish_close(sid))

@@ -3,14 +3,14 @@
 * Speculative ASR: the server signals ``input.pause`` once a short silence starts inside
   speech, and the transcript of the input so far is usually ready when the silence window
   ends the turn. A commit uses it when its audio starts with the speculated audio and the
-  VAD heard no speech since (``input.resume`` drops the guess; ``_Transcription.covers``).
+  VAD heard no speech since (``input.resume`` drops the guess; ``Transcription.covers``).
   A pause that was not guessed (``skip``) bounds the turn the same way: the commit
   transcribes the audio up to it, so the words do not depend on whether a guess ran. A
   guess runs at ``Priority.SPECULATIVE``: behind every committed turn's ASR, so that on a
   loaded ASR stage the guesses (up to one per pause in the user's speech) never delay a
   turn; a queued guess that the user's next words make stale is aborted before it runs.
 * Turn ASR survives a barge-in: a cancel aborts the old epoch's LLM and TTS work, but the
-  user's words are re-queued in the new epoch (engine/duplex/control_epochs.py), and their
+  user's words are re-queued in the new epoch (engine/duplex/epochs.py), and their
   transcription, already running, is picked up by the re-queued job (same audio) instead of
   starting again. So ASR request ids carry the session and turn but not the epoch
   (``sess_x/asr/t5/3``); a close still aborts them (session prefix).
@@ -63,7 +63,7 @@ CONTEXT_WAIT_S = 10.0
 
 
 @dataclass(eq=False)
-class _Committed:
+class CommittedTurn:
     """A committed turn with audio, from its commit on: the next turn's ASR context once
     its words are known (``words``, resolved when the turn's job has its transcript)."""
 
@@ -93,14 +93,16 @@ class _Committed:
 
 
 @dataclass(eq=False)
-class _Transcription:
+class Transcription:
+    """One transcription of a session's audio: a pause's guess or a turn's own."""
+
     kind: Literal["pause", "turn"]
     audio: bytes
     task: asyncio.Task[str]
     claimed: bool = False  # a turn job awaits it: never discarded under that job
     respond: bool = True  # the pause asked for a draft answer too
     stream_ms: float | None = None  # where ``audio`` starts on the session's input clock
-    after: _Committed | None = None  # the committed turn it is decoded after (its context)
+    after: CommittedTurn | None = None  # the committed turn it is decoded after (its context)
     _level: float | None = None  # quiet_level(audio), computed once
 
     def sound_since(self, audio: bytes | bytearray, rate: int) -> bool | None:
@@ -151,11 +153,11 @@ class SpeculativeAsr:
         self._stream_of = stream_of
         self._rate = sample_rate
         self._track = track  # the orchestrator awaits dropped tasks at shutdown
-        self._by_session: dict[str, list[_Transcription]] = {}
+        self._by_session: dict[str, list[Transcription]] = {}
         #: each session's committed turns with audio, in commit order: the last whose
         #: words are known and those still in transcription (the next turn's ASR context,
         #: AsrRequest.context_audio, is the turn before it)
-        self._turns: dict[str, list[_Committed]] = {}
+        self._turns: dict[str, list[CommittedTurn]] = {}
         #: session id -> its audio at the last pause the VAD heard no speech after (guessed
         #: or not): a commit transcribes that much, the same audio a guess would have
         self._paused: dict[str, bytes] = {}
@@ -165,7 +167,7 @@ class SpeculativeAsr:
         self.reguesses = 0  # guesses made again: sound the VAD missed followed the pause
         self.used = 0
 
-    def _gap_s(self, last: _Committed, audio: bytes, stream_ms: float | None) -> float:
+    def _gap_s(self, last: CommittedTurn, audio: bytes, stream_ms: float | None) -> float:
         """The silence between the last committed turn and ``audio``: on the input clock
         when both positions are known (and in order: a resumed session's new front end
         starts its clock again), else by the wall clock (the audio arrives in real time:
@@ -179,7 +181,7 @@ class SpeculativeAsr:
         rid: str,
         sid: str,
         audio: bytes,
-        last: _Committed | None,
+        last: CommittedTurn | None,
         gap: float,
         priority: Priority,
     ) -> str:
@@ -206,7 +208,7 @@ class SpeculativeAsr:
         kind: Literal["pause", "turn"],
         stream_ms: float | None,
         speech: bytes | None = None,
-    ) -> _Transcription:
+    ) -> Transcription:
         """Transcribe ``audio`` (a turn's: only its ``speech``, the audio up to its last
         pause, when given)."""
         sid = fence.session_id
@@ -219,7 +221,7 @@ class SpeculativeAsr:
         task = asyncio.create_task(
             self._transcribe(rid, sid, heard, last, gap, priority), name=f"asr:{rid}"
         )
-        entry = _Transcription(kind, audio, task, stream_ms=stream_ms, after=last)
+        entry = Transcription(kind, audio, task, stream_ms=stream_ms, after=last)
         entries = self._by_session.setdefault(sid, [])
         entries.append(entry)
         for old in [e for e in entries if not e.claimed][: max(0, len(entries) - _PER_SESSION)]:
@@ -233,7 +235,7 @@ class SpeculativeAsr:
         if not audio:
             return
         words: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        turn = _Committed(audio, stream_ms, time.monotonic(), words)
+        turn = CommittedTurn(audio, stream_ms, time.monotonic(), words)
         self._turns.setdefault(session_id, []).append(turn)
 
     def answered(self, session_id: str) -> None:
@@ -250,10 +252,10 @@ class SpeculativeAsr:
         for turn in self._turns.get(session_id, []):
             turn.resolve("")
 
-    def _record(self, sid: str, audio: bytes) -> _Committed | None:
+    def _record(self, sid: str, audio: bytes) -> CommittedTurn | None:
         return next((t for t in self._turns.get(sid, []) if t.audio is audio), None)
 
-    def _before(self, sid: str, audio: bytes | None) -> _Committed | None:
+    def _before(self, sid: str, audio: bytes | None) -> CommittedTurn | None:
         """The committed turn before ``audio``'s turn (None: before uncommitted audio)."""
         turns = self._turns.get(sid)
         if not turns:
@@ -278,7 +280,7 @@ class SpeculativeAsr:
                     del turns[: max(0, i - 1)]
                 return
 
-    def _discard(self, entry: _Transcription) -> None:
+    def _discard(self, entry: Transcription) -> None:
         if not entry.task.done():
             entry.task.cancel()
         self._track(entry.task)
@@ -305,7 +307,7 @@ class SpeculativeAsr:
 
     def stale_guess(self, session_id: str, audio: bytes | bytearray) -> bool | None:
         """More input arrived: should the pause's guess be made again for ``audio`` (sound
-        followed it and has ended, see ``_Transcription.sound_since``)? Returns the guess's
+        followed it and has ended, see ``Transcription.sound_since``)? Returns the guess's
         ``respond`` flag if so, None if not (no guess, or it still covers the audio)."""
         entries = self._by_session.get(session_id)
         if not entries:

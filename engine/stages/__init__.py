@@ -1,2 +1,3 @@
-"""Stage backends (one module per backend), the stage interface (base.py), the worker
-runtimes (workers.py, batching.py) and replica pools (pool.py)."""
+"""Stage backends (one module per backend), the stage interface (base.py), the runtimes a
+model backend holds (threaded.py, batching.py, on workers.py's worker thread) and replica
+pools (pool.py)."""

@@ -21,8 +21,9 @@ a capability Protocol when it has that capability, and the engine asks with
 * elsewhere: ``start_devices()`` (:class:`engine.startup.PlacedBackend`), ``voices()``
   (:class:`engine.voices.Voiced`) and the figures of engine/stage_figures.py.
 
-Two runtimes implement all of it for model code (engine/stages/workers.py,
-engine/stages/batching.py); replica pools are in engine/stages/pool.py.
+Two runtimes implement all of it for model code, held by the backend that uses one
+(engine/stages/threaded.py, engine/stages/batching.py, on the worker thread of
+engine/stages/workers.py); replica pools are in engine/stages/pool.py.
 tests/stages/test_stage_conformance.py runs every registered backend through this.
 """
 

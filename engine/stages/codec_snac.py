@@ -5,27 +5,18 @@ Consumes ``codec`` (windows of frames, :class:`TokensRequest`), emits ``audio``.
 codebooks; a window with a partial frame or a code out of range fails with a clear error and
 nothing of it is decoded.
 
-Async chunking (:class:`CodecChunker`, this backend's ``make_chunker``): the first window
-emits ``first_frames`` frames (time to first audio), later windows twice as many as the one
-before, up to ``window_frames`` new frames each (so the client's buffer grows while the talker
-runs ahead), with ``context_frames`` of left context re-sent in front. SNAC's decoder is not causal:
-a frame's samples depend on about 2.3 frames either side (measured: changing one frame moves
-samples from 2.31 frames before it to 2.31 after it; convolutions, transposed convolutions
-and dilated residual units, no attention in the 24 kHz model). So each non-final window also
-carries ``lookahead_frames`` frames past what it emits; those frames are emitted by the next
-window. With ``context_frames >= 3`` and ``lookahead_frames >= 3`` every emitted sample is
-computed from exactly the codes a one-shot decode sees, and the joined chunks equal a one-shot
-decode of the same codes (to float rounding: tests/vllm/test_codec_snac.py). SNAC's noise
-blocks (random noise scaled by a learned projection) are off by default (``noise: false``):
-random noise would make no two decodes equal, chunked or not.
+Windows (engine/stages/codec_windows.py): this backend's ``make_chunker`` cuts the talker's
+codes into windows that grow from ``first_frames`` to ``window_frames`` new frames, with
+``context_frames`` of left context and ``lookahead_frames`` past what each emits. With both
+margins >= 3 frames (SNAC's reach) the joined chunks equal a one-shot decode of the same codes
+(to float rounding: tests/vllm/test_codec_snac.py). SNAC's noise blocks (random noise scaled by
+a learned projection) are off by default (``noise: false``): random noise would make no two
+decodes equal, chunked or not.
 
-Batching: one ``step`` decodes the pending windows of every session on the replica in one
-decoder call (``max_batch`` at most). Windows of different lengths share the call by padding:
-a non-final window is padded on the right (the padding reaches at most 2.3 frames into its
-look-ahead, which it does not emit), a final window with ``context_frames >= 3`` on the left
-(into its context). A window that can be padded neither way (a short clause: first and final
-window at once) runs in a call with the windows of its own length. ``decode_calls`` and
-``rows_decoded`` count what happened (tests, benchmarks).
+Batching: one ``step`` decodes the pending windows of every session on the replica in as few
+decoder calls as their lengths allow (``plan_calls``: padded to one length where that changes
+nothing they emit), ``max_batch`` windows at most. :class:`SnacDecoder` holds the torch model
+and counts ``decode_calls``, ``rows_decoded`` and ``decode_s`` (tests, benchmarks).
 
 Output: PCM16 at 24 kHz, resampled to the request's rate by the stream resampler
 (audio_kit.pcm.StreamResampler, one per output stream, flushed at the stream's final window),
@@ -39,11 +30,9 @@ with random weights (seeded), for CI: its audio is noise. Nothing is downloaded.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -53,11 +42,11 @@ from audio_kit.pcm import StreamResampler, split_pcm
 from duplex_contract.batch import AudioOut
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, IntArray, get_layout
-from engine.messages import StageDone, StageOutput, StageRequest, TokensOut, TokensRequest
-from engine.orchestration.chunkers import Chunk
+from engine.messages import StageDone, StageOutput, StageRequest, TokensRequest
 from engine.orchestration.edges import Edge
-from engine.snac_model import EXACT_MARGIN_FRAMES, SNAC_24KHZ, build_snac, decode_rows
-from engine.stages.batching import BatchingBackend, BatchSlot
+from engine.snac_model import EXACT_MARGIN_FRAMES, build_snac, decode_rows
+from engine.stages.batching import BatchingRuntime, BatchSlot
+from engine.stages.codec_windows import CodecChunker, Window, plan_calls, stream_key, window_of
 
 log = logging.getLogger(__name__)
 
@@ -81,83 +70,64 @@ class CodecSnacOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     threads: Annotated[int, msgspec.Meta(ge=1)] | None = None  # torch CPU threads (None: torch's)
 
 
-_TRAILING_N = re.compile(r"\d+$")
+class SnacDecoder:
+    """The SNAC decoder of one replica (torch) and what it did: decoder calls, windows
+    decoded, seconds in the decoder (worker thread)."""
 
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.model: Any = None
+        self.torch: Any = None
+        self.decode_calls = 0
+        self.rows_decoded = 0
+        self.decode_s = 0.0
 
-def stream_key(request_id: str) -> str:
-    """The output stream a window belongs to: its id without the window number."""
-    return _TRAILING_N.sub("", request_id)
-
-
-class CodecChunker:
-    """Codec ids -> windows: ``first`` new frames, then twice as many each time up to
-    ``window``, each with ``context`` frames before and (not final) ``lookahead`` frames
-    after what it emits."""
-
-    def __init__(self, frame_size: int, first: int, window: int, context: int, lookahead: int):
-        self.f = frame_size
-        self.first, self.window, self.context, self.lookahead = first, window, context, lookahead
-        self._ids: list[int] = []
-        self.emitted = 0  # frames whose audio a released window emits
-        self._last = 0  # new frames of the last window
-
-    def _frames(self) -> int:
-        return len(self._ids) // self.f
-
-    def _chunk(self, upto: int, final: bool) -> Chunk:
-        ctx = min(self.context, self.emitted)
-        start = self.emitted - ctx
-        return Chunk(
-            ids=tuple(self._ids[start * self.f : upto * self.f]), context=ctx * self.f, final=final
+    def load(self, o: CodecSnacOptions, where: str) -> None:
+        self.model, self.torch = build_snac(
+            self.device,
+            model=o.model,
+            seed=o.seed,
+            config=o.config,
+            dtype=o.dtype,
+            noise=o.noise,
+            threads=o.threads,
+            where=where,
         )
 
-    def push(self, out: StageOutput) -> list[Chunk]:
-        if not isinstance(out, TokensOut):
-            return []
-        self._ids.extend(out.ids)
-        chunks: list[Chunk] = []
-        while True:
-            # windows grow from ``first`` by doubling up to ``window``: the audio buffered at
-            # the client grows as fast as the talker can fill it
-            new = self.first if self.emitted == 0 else min(self.window, 2 * self._last)
-            upto = self.emitted + new + self.lookahead
-            if self._frames() < upto:
-                return chunks
-            chunks.append(self._chunk(upto, final=False))
-            self.emitted += new
-            self._last = new
+    def unload(self) -> None:
+        self.model = None
 
-    def flush(self) -> list[Chunk]:
-        frames = self._frames()
-        if frames > self.emitted:
-            chunk = self._chunk(frames, final=True)
-            self.emitted = frames
-            return [chunk]
-        return []
+    def decode(self, rows: Sequence[Sequence[IntArray]]) -> Any:
+        """One decoder call on equal-length rows of per-codebook codes -> float32 [B, T]."""
+        t0 = time.perf_counter()
+        audio = decode_rows(self.model, self.torch, rows, self.device)
+        self.decode_calls += 1
+        self.rows_decoded += len(rows)
+        self.decode_s += time.perf_counter() - t0
+        return audio
 
 
-@dataclass
-class _Window:
-    codes: list[IntArray]  # per codebook
-    frames: int
-    emit_from: int  # frames
-    emit_to: int
+class SnacCodec:
+    """Codec frames -> PCM16 (see the module docstring).
 
-
-class SnacCodec(BatchingBackend):
-    """Codec frames -> PCM16 (see the module docstring)."""
+    The stage interface is its :class:`BatchingRuntime`'s; this class is the model
+    (``load``, ``prepare``, ``step``, ``unload``: engine/stages/batching.py): it turns
+    requests into windows, has them decoded by its :class:`SnacDecoder` and emits the
+    audio of each stream."""
 
     Options: ClassVar[type[msgspec.Struct]] = CodecSnacOptions
     consumes: Edge = Edge.CODEC
     emits: Edge = Edge.AUDIO
     device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
-    default_max_batch: ClassVar[int] = 16
+    keeps_auto: ClassVar[bool] = False
 
     def __init__(
         self, options: CodecSnacOptions, name: str, *, device: str = "cpu", stage: str | None = None
     ) -> None:
-        super().__init__(options, name, device=device, stage=stage)
         self.opts = options
+        self.name = name
+        self.device = device
+        self.stage = stage or name
         where = f"engine.stages.{self.stage}.options.layout"
         try:
             self.layout: CodecLayout = get_layout(options.layout)
@@ -169,15 +139,11 @@ class SnacCodec(BatchingBackend):
             options.context_frames >= EXACT_MARGIN_FRAMES
             and options.lookahead_frames >= EXACT_MARGIN_FRAMES
         )
-        self._model: Any = None
-        self._torch: Any = None
+        self.decoder = SnacDecoder(device)
         self._resamplers: OrderedDict[str, StreamResampler] = OrderedDict()
-        # figures (worker thread): decoder calls, windows decoded, seconds in the decoder
-        self.decode_calls = 0
-        self.rows_decoded = 0
-        self.decode_s = 0.0
         # per step: decoder seconds and seconds of audio emitted (the pool wires it to /metrics)
         self.on_decode: Callable[[float, float], None] | None = None
+        self.runtime = BatchingRuntime(name, self, options.max_batch)
 
     @classmethod
     def cuda_device_count(cls) -> int:
@@ -197,97 +163,84 @@ class SnacCodec(BatchingBackend):
             o.lookahead_frames,
         )
 
-    # ------------------------------------------------------------------ model
+    # -- the stage interface: its runtime's --------------------------------------------
+    @property
+    def restarts(self) -> int:
+        return self.runtime.restarts
+
+    @property
+    def capacity(self) -> int:
+        return self.runtime.capacity
+
+    @property
+    def on_step(self) -> Callable[[int], None] | None:
+        return self.runtime.on_step
+
+    @on_step.setter
+    def on_step(self, hook: Callable[[int], None] | None) -> None:
+        self.runtime.on_step = hook
+
+    @property
+    def on_wait(self) -> Callable[[float], None] | None:
+        return self.runtime.on_wait
+
+    @on_wait.setter
+    def on_wait(self, hook: Callable[[float], None] | None) -> None:
+        self.runtime.on_wait = hook
+
+    async def start(self) -> None:
+        await self.runtime.start()
+
+    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
+        return self.runtime.submit(request)
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        await self.runtime.abort(request_ids)
+
+    async def close(self) -> None:
+        await self.runtime.close()
+
+    def batch_size(self, request_id: str) -> int:
+        return self.runtime.batch_size(request_id)
+
+    # -- the model (worker thread) -----------------------------------------------------
     def load(self) -> None:
-        o = self.opts
-        self._model, self._torch = build_snac(
-            self.device,
-            model=o.model,
-            seed=o.seed,
-            config=o.config,
-            dtype=o.dtype,
-            noise=o.noise,
-            threads=o.threads,
-            where=f"engine.stages.{self.stage}.options",
-        )
-        self.decode(
+        self.decoder.load(self.opts, where=f"engine.stages.{self.stage}.options")
+        self.decoder.decode(
             [[np.zeros(self.opts.first_frames * p, dtype=np.int64) for p in self.layout.per_frame]]
         )  # warm-up
 
     def unload(self) -> None:
-        self._model = None
+        self.decoder.unload()
 
-    def decode(self, rows: Sequence[Sequence[IntArray]]) -> Any:
-        """One decoder call on equal-length rows of per-codebook codes -> float32 [B, T]."""
-        t0 = time.perf_counter()
-        audio = decode_rows(self._model, self._torch, rows, self.device)
-        self.decode_calls += 1
-        self.rows_decoded += len(rows)
-        self.decode_s += time.perf_counter() - t0
-        return audio
-
-    # ------------------------------------------------------------------ runtime
-    def prepare(self, request: StageRequest) -> _Window:
+    def prepare(self, request: StageRequest) -> Window:
         if not isinstance(request, TokensRequest):
             raise StageError(f"{self.name}: expected a TokensRequest, got {type(request).__name__}")
-        f = self.layout.frame_size
-        if request.context % f:
+        if request.context % self.layout.frame_size:
             raise StageError(f"{self.name}: context of {request.context} ids is not whole frames")
         try:
-            codes = self.layout.split(request.ids)
+            return window_of(request, self.layout, self.opts.lookahead_frames)
         except FrameError as exc:
             raise StageError(f"{self.name}: {exc}") from None
-        frames = len(request.ids) // f
-        emit_from = request.context // f
-        emit_to = frames if request.final else max(emit_from, frames - self.opts.lookahead_frames)
-        return _Window(codes, frames, emit_from, emit_to)
-
-    def _pad(self, w: _Window, length: int, final: bool) -> tuple[list[IntArray], int] | None:
-        """Codes padded to ``length`` frames and the frame offset of w's first frame, or None
-        when padding would change what ``w`` emits."""
-        extra = length - w.frames
-        if extra == 0:
-            return w.codes, 0
-        per = self.layout.per_frame
-        if not final and self.opts.lookahead_frames >= EXACT_MARGIN_FRAMES:
-            return [np.pad(c, (0, extra * p)) for c, p in zip(w.codes, per, strict=True)], 0
-        if w.emit_from >= EXACT_MARGIN_FRAMES:
-            return [np.pad(c, (extra * p, 0)) for c, p in zip(w.codes, per, strict=True)], extra
-        return None
 
     def step(self, batch: Sequence[BatchSlot]) -> None:
-        slots = [s for s in batch if s.state.emit_to > s.state.emit_from]
-        empty = [s for s in batch if s.state.emit_to <= s.state.emit_from]
-        groups: list[tuple[int, list[tuple[BatchSlot, list[IntArray], int]]]] = []
-        if slots:
-            length = max(s.state.frames for s in slots)
-            main: list[tuple[BatchSlot, list[IntArray], int]] = []
-            odd: dict[int, list[tuple[BatchSlot, list[IntArray], int]]] = {}
-            for s in slots:
-                req = s.request
-                assert isinstance(req, TokensRequest)
-                padded = self._pad(s.state, length, req.final)
-                if padded is None:
-                    odd.setdefault(s.state.frames, []).append((s, s.state.codes, 0))
-                else:
-                    main.append((s, *padded))
-            if main:
-                groups.append((length, main))
-            groups.extend(sorted(odd.items()))
+        windows: list[Window] = [s.state for s in batch]
+        calls = plan_calls(windows, self.layout.per_frame, self.opts.lookahead_frames)
         spf = self.layout.samples_per_frame
         done: list[tuple[BatchSlot, Any]] = []  # decode everything first: a raise changes nothing
-        busy = self.decode_s
-        for _, rows in groups:
-            audio = self.decode([codes for _, codes, _ in rows])
-            for (s, _, off), wav in zip(rows, audio, strict=True):
-                w: _Window = s.state
-                done.append((s, wav[(off + w.emit_from) * spf : (off + w.emit_to) * spf]))
+        busy = self.decoder.decode_s
+        for rows in calls:
+            audio = self.decoder.decode([codes for _, codes, _ in rows])
+            for (i, _, off), wav in zip(rows, audio, strict=True):
+                w = windows[i]
+                done.append((batch[i], wav[(off + w.emit_from) * spf : (off + w.emit_to) * spf]))
         hook = self.on_decode
         audio_s = sum(len(wav) for _, wav in done) / self.layout.sample_rate
         if hook is not None and audio_s > 0:
-            hook(self.decode_s - busy, audio_s)
-        for s in empty:
-            self._finish(s, np.zeros(0, dtype=np.float32))
+            hook(self.decoder.decode_s - busy, audio_s)
+        for s, w in zip(batch, windows, strict=True):
+            if w.empty:
+                self._finish(s, np.zeros(0, dtype=np.float32))
         for s, wav in done:
             self._finish(s, wav)
 
@@ -305,7 +258,7 @@ class SnacCodec(BatchingBackend):
                 pcm += res.flush()
             else:
                 self._resamplers[key] = res
-                while len(self._resamplers) > 4 * self.max_batch + 64:  # aborted streams
+                while len(self._resamplers) > 4 * self.runtime.max_batch + 64:  # aborted streams
                     self._resamplers.popitem(last=False)
         now = time.monotonic_ns()
         for piece in split_pcm(pcm, rate, self.opts.chunk_ms) if pcm else []:
@@ -314,4 +267,4 @@ class SnacCodec(BatchingBackend):
         slot.finish()
 
 
-__all__ = ["EXACT_MARGIN_FRAMES", "SNAC_24KHZ", "CodecChunker", "CodecSnacOptions", "SnacCodec"]
+__all__ = ["CodecSnacOptions", "SnacCodec", "SnacDecoder"]

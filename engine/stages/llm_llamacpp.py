@@ -34,7 +34,7 @@ from __future__ import annotations
 import codecs
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -47,7 +47,7 @@ from engine.messages import LlmRequest, StageDone, StageOutput, StageRequest
 from engine.models import smollm2_gguf
 from engine.orchestration import compute
 from engine.orchestration.edges import Edge
-from engine.stages.workers import ThreadedBackend
+from engine.stages.threaded import ThreadedRuntime
 
 log = logging.getLogger(__name__)
 
@@ -119,23 +119,65 @@ class ChatPrompt:
         return tokens
 
 
-class LlamaCppLlm(ThreadedBackend):
-    """Streams one TextOut per generated token piece, then StageDone(finish_reason, tokens)."""
+class LlamaCppLlm:
+    """Streams one TextOut per generated token piece, then StageDone(finish_reason, tokens).
+
+    The stage interface is its :class:`ThreadedRuntime`'s (one request at a time); this
+    class is the model (``load``, ``run``, ``unload``: engine/stages/threaded.py)."""
 
     Options: ClassVar[type[msgspec.Struct]] = LlamaCppOptions
     consumes: Edge = Edge.TEXT
     emits: Edge = Edge.TEXT
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    keeps_auto: ClassVar[bool] = False
 
-    def __init__(self, options: LlamaCppOptions, name: str, **placement: Any) -> None:
-        super().__init__(options, name, **placement)
+    def __init__(
+        self, options: LlamaCppOptions, name: str, *, device: str = "cpu", stage: str | None = None
+    ) -> None:
         self.opts = options
+        self.name = name
+        self.device = device
         self._llama: Any = None
         self._prompt: ChatPrompt | None = None
         self._vocab: Any = None
         self._threads = options.n_threads  # what the context decodes with now
         self.thread_switches = 0  # n_threads_alone <-> n_threads changes (tests)
         self.first_clause_pauses = 0  # decoding paused for its first clause (tests)
+        self.runtime = ThreadedRuntime(name, self)
 
+    @classmethod
+    def cuda_device_count(cls) -> int:
+        return 0
+
+    # -- the stage interface: its runtime's --------------------------------------------
+    @property
+    def restarts(self) -> int:
+        return self.runtime.restarts
+
+    @property
+    def on_wait(self) -> Callable[[float], None] | None:
+        return self.runtime.on_wait
+
+    @on_wait.setter
+    def on_wait(self, hook: Callable[[float], None] | None) -> None:
+        self.runtime.on_wait = hook
+
+    async def start(self) -> None:
+        await self.runtime.start()
+
+    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
+        return self.runtime.submit(request)
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        await self.runtime.abort(request_ids)
+
+    async def close(self) -> None:
+        await self.runtime.close()
+
+    def batch_size(self, request_id: str) -> int:
+        return self.runtime.batch_size(request_id)
+
+    # -- the model (worker thread) -----------------------------------------------------
     def load(self) -> None:
         import llama_cpp
 
@@ -239,7 +281,7 @@ class LlamaCppLlm(ThreadedBackend):
         if want != self._threads:
             import llama_cpp
 
-            llama_cpp.llama_set_n_threads(self._llama._ctx.ctx, want, want)
+            llama_cpp.llama_set_n_threads(self._llama.ctx, want, want)
             self._threads = want
             self.thread_switches += 1
 

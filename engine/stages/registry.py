@@ -24,7 +24,7 @@ from engine.stages.base import StageBackend, StageBackendClass, missing_members
 BACKENDS: dict[str, str] = {
     # deterministic test stages (any role; see engine/stages/testing.py)
     "test": "engine.stages.testing:TestStage",
-    "test-batch": "engine.stages.testing:BatchTestStage",
+    "test-batch": "engine.stages.testing_batch:BatchTestStage",
     # a simulated GPU: asr, llm, talker or codec timed by a cost model (engine/stages/sim.py)
     "sim": "engine.stages.sim:SimStage",
     # speech recognition: audio -> text

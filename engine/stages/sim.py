@@ -24,7 +24,7 @@ the LLM's ``reply`` one word per token; the talker's Orpheus-layout codes
 (engine/codec_layout.py), one frame of 7 codes per 7 tokens, as many frames as the segment
 takes to say at ``ms_per_word``; the codec's silence (or a tone) of the frames each window
 emits (85.3 ms each), cut by the same windowing as the real SNAC stage
-(:class:`engine.stages.codec_snac.CodecChunker`).
+(:class:`engine.stages.codec_windows.CodecChunker`).
 
 Figures (tests, benchmarks): ``calls`` records ``(batch size, start, end)`` of each call or
 step on the loop clock (the last 4096).
@@ -60,7 +60,7 @@ from engine.messages import (
     TtsRequest,
 )
 from engine.orchestration.edges import Edge
-from engine.stages.codec_snac import CodecChunker
+from engine.stages.codec_windows import CodecChunker
 
 Role = Literal["asr", "llm", "talker", "codec"]
 ROLES: dict[str, tuple[Edge, Edge]] = {

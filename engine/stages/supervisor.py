@@ -12,8 +12,8 @@ A :class:`Supervisor` polls ``probe`` (why the engine is dead, or None) every
    attempts have been made in all; then the replica stays down and ``health()`` says so.
 
 A restart that succeeds makes the replica healthy again. The supervisor knows nothing of
-vLLM: the vLLM stages give it their probe and restart (engine/stages/llm_vllm.py), and its
-logic is tested with fakes.
+vLLM: the vLLM stages' engine gives it its probe and restart (engine/stages/vllm_engine.py),
+and its logic is tested with fakes.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def frame_spec(params: SamplingParams) -> Spec | None:
     return int(base), int(size), int(frame), tuple(int(e) for e in ends)
 
 
-class CodecFrameLogits(LogitsProcessor):  # type: ignore[misc]
+class CodecFrameLogits(LogitsProcessor):  # type: ignore[misc, unused-ignore]  # (Any without vLLM)
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         try:

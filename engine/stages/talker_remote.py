@@ -19,16 +19,17 @@ Per segment, one streamed ``POST {base_url}/completions``:
   position's codebook, or a stream that stops mid-frame, fails the request with a message
   naming the missing processor (nothing of it is decoded).
 
-Everything remote is :class:`engine.stages.openai_remote.OpenAIStage`'s: the fenced id as
-``X-Request-Id`` (and the body's ``request_id`` with ``request_id_field``), retries with
-backoff while nothing was produced, the circuit breaker, the read timeout, and ``abort``,
-which closes the stream: vLLM aborts a request whose client went away, and nothing of it is
-emitted after the abort.
+Everything remote is the :class:`OpenAIConnection`'s it holds (engine/stages/
+openai_connection.py, as the ``openai`` backend does): the fenced id as ``X-Request-Id`` (and
+the body's ``request_id`` with ``request_id_field``), retries with backoff while nothing was
+produced, the circuit breaker, the read timeout, and ``abort``, which closes the stream: vLLM
+aborts a request whose client went away, and nothing of it is emitted after the abort.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -38,9 +39,10 @@ import msgspec
 
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
-from engine.messages import StageDone, TokensOut, TtsRequest
+from engine.messages import StageDone, StageOutput, StageRequest, TokensOut, TtsRequest
 from engine.orchestration.edges import Edge
-from engine.stages.openai_remote import Kind, OpenAIOptions, OpenAIStage, _Failure
+from engine.stages.openai_connection import Emit, OpenAIConnection, RemoteFailure
+from engine.stages.openai_remote import Kind, OpenAIOptions
 from engine.stages.talker_vllm import LOGITS_PROCESSOR, VoiceSampling
 
 PROCESSOR_HINT = f"is the server started with --logits-processors {LOGITS_PROCESSOR}?"
@@ -71,10 +73,17 @@ class RemoteTalkerOptions(OpenAIOptions, frozen=True, forbid_unknown_fields=True
     )
 
 
-class RemoteTalker(OpenAIStage):
-    """Text segments -> codec codes, streamed from a vLLM server running the talker."""
+class RemoteTalker:
+    """Text segments -> codec codes, streamed from a vLLM server running the talker.
+
+    The stage interface is its :class:`OpenAIConnection`'s; this class writes each segment's
+    ``/completions`` body and turns the sampled token ids into whole frames of codes."""
 
     Options: ClassVar[type[RemoteTalkerOptions]] = RemoteTalkerOptions
+    consumes: Edge = Edge.TEXT
+    emits: Edge = Edge.CODEC
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})  # the model runs remotely
+    keeps_auto: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -84,34 +93,52 @@ class RemoteTalker(OpenAIStage):
         device: str = "cpu",
         stage: str | None = None,
     ) -> None:
-        super().__init__(options, name, device=device, stage=stage)
         self.topts = options
-        self.consumes, self.emits = Edge.TEXT, Edge.CODEC
+        self.name = name
+        self.device = device
+        self.stage = stage or name
+        self.connection = OpenAIConnection(options, stage=self.stage, what="remote talker")
+        self.base_url = self.connection.base_url
         field = f"engine.stages.{self.stage}.options"
         try:
             self.layout: CodecLayout = get_layout(options.layout)
         except FrameError as exc:
             raise ConfigError(f"{field}.layout: {exc}") from None
         self._tokenizer: Any = None
+        self.restarts = 0
 
-    @property
-    def where(self) -> str:
-        return f"remote talker {self.stage!r} at {self.base_url}"
+    @classmethod
+    def cuda_device_count(cls) -> int:
+        return 0
 
     def voices(self) -> tuple[str, ...]:
         default = self.topts.voice or self.layout.default_voice
         return tuple(dict.fromkeys((default, *self.layout.voices, *self.topts.voices)))
 
+    # ------------------------------------------------------------------ its connection's
+    def health(self) -> str | None:
+        """Why this replica is down (its circuit is open), or None."""
+        return self.connection.health()
+
     async def start(self) -> None:
         self._tokenizer = load_tokenizer(self.topts.tokenizer, self.stage)
-        await super().start()
+        await self.connection.start()
+
+    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
+        return self.connection.submit(request, self._speak)
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        await self.connection.abort(request_ids)
+
+    async def close(self) -> None:
+        await self.connection.close()
 
     # ------------------------------------------------------------------ one segment
     def body(self, request: TtsRequest) -> dict[str, Any]:
         """The ``/completions`` body of one segment (the local talker's sampling)."""
         o, lay = self.topts, self.layout
         if self._tokenizer is None:
-            raise StageError(f"{self.where}: not started")
+            raise StageError(f"{self.connection.where}: not started")
         voice = request.voice or o.voice
         ids = lay.prompt_ids(self._encode, request.text, voice)
         f = lay.frame_size
@@ -120,8 +147,8 @@ class RemoteTalker(OpenAIStage):
             room = (o.max_model_len - len(ids)) // f
             if room < 1:
                 raise StageError(
-                    f"{self.where}: a segment of {len(ids)} prompt tokens leaves no room for "
-                    f"a frame in max_model_len={o.max_model_len}"
+                    f"{self.connection.where}: a segment of {len(ids)} prompt tokens leaves no "
+                    f"room for a frame in max_model_len={o.max_model_len}"
                 )
             frames = min(frames, room)
         preset = o.voices.get(voice or lay.default_voice, VoiceSampling())
@@ -148,12 +175,14 @@ class RemoteTalker(OpenAIStage):
             body["seed"] = o.seed ^ zlib.crc32(request.request_id.encode())
         if o.send_priority:
             body["priority"] = int(request.priority)
-        return self._body(request.request_id, body)
+        return self.connection.body(request.request_id, body)
 
     def _encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
 
-    async def _speak(self, client: httpx.AsyncClient, req: TtsRequest, emit: Any) -> None:
+    async def _speak(self, client: httpx.AsyncClient, req: StageRequest, emit: Emit) -> None:
+        if not isinstance(req, TtsRequest):
+            raise StageError(f"{self.connection.where}: unexpected {type(req).__name__}")
         rid = req.request_id
         lay = self.layout
         f = lay.frame_size
@@ -166,12 +195,12 @@ class RemoteTalker(OpenAIStage):
         sent = 0  # codes emitted (whole frames)
         reason: str | None = None
         ended = False
-        async with aclosing(self._events(client, "/completions", body, rid)) as events:
+        async with aclosing(self.connection.events(client, "/completions", body, rid)) as events:
             async for chunk in events:
                 for choice in (chunk.get("choices") or [])[:1]:
                     tokens = choice.get("token_ids")
                     if tokens is None:
-                        raise _Failure(
+                        raise RemoteFailure(
                             "no token_ids in the stream (a vLLM server with return_token_ids "
                             "is needed)",
                             retry=False,
@@ -183,7 +212,7 @@ class RemoteTalker(OpenAIStage):
                         try:
                             code = lay.token_to_code(int(token), len(pending))
                         except FrameError as exc:
-                            raise _Failure(f"{exc} ({PROCESSOR_HINT})", retry=False) from None
+                            raise RemoteFailure(f"{exc} ({PROCESSOR_HINT})", retry=False) from None
                         pending.append(code)
                         if len(pending) == f:
                             emit(TokensOut(request_id=rid, ids=tuple(pending)))
@@ -191,12 +220,12 @@ class RemoteTalker(OpenAIStage):
                             pending.clear()
                     reason = choice.get("finish_reason") or reason
         if pending:
-            raise _Failure(
+            raise RemoteFailure(
                 f"the talker stopped {len(pending)} codes into a frame of {f} ({PROCESSOR_HINT})",
                 retry=False,
             )
         if reason not in ("stop", "length"):
-            raise _Failure(f"the request ended with {reason!r}", retry=False)
+            raise RemoteFailure(f"the request ended with {reason!r}", retry=False)
         emit(
             StageDone(
                 request_id=rid,

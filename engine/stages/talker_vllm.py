@@ -6,10 +6,11 @@ the codes of the tokens sampled in each engine step, converted by the layout
 (engine/codec_layout.py; first layout: Orpheus, 7 SNAC codes per frame over 3 codebooks).
 Everything model-specific is in the layout; another codec LM is another layout.
 
-It runs exactly like the text LM stage (engine/stages/llm_vllm.py, whose engine plumbing it
-inherits): one ``AsyncLLM`` per replica on a private loop thread, every session's clause in
-one continuous batch, request ids that embed the fence, and ``abort`` that ends the stream at
-once and aborts the request in vLLM (it leaves the batch before the next engine step).
+It runs exactly like the text LM stage (engine/stages/llm_vllm.py): it holds the same
+:class:`VllmEngine` (engine/stages/vllm_engine.py), one ``AsyncLLM`` per replica on a private
+loop thread, every session's clause in one continuous batch, request ids that embed the
+fence, and ``abort`` that ends the stream at once and aborts the request in vLLM (it leaves
+the batch before the next engine step).
 
 Per request: the prompt is the layout's (``<start_of_human>`` "voice: text" ... for
 Orpheus); the voice is the session's (``TtsRequest.voice``) or the ``voice`` option; the
@@ -27,20 +28,23 @@ Weights: ``model`` is an HF directory of the codec LM (a deployment fetches e.g.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import zlib
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Annotated, Any, ClassVar
 
 import msgspec
 
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
-from engine.messages import StageDone, StageRequest, TokensOut, TtsRequest
+from engine.messages import StageOutput, StageRequest, TokensOut, TtsRequest
 from engine.orchestration.edges import Edge
-from engine.stages.llm_vllm import VllmLlm, VllmOptions
-from engine.stages.vllm_loop import _END, FinishReason, _Job
+from engine.stage_figures import StageEngineFigures
+from engine.stages import vllm_options as vo
+from engine.stages.vllm_engine import VllmEngine, torch_cuda_devices
+from engine.stages.vllm_env import VllmPlacement
+from engine.stages.vllm_loop import RequestStream
+from engine.stages.vllm_options import VllmOptions
 
 log = logging.getLogger(__name__)
 
@@ -68,66 +72,130 @@ class TalkerOptions(VllmOptions, frozen=True, forbid_unknown_fields=True):
     max_model_len: Annotated[int, msgspec.Meta(ge=64)] | None = 4096
 
 
-class VllmTalker(VllmLlm):
-    """Text segments -> codec codes, on one ``AsyncLLM``."""
+class VllmTalker:
+    """Text segments -> codec codes, on one ``AsyncLLM``.
+
+    The stage interface is its :class:`VllmEngine`'s (as the text LM's); this class is the
+    talker model (:class:`engine.stages.vllm_engine.VllmModel`: which model, the frame
+    logits processor, its checks and warm-up) and turns each segment into a prompt and
+    sampling params, and sampled tokens into codes."""
 
     Options: ClassVar[type[TalkerOptions]] = TalkerOptions
     consumes: Edge = Edge.TEXT
     emits: Edge = Edge.CODEC
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
+    # "auto" stays "auto": vLLM places itself (all visible GPUs with tensor parallelism)
+    keeps_auto: ClassVar[bool] = True
 
     def __init__(
         self, options: TalkerOptions, name: str, *, device: str = "auto", stage: str | None = None
     ) -> None:
-        super().__init__(options, name, device=device, stage=stage)
         self.topts = options
+        self.name = name
+        self.device = device  # this replica's placement: auto, cpu or cuda:N
+        self.stage = stage or name
+        self.field = f"engine.stages.{self.stage}.options"  # named in start-up errors
+        self.placement = VllmPlacement(
+            options,
+            name=name,
+            stage=self.stage,
+            device=device,
+            cuda_count=self.cuda_device_count() if device != "cpu" else 0,
+        )
+        self.engine = VllmEngine(
+            options, name, stage=self.stage, placement=self.placement, model=self
+        )
         try:
             self.layout: CodecLayout = get_layout(options.layout)
         except FrameError as exc:
             raise ConfigError(f"{self.field}.layout: {exc}") from None
+
+    @classmethod
+    def cuda_device_count(cls) -> int:
+        return torch_cuda_devices()
+
+    def start_devices(self) -> frozenset[str]:
+        """The GPUs this replica takes while it starts (engine/startup.py orders by them)."""
+        return self.placement.start_devices()
+
+    @property
+    def capacity(self) -> int:
+        """Request slots (engine/orchestration/scheduling.py): sequences per batch."""
+        return self.topts.max_num_seqs
 
     def voices(self) -> tuple[str, ...]:
         """The default voice, the layout's voices and those with sampling presets."""
         default = self.topts.voice or self.layout.default_voice
         return tuple(dict.fromkeys((default, *self.layout.voices, *self.topts.voices)))
 
-    # ------------------------------------------------------------------ start-up
-    def _resolve_model(self) -> str:
-        if self.options.model is not None:
-            return super()._resolve_model()
+    # ------------------------------------------------------------------ its engine's
+    @property
+    def restarts(self) -> int:
+        return self.engine.supervisor.restarts
+
+    def health(self) -> str | None:
+        """Why this replica is down (its EngineCore died, or restarting), or None."""
+        return self.engine.supervisor.health()
+
+    @property
+    def on_wait(self) -> Callable[[float], None] | None:
+        """Queue time of each finished request in vLLM's scheduler (engine/stage_figures.py)."""
+        return self.engine.figures.on_wait
+
+    @on_wait.setter
+    def on_wait(self, hook: Callable[[float], None] | None) -> None:
+        self.engine.figures.on_wait = hook
+
+    def engine_figures(self) -> StageEngineFigures:
+        return self.engine.figures.snapshot()
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
+        return self.engine.submit(request, self._producer)
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        await self.engine.abort(request_ids)
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+    # ------------------------------------------------------------------ the model
+    def resolve_model(self) -> str:
+        if self.topts.model is not None:
+            return vo.resolve_model(self.topts.model, self.field, self.name)
         try:
             from engine.talker_prepare import prepare
 
             path = prepare()
         except ConfigError as exc:
             raise ConfigError(f"{self.field}.model: the tiny talker: {exc}") from None
-        self.model_path = str(path)
-        return self.model_path
+        return str(path)
 
-    async def _boot(self) -> None:
-        opts = self.topts
-        # the text LM's start-up, with the frame-constraining logits processor
-        model = await self._start_engine({"logits_processors": [LOGITS_PROCESSOR]})
-        vocab = int(self._engine.model_config.get_vocab_size())
+    def engine_args(self) -> dict[str, Any]:
+        return {"logits_processors": [LOGITS_PROCESSOR]}  # whole, in-range frames
+
+    async def warm_up(self, model: str) -> None:
+        vocab = int(self.engine.llm.model_config.get_vocab_size())
         if vocab < self.layout.audio_range.stop:
             raise ConfigError(
                 f"{self.field}.model: {model} has {vocab} token ids, but layout "
                 f"{self.layout.name!r} needs audio tokens up to {self.layout.audio_range.stop - 1}"
             )
-        if opts.warmup:
+        if self.topts.warmup:
             warm = TtsRequest(request_id=f"{self.name}/warmup", text="Hi.")
-            prompt, params, rid, _ = self._talker_inputs(warm, frames=1)
-            async for _ in self._engine.generate(prompt, params, rid):
+            prompt, params, _ = self._inputs(warm, frames=1)
+            async for _ in self.engine.llm.generate(prompt, params, warm.request_id):
                 pass
 
     # ------------------------------------------------------------------ requests
     def _encode(self, text: str) -> list[int]:
-        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=True)
+        ids: list[int] = self.engine.tokenizer.encode(text, add_special_tokens=True)
         return ids
 
-    def _talker_inputs(
-        self, request: TtsRequest, frames: int | None = None
-    ) -> tuple[Any, Any, str, int]:
-        """(prompt, sampling params, request id, prompt tokens) for ``generate`` (vLLM loop)."""
+    def _inputs(self, request: TtsRequest, frames: int | None = None) -> tuple[Any, Any, int]:
+        """(prompt, sampling params, prompt tokens) for ``generate`` (vLLM loop)."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -135,11 +203,11 @@ class VllmTalker(VllmLlm):
         voice = request.voice or o.voice
         ids = lay.prompt_ids(self._encode, request.text, voice)
         f = lay.frame_size
-        room = (self.max_model_len - len(ids)) // f
+        room = (self.engine.max_model_len - len(ids)) // f
         if room < 1:
             raise StageError(
                 f"{self.name}: a segment of {len(ids)} prompt tokens leaves no room for a frame "
-                f"in max_model_len={self.max_model_len}"
+                f"in max_model_len={self.engine.max_model_len}"
             )
         n_frames = min(frames or o.max_frames, room)
         preset = o.voices.get(voice or lay.default_voice, VoiceSampling())
@@ -159,78 +227,34 @@ class VllmTalker(VllmLlm):
             output_kind=RequestOutputKind.DELTA,
             extra_args={"codec_frames": [lay.audio_base, lay.codebook_size, f, list(lay.end_ids)]},
         )
-        prompt = TokensPrompt(prompt_token_ids=ids)
-        renderer = getattr(self._engine, "renderer", None)  # (vLLM's object: versions differ)
-        if renderer is not None and hasattr(renderer, "render_cmpl"):
-            (engine_input,) = renderer.render_cmpl([prompt], renderer.default_cmpl_tok_params)
-            return engine_input, params, request.request_id, len(ids)
-        return prompt, params, request.request_id, len(ids)
+        prompt = self.engine.engine_input(TokensPrompt(prompt_token_ids=ids))
+        return prompt, params, len(ids)
 
-    async def _speak(self, request: TtsRequest, job: _Job) -> None:
-        """Run one segment on the engine; push its codes to ``job`` (vLLM loop)."""
-        rid = request.request_id
-        lay = self.layout
-        try:
-            prompt, params, _, n_prompt = self._talker_inputs(request)
-            realtime_first = self.options.scheduling_policy == "priority"
-            reason: str | None = None
-            ended = False
-            async for out in self._engine.generate(
-                prompt, params, rid, priority=int(request.priority) if realtime_first else 0
-            ):
-                for completion in out.outputs[:1]:
-                    codes: list[int] = []
-                    for token in completion.token_ids:
-                        if ended or token in lay.end_ids:
-                            ended = True
-                            continue
-                        codes.append(lay.token_to_code(int(token), job.tokens % lay.frame_size))
-                        job.tokens += 1
-                    if codes:
-                        job.deliver(TokensOut(request_id=rid, ids=tuple(codes)))
-                    if out.finished:
-                        reason = completion.finish_reason
-            finish: FinishReason
-            if reason == "abort":
-                finish = "aborted"
-            elif reason in ("stop", "length"):
-                finish = "stop" if reason == "stop" else "length"
-            else:
-                raise StageError(f"{self.name}: request ended with {reason!r}")
-            job.deliver(
-                StageDone(
-                    request_id=rid, finish_reason=finish, tokens=job.tokens, prompt_tokens=n_prompt
-                )
-            )
-        except asyncio.CancelledError:
-            raise
-        except FrameError as exc:
-            log.error("%s: request %s: %s", self.name, rid, exc)
-            job.deliver(StageError(f"{self.name}: {exc}", code="stage_failed"))
-        except StageError as exc:
-            job.deliver(exc)
-        except Exception as exc:
-            log.exception("%s: request %s failed", self.name, rid)
-            job.deliver(self._request_error(exc))
-        finally:
-            job.deliver(_END)
-
-    def _producer(self, request: StageRequest, job: _Job) -> Coroutine[Any, Any, None]:
+    def _producer(self, request: StageRequest, stream: RequestStream) -> Coroutine[Any, Any, None]:
+        """The coroutine (run on the vLLM loop) that speaks one segment into ``stream``."""
         if not isinstance(request, TtsRequest):
             raise StageError(f"{self.name}: expected a TtsRequest, got {type(request).__name__}")
-        return self._speak(request, job)
+        rid = request.request_id
+        lay = self.layout
+        ended = False  # the end token came: later tokens of the step are not speech
 
-    async def engine_request_ids(self) -> list[str]:
-        """The (external) ids of the requests vLLM itself still holds: what an abort must
-        have removed (tests check barge-ins here, not in our own bookkeeping)."""
-        if self._engine is None:
-            return []
-        return await self._call(self._held_ids())
+        def each(completion: Any) -> None:
+            nonlocal ended
+            codes: list[int] = []
+            for token in completion.token_ids:
+                if ended or token in lay.end_ids:
+                    ended = True
+                    continue
+                try:
+                    codes.append(lay.token_to_code(int(token), stream.tokens % lay.frame_size))
+                except FrameError as exc:
+                    log.error("%s: request %s: %s", self.name, rid, exc)
+                    raise StageError(f"{self.name}: {exc}", code="stage_failed") from None
+                stream.tokens += 1
+            if codes:
+                stream.deliver(TokensOut(request_id=rid, ids=tuple(codes)))
 
-    async def _held_ids(self) -> list[str]:
-        # (probes of vLLM's internals, which differ between its versions; not a backend's)
-        states = getattr(getattr(self._engine, "output_processor", None), "request_states", {})
-        return sorted(str(getattr(s, "external_req_id", None) or k) for k, s in states.items())
+        return self.engine.generate_into(stream, request, lambda: self._inputs(request), each)
 
 
 __all__ = ["TalkerOptions", "VllmTalker", "VoiceSampling"]

@@ -3,10 +3,9 @@
 :class:`TestStage` plays any role (``asr``, ``llm``, ``tts``, and the talker path's
 ``talker`` and ``codec``) and computes nothing heavy, so it runs as plain asyncio on the
 orchestrator loop (pacing with ``asyncio.sleep``; many concurrent requests never queue
-behind each other). :class:`BatchTestStage` plays the same roles on the batching runtime
-(one worker thread, one ``step`` over many requests; ``step_s`` of simulated compute per
-step whatever the batch size). Both exist for tests and benchmarks and are never the
-default of a config a user runs.
+behind each other). :class:`engine.stages.testing_batch.BatchTestStage` plays the same
+roles on the batching runtime, with these options. Both exist for tests and benchmarks and
+are never the default of a config a user runs.
 
 The role is the ``role`` option, or else the stage's name when that is a role name.
 """
@@ -19,7 +18,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 import numpy as np
@@ -40,8 +39,6 @@ from engine.messages import (
 )
 from engine.orchestration.chunkers import Chunker, WindowChunker, WindowOptions
 from engine.orchestration.edges import Edge
-from engine.stages.batching import BatchingBackend, BatchSlot
-from engine.stages.workers import WorkerCrash
 
 #: How many request ids the test stages keep for tests to read back (``submitted``,
 #: ``priorities``, ``batches``); beyond it the oldest half is dropped
@@ -383,113 +380,4 @@ class TestStage:
         return WindowChunker(WindowOptions(frame_size=self.options.frame_size))
 
 
-class BatchTestStage(BatchingBackend):
-    """The test roles on the batching runtime: one step advances every request in it.
-
-    asr: one step per request (the transcript); llm: one word per step; tts: one audio
-    chunk per step. ``step_s`` is slept once per step whatever the batch size (a batched
-    forward pass). ``batches`` records the request ids of each step (tests check who ran
-    together; the last KEEP_IDS steps). fail_on / crash_on / hang_on work as in :class:`TestStage`.
-    """
-
-    __test__ = False
-    Options: ClassVar[type[msgspec.Struct]] = TestStageOptions
-
-    def __init__(
-        self, options: TestStageOptions, name: str, *, device: str = "cpu", stage: str | None = None
-    ) -> None:
-        super().__init__(options, name, device=device, stage=stage)
-        self.opts = options
-        self.role = resolve_role(options, stage or name)
-        if self.role not in ("asr", "llm", "tts"):
-            raise ConfigError(
-                f"engine.stages.{stage or name}.options.role: test-batch plays asr, llm or tts"
-            )
-        self.consumes, self.emits = ROLES[self.role]
-        self.batches: list[tuple[str, ...]] = []
-
-    def load(self) -> None:
-        time.sleep(self.opts.load_delay_s)
-
-    def prepare(self, request: StageRequest) -> Any:
-        o = self.opts
-        if isinstance(request, AsrRequest):
-            ms = duration_ms(len(request.audio), request.sample_rate)
-            text = o.transcript or f"user audio of {ms:.0f} milliseconds"
-            return [text]
-        if isinstance(request, LlmRequest):
-            words = self._reply(request).split(" ")[: request.max_tokens]
-            return [w if i == 0 else " " + w for i, w in enumerate(words)]
-        if isinstance(request, TtsRequest):
-            n_words = max(1, len(request.text.split()))
-            total = int(request.sample_rate * n_words * o.ms_per_word / request.speed / 1000)
-            chunk = max(1, int(request.sample_rate * o.chunk_ms / 1000))
-            return [min(chunk, total - i) for i in range(0, total, chunk)]
-        raise StageError(f"{self.name}: unexpected {type(request).__name__}")
-
-    @staticmethod
-    def _text(request: StageRequest) -> str:
-        if isinstance(request, TtsRequest):
-            return request.text
-        if isinstance(request, LlmRequest):
-            return next((m.content for m in reversed(request.messages) if m.role == "user"), "")
-        return ""
-
-    def step(self, batch: Sequence[BatchSlot]) -> None:
-        o = self.opts
-        if o.step_s:
-            time.sleep(o.step_s)
-        self.batches.append(tuple(s.request.request_id for s in batch))
-        if len(self.batches) > KEEP_IDS:
-            del self.batches[: KEEP_IDS // 2]
-        for slot in batch:
-            req, pending = slot.request, slot.state
-            text = self._text(req) or (pending[0] if isinstance(req, AsrRequest) else "")
-            if o.crash_on and o.crash_on in text:
-                raise WorkerCrash(f"{self.name}: injected crash")
-            if o.fail_on and o.fail_on in text:
-                slot.fail(StageError(f"{self.name}: injected failure"))
-                continue
-            if o.hang_on and o.hang_on in text:
-                continue  # takes part in every step, never finishes (until aborted)
-            if not pending:
-                slot.emit(self._done(req))
-                slot.finish()
-                continue
-            item = pending[0]
-            if isinstance(req, AsrRequest):
-                slot.emit(TranscriptOut(request_id=req.request_id, text=item, final=True))
-            elif isinstance(req, LlmRequest):
-                slot.emit(TextOut(request_id=req.request_id, text=item))
-            else:
-                assert isinstance(req, TtsRequest)
-                t = np.arange(item) / req.sample_rate
-                pcm = (np.sin(2 * math.pi * o.tone_hz * t) * 8000).astype(np.int16).tobytes()
-                slot.emit(
-                    AudioOut(
-                        request_id=req.request_id,
-                        pcm=pcm,
-                        sample_rate=req.sample_rate,
-                        t_ns=time.monotonic_ns(),
-                    )
-                )
-            slot.state = pending[1:]  # state changes only once nothing can raise
-            if not slot.state:
-                slot.emit(self._done(req))
-                slot.finish()
-
-    def _done(self, req: StageRequest) -> StageDone:
-        if isinstance(req, LlmRequest):
-            words = len(self._reply(req).split(" "))
-            n = min(words, req.max_tokens)
-            reason: Literal["stop", "length"] = "length" if words > req.max_tokens else "stop"
-            return StageDone(request_id=req.request_id, finish_reason=reason, tokens=n)
-        return StageDone(request_id=req.request_id)
-
-    def _reply(self, req: LlmRequest) -> str:
-        last = next((m.content for m in reversed(req.messages) if m.role == "user"), "")
-        return last if self.opts.echo else self.opts.reply
-
-
-# keep WorkerCrash importable from here for tests that inject real thread deaths
-__all__ = ["BatchTestStage", "TestStage", "TestStageOptions", "WorkerCrash", "frame_pcm"]
+__all__ = ["ROLES", "TestStage", "TestStageOptions", "frame_pcm", "resolve_role", "word_frame"]

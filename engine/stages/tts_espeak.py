@@ -17,8 +17,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Annotated, Any, ClassVar
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Annotated, ClassVar
 
 import msgspec
 
@@ -28,7 +28,7 @@ from duplex_contract.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
 from engine.models import espeak_ng_data, espeak_ng_library
 from engine.orchestration.edges import Edge
-from engine.stages.workers import ThreadedBackend
+from engine.stages.threaded import ThreadedRuntime
 
 log = logging.getLogger(__name__)
 
@@ -130,30 +130,75 @@ class EspeakOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     chunk_ms: Annotated[float, msgspec.Meta(ge=10, le=1000)] = 100.0
 
 
-class EspeakTts(ThreadedBackend):
-    """Text -> AudioOut chunks (PCM16 mono at request.sample_rate), then StageDone."""
+class EspeakTts:
+    """Text -> AudioOut chunks (PCM16 mono at request.sample_rate), then StageDone.
+
+    The stage interface is its :class:`ThreadedRuntime`'s (one request at a time); this
+    class is the model (``load``, ``run``, ``unload``: engine/stages/threaded.py)."""
 
     Options: ClassVar[type[msgspec.Struct]] = EspeakOptions
     consumes: Edge = Edge.TEXT
     emits: Edge = Edge.AUDIO
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    keeps_auto: ClassVar[bool] = False
 
-    def __init__(self, options: EspeakOptions, name: str, **placement: Any) -> None:
-        super().__init__(options, name, **placement)
+    def __init__(
+        self, options: EspeakOptions, name: str, *, device: str = "cpu", stage: str | None = None
+    ) -> None:
         self.opts = options
+        self.name = name
+        self.device = device
         self._espeak: _Espeak | None = None
+        self.runtime = ThreadedRuntime(name, self)
 
-    @property
-    def native_rate(self) -> int:
-        return self._espeak.sample_rate if self._espeak is not None else 22050
+    @classmethod
+    def cuda_device_count(cls) -> int:
+        return 0
 
     def voices(self) -> tuple[str, ...]:
         """The configured espeak-ng voice, the one it speaks in (requests do not choose)."""
         return (self.opts.voice,)
 
+    # -- the stage interface: its runtime's --------------------------------------------
+    @property
+    def restarts(self) -> int:
+        return self.runtime.restarts
+
+    @property
+    def on_wait(self) -> Callable[[float], None] | None:
+        return self.runtime.on_wait
+
+    @on_wait.setter
+    def on_wait(self, hook: Callable[[float], None] | None) -> None:
+        self.runtime.on_wait = hook
+
+    async def start(self) -> None:
+        await self.runtime.start()
+
+    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
+        return self.runtime.submit(request)
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        await self.runtime.abort(request_ids)
+
+    async def close(self) -> None:
+        await self.runtime.close()
+
+    def batch_size(self, request_id: str) -> int:
+        return self.runtime.batch_size(request_id)
+
+    # -- the model (worker thread) -----------------------------------------------------
+    @property
+    def native_rate(self) -> int:
+        return self._espeak.sample_rate if self._espeak is not None else 22050
+
     def load(self) -> None:
         self._espeak = _Espeak.get()
         self._espeak.set_voice(self.opts.voice)
         log.info("espeak-ng loaded (%d Hz, voice %s)", self._espeak.sample_rate, self.opts.voice)
+
+    def unload(self) -> None:
+        """The library stays loaded (process-wide, shared by every replica)."""
 
     def synthesize(self, text: str, *, speed: float, keep_going: Callable[[], bool]) -> bytes:
         """PCM16 at ``native_rate`` for one piece of text (worker thread)."""

@@ -16,8 +16,9 @@ While the lock is held this process's own ``os.environ`` shows the child's value
 this process has read ``CUDA_VISIBLE_DEVICES`` once, when CUDA initialised (the registry's
 ``cuda_device_count`` does that before any stage starts), so its devices do not move.
 
-Also here: the mapping of vLLM's start-up errors to the option they name, and the release of
-a vLLM client's ZMQ context.
+Also here: :class:`VllmPlacement` (a replica's GPUs and the variables its EngineCore gets),
+the mapping of vLLM's start-up errors to the option they name, and the release of a vLLM
+client's ZMQ context.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from duplex_contract.errors import ConfigError
+from engine.placement import child_visible_devices, replica_gpus
+from engine.stages import vllm_options as vo
+from engine.stages.vllm_options import VllmOptions
 
 log = logging.getLogger(__name__)
 
@@ -169,3 +173,66 @@ def release_zmq(engine: Any) -> None:
             owner.destroy(linger=0)
     except Exception:
         log.exception("releasing the vLLM client's ZMQ context failed")
+
+
+class VllmPlacement:
+    """Where one vLLM replica's engine runs: the GPUs it is pinned to (``gpus``; None: vLLM
+    places itself), the devices it holds while it starts, and the ``CUDA_VISIBLE_DEVICES``
+    its EngineCore is spawned with. Everything is checked when it is built (a ConfigError
+    naming the option), before any engine starts."""
+
+    def __init__(
+        self, options: VllmOptions, *, name: str, stage: str, device: str, cuda_count: int
+    ) -> None:
+        self.name = name
+        self.stage = stage
+        self.device = device  # the replica's placement: auto, cpu or cuda:N
+        self.cuda_count = cuda_count  # GPUs CUDA shows here (0 for a cpu replica)
+        vo.check_parallel(
+            options,
+            field=f"engine.stages.{stage}.options",
+            device=device,
+            cuda_count=cuda_count,
+            has_ray=options.distributed_executor_backend != "ray" or vo.ray_installed(),
+        )
+        self.gpus = replica_gpus(
+            device=device,
+            device_ids=options.device_ids,
+            tensor_parallel_size=vo.workers(options),  # one GPU per worker (tp x pp x dp)
+            cuda_count=cuda_count,
+            where=f"engine.stages.{stage}",
+            replica=name,
+        )
+        if self.gpus is not None:
+            self.child_visible()
+
+    def start_devices(self) -> frozenset[str]:
+        """The GPUs the replica takes while it starts (engine/startup.py orders by them)."""
+        if self.gpus is not None:
+            return frozenset(f"cuda:{i}" for i in self.gpus)
+        if self.device == "auto":  # vLLM places itself: on every GPU there is
+            return frozenset(f"cuda:{i}" for i in range(self.cuda_count))
+        return frozenset()
+
+    def child_visible(self) -> str:
+        """``CUDA_VISIBLE_DEVICES`` for the pinned replica's EngineCore."""
+        assert self.gpus is not None
+        return child_visible_devices(
+            self.gpus,
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+            where=f"engine.stages.{self.stage}.devices",
+            replica=self.name,
+        )
+
+    def env(self, platform: str) -> dict[str, str]:
+        """The variables pinned for the EngineCore (engine/placement.py); refuses a replica
+        placed on a device kind the installed vLLM does not run on."""
+        kind = self.device.partition(":")[0]
+        if kind != "auto" and kind != platform:
+            raise ConfigError(
+                f"engine.stages.{self.stage}.devices: replica {self.name} is placed on "
+                f"{self.device!r}, but the installed vLLM runs on {platform!r}"
+            )
+        if self.gpus is None:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": self.child_visible()}

@@ -104,7 +104,7 @@ def stat_logger_factory(figures: EngineFigures) -> Callable[[Any, int], Any]:
     """A vLLM ``StatLoggerFactory`` whose loggers write into ``figures``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class _Logger(StatLoggerBase):  # type: ignore[misc]
+    class _Logger(StatLoggerBase):  # type: ignore[misc, unused-ignore]  # (Any without vLLM)
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.engine_index = engine_index
 

@@ -1,34 +1,26 @@
-"""The worker runtimes' shared lifecycle, and the one-request-at-a-time runtime.
+"""The worker thread under both model runtimes, and the jobs it serves.
 
 ``submit``/``abort`` are called on the orchestrator's event loop. Model compute never runs
-there: :class:`ThreadedBackend` runs ``load``/``run`` in a worker thread and hands outputs
-to the loop with ``call_soon_threadsafe``; :class:`engine.stages.batching.BatchingBackend`
-(the other runtime, on the same :class:`WorkerBackend` lifecycle) runs one ``step`` over
-many requests' pending items at a time. A request whose work raises fails alone
-(:class:`StageError` ``stage_failed``); a worker thread that dies fails the requests bound
-to it (``worker_died``) and is restarted.
+there: a :class:`Worker` owns one thread that loads the model, serves jobs and releases the
+model at close, and hands outputs back to the loop with ``call_soon_threadsafe``. How jobs are
+ordered and run is the runtime's (a :class:`JobLoop`): one request at a time
+(engine/stages/threaded.py) or one ``step`` over many (engine/stages/batching.py). A request
+whose work raises fails alone (:class:`StageError` ``stage_failed``); a worker thread that
+dies (:class:`WorkerCrash`) fails the requests bound to it (``worker_died``) and is restarted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import queue
 import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import nullcontext
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import msgspec
+from typing import Any, Protocol
 
 from duplex_contract.errors import StageError
-from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
-from engine.orchestration import compute
-from engine.orchestration.edges import Edge
+from engine.messages import StageDone, StageOutput, StageRequest
 
 log = logging.getLogger(__name__)
 
@@ -37,96 +29,110 @@ class WorkerCrash(BaseException):
     """Raised inside a worker to simulate (or signal) the death of the worker itself."""
 
 
-_END = object()
+_END = object()  # a job's stream is over
 
 
 @dataclass(eq=False)
-class _Job:
+class Job:
+    """One request on a worker: its outputs go to ``out`` on the submitting ``loop``.
+
+    The worker thread calls ``deliver``/``end``/``fail``/``end_aborted``; ``cancelled`` is
+    set by an abort (any thread)."""
+
     request: StageRequest
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[Any]
+    on_wait: Callable[[float], None] | None = None  # submit -> start of its work, seconds
     cancelled: threading.Event = field(default_factory=threading.Event)
     batch_max: int = 0  # the largest step (requests at once) this job took part in
     queued_at: float = field(default_factory=time.perf_counter)  # submit time
 
-    def deliver(self, item: object) -> None:
+    def _put(self, item: object) -> None:
         try:
             self.loop.call_soon_threadsafe(self.out.put_nowait, item)
         except RuntimeError:  # loop closed during shutdown: nobody is listening any more
             self.cancelled.set()
 
+    def deliver(self, out: StageOutput) -> None:
+        """One output of the request."""
+        self._put(out)
 
-class WorkerBackend(ABC):
-    """Shared lifecycle of the two worker runtimes: a worker thread that loads the model,
-    serves jobs, and is restarted when it dies; ``submit``/``abort``/``close`` on the loop.
+    def end(self) -> None:
+        """The request's stream is over."""
+        self._put(_END)
 
-    Subclasses declare ``Options`` (a msgspec struct), ``consumes``/``emits`` (edge types,
-    engine/orchestration/edges.py) and, when they can use a GPU, ``device_kinds`` and
-    ``cuda_device_count()``. ``device`` is this replica's resolved device (``cpu``,
-    ``cuda:N``); ``stage`` is the configured stage name the replica belongs to. With
-    those it implements :class:`engine.stages.base.StageBackend` (and
-    ``BatchSizeSource``, ``QueueWaitSource``).
-    """
+    def fail(self, error: StageError) -> None:
+        """The request failed: its stream raises ``error``."""
+        self._put(error)
+        self._put(_END)
 
-    Options: ClassVar[type[msgspec.Struct]]
-    consumes: Edge
-    emits: Edge
-    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
-    keeps_auto: ClassVar[bool] = False
-    name: str
+    def end_aborted(self) -> None:
+        """The request was aborted: its stream ends with ``StageDone("aborted")``."""
+        self._put(StageDone(request_id=self.request.request_id, finish_reason="aborted"))
+        self._put(_END)
 
-    def __init__(
-        self, options: Any, name: str, *, device: str = "cpu", stage: str | None = None
-    ) -> None:
-        self.options = options
+    def started(self) -> None:
+        """Its work starts now: its queue wait ends (reported to ``on_wait``)."""
+        hook = self.on_wait
+        if hook is not None:
+            hook(time.perf_counter() - self.queued_at)
+
+
+class JobLoop(Protocol):
+    """How a runtime orders and runs the jobs of its worker (the worker calls it)."""
+
+    def enqueue(self, job: Job) -> None:
+        """Take a new job (event loop thread)."""
+        ...
+
+    def serve(self) -> None:
+        """Run jobs until stopped (worker thread); a WorkerCrash propagates."""
+        ...
+
+    def stop(self) -> None:
+        """Make ``serve`` return (event loop thread, at close)."""
+        ...
+
+    def dead_jobs(self) -> list[Job]:
+        """The jobs bound to a worker that just died, forgotten (worker thread)."""
+        ...
+
+
+class Loadable(Protocol):
+    """The model's side of a worker's life (both run in the worker thread)."""
+
+    def load(self) -> None: ...
+
+    def unload(self) -> None: ...
+
+
+class Worker:
+    """One worker thread and the jobs on it: ``start`` spawns the thread, which loads
+    ``model`` and then runs ``jobs.serve()`` until close (then unloads the model); a thread
+    that dies is restarted. ``submit``/``abort``/``close`` run on the event loop."""
+
+    def __init__(self, name: str, model: Loadable, jobs: JobLoop) -> None:
         self.name = name
-        self.device = device
-        self.stage = stage or name
-        self._jobs: dict[str, _Job] = {}
+        self._model = model
+        self._job_loop = jobs
+        self._jobs: dict[str, Job] = {}
         self._thread: threading.Thread | None = None
         self._closing = False
         self._restarts = 0
-        self._ready: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._restart_task: asyncio.Task[None] | None = None
         # submit -> start of the request's work, seconds (the pool wires it to /metrics)
         self.on_wait: Callable[[float], None] | None = None
 
-    def _waited(self, job: _Job) -> None:
-        """``job``'s work starts now (worker thread)."""
-        hook = self.on_wait
-        if hook is not None:
-            hook(time.perf_counter() - job.queued_at)
-
-    @classmethod
-    def cuda_device_count(cls) -> int:
-        """CUDA devices this backend can use on this machine (0: CPU only)."""
-        return 0
-
-    # -- to implement -----------------------------------------------------------------
-    @abstractmethod
-    def load(self) -> None:
-        """Load models (worker thread)."""
-
-    def unload(self) -> None:  # noqa: B027 - optional hook
-        """Release models (worker thread, at close)."""
-
-    @abstractmethod
-    def _enqueue(self, job: _Job) -> None:
-        """Hand a new job to the worker (loop thread)."""
-
-    @abstractmethod
-    def _serve(self) -> None:
-        """The worker's job loop; returns when closing; WorkerCrash propagates (worker)."""
-
-    @abstractmethod
-    def _stop_worker(self) -> None:
-        """Make ``_serve`` return (loop thread, at close)."""
-
-    # -- lifecycle --------------------------------------------------------------------
     @property
     def restarts(self) -> int:
+        """Times the thread died and was restarted."""
         return self._restarts
+
+    @property
+    def alive(self) -> bool:
+        """The worker thread runs now."""
+        return self._thread is not None and self._thread.is_alive()
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -134,12 +140,12 @@ class WorkerBackend(ABC):
 
     async def _spawn(self) -> None:
         assert self._loop is not None
-        self._ready = self._loop.create_future()
+        ready = self._loop.create_future()
         self._thread = threading.Thread(
-            target=self._main, name=f"stage-{self.name}", args=(self._ready,), daemon=True
+            target=self._main, name=f"stage-{self.name}", args=(ready,), daemon=True
         )
         self._thread.start()
-        await self._ready
+        await ready
 
     def _signal_ready(self, fut: asyncio.Future[None], exc: BaseException | None) -> None:
         assert self._loop is not None
@@ -159,31 +165,26 @@ class WorkerBackend(ABC):
 
     def _main(self, ready: asyncio.Future[None]) -> None:
         try:
-            self.load()
+            self._model.load()
         except Exception as exc:
             log.exception("stage %s failed to load", self.name)
             self._signal_ready(ready, StageError(f"{self.name}: load failed: {exc}"))
             return
         self._signal_ready(ready, None)
         try:
-            self._serve()
+            self._job_loop.serve()
         except WorkerCrash as exc:
             self._on_crash(exc)
             return
         try:
-            self.unload()
+            self._model.unload()
         except Exception:
             log.exception("stage %s unload failed", self.name)
 
-    def _dead_jobs(self) -> list[_Job]:
-        """Jobs bound to the worker that just died (worker thread)."""
-        return []
-
     def _on_crash(self, exc: BaseException) -> None:
         log.error("stage %s worker died (%s); restarting", self.name, exc)
-        for job in self._dead_jobs():
-            job.deliver(StageError(f"{self.name}: worker died: {exc}", code="worker_died"))
-            job.deliver(_END)
+        for job in self._job_loop.dead_jobs():
+            job.fail(StageError(f"{self.name}: worker died: {exc}", code="worker_died"))
         if self._closing or self._loop is None:
             return
         self._restarts += 1
@@ -194,15 +195,19 @@ class WorkerBackend(ABC):
             pass
 
     def _restart_on(self, loop: asyncio.AbstractEventLoop) -> None:
-        task = loop.create_task(self._spawn(), name=f"restart-{self.name}")
-        self._restart_task = task
+        self._restart_task = loop.create_task(self._spawn(), name=f"restart-{self.name}")
 
     async def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
         if self._closing:
             raise StageError(f"{self.name}: closed", code="stage_failed")
-        job = _Job(request=request, loop=asyncio.get_running_loop(), out=asyncio.Queue())
+        job = Job(
+            request=request,
+            loop=asyncio.get_running_loop(),
+            out=asyncio.Queue(),
+            on_wait=self.on_wait,
+        )
         self._jobs[request.request_id] = job
-        self._enqueue(job)
+        self._job_loop.enqueue(job)
         try:
             while True:
                 item = await job.out.get()
@@ -218,8 +223,8 @@ class WorkerBackend(ABC):
             self._jobs.pop(request.request_id, None)
 
     def batch_size(self, request_id: str) -> int:
-        """The most requests a step of this replica has run together with ``request_id``
-        (itself included; 0: unknown, or the request is gone)."""
+        """The most requests a step has run together with ``request_id`` (itself included;
+        0: unknown, or the request is gone)."""
         job = self._jobs.get(request_id)
         return 0 if job is None else job.batch_max
 
@@ -233,79 +238,7 @@ class WorkerBackend(ABC):
         self._closing = True
         for job in list(self._jobs.values()):
             job.cancelled.set()
-        self._stop_worker()
+        self._job_loop.stop()
         thread = self._thread
         if thread is not None:
             await asyncio.to_thread(thread.join, 10.0)
-
-
-def _aborted(job: _Job) -> None:
-    job.deliver(StageDone(request_id=job.request.request_id, finish_reason="aborted"))
-    job.deliver(_END)
-
-
-class ThreadedBackend(WorkerBackend):
-    """Runs model code one request at a time in a worker thread (real-time first).
-
-    Subclasses implement ``load`` and ``run``; both run in the worker thread. ``run`` is a
-    generator; it should check ``cancelled`` between outputs (the base also stops
-    forwarding as soon as the request is aborted).
-    """
-
-    def __init__(
-        self, options: Any, name: str, *, device: str = "cpu", stage: str | None = None
-    ) -> None:
-        super().__init__(options, name, device=device, stage=stage)
-        self._queue: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
-        self._seq = itertools.count()
-        self._current: _Job | None = None
-
-    @abstractmethod
-    def run(self, request: StageRequest, cancelled: threading.Event) -> Iterator[StageOutput]:
-        """Produce the outputs of one request (worker thread)."""
-
-    def _enqueue(self, job: _Job) -> None:
-        self._queue.put((int(job.request.priority), next(self._seq), job))
-
-    def _stop_worker(self) -> None:
-        self._queue.put((-1, -1, None))
-
-    def _dead_jobs(self) -> list[_Job]:
-        return [self._current] if self._current is not None else []
-
-    def _serve(self) -> None:
-        while True:
-            _, _, job = self._queue.get()
-            if job is None:
-                return
-            self._current = job
-            self._process(job)
-            self._current = None
-
-    def _process(self, job: _Job) -> None:
-        request = job.request
-        if job.cancelled.is_set():
-            _aborted(job)
-            return
-        job.batch_max = 1  # one request at a time
-        self._waited(job)
-        first = isinstance(request, TtsRequest) and request.first
-        try:
-            with (
-                compute.working(self.name),
-                compute.urgent(compute.group_of(request.request_id)) if first else nullcontext(),
-            ):
-                for out in self.run(request, job.cancelled):
-                    if job.cancelled.is_set():
-                        break
-                    job.deliver(out)
-        except WorkerCrash:
-            raise
-        except Exception as exc:
-            log.exception("stage %s failed request %s", self.name, request.request_id)
-            job.deliver(StageError(f"{self.name}: {exc}", code="stage_failed"))
-            job.deliver(_END)
-            return
-        if job.cancelled.is_set():
-            job.deliver(StageDone(request_id=request.request_id, finish_reason="aborted"))
-        job.deliver(_END)

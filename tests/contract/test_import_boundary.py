@@ -1,6 +1,8 @@
 """The layering rule: the protocol core and the SDK import no engine module, the audio kit
 imports neither side, the server reaches the engine only through its public API, and the
-stage backends import nothing of the control side."""
+stage backends import nothing of the control side; and the rooms' rules: the session
+runtime, the batch routes and operations import no transport, the orchestration no engine
+client, the control plane neither a client nor a stage, the engine no server module."""
 
 from __future__ import annotations
 
@@ -11,7 +13,13 @@ from pathlib import Path
 from typing import get_args
 
 from duplex_contract.events import SessionEvent
-from tools.import_boundary import ENGINE_PUBLIC, SESSION_EVENTS, check, main
+from tools.import_boundary import (
+    ENGINE_PUBLIC,
+    SESSION_EVENTS,
+    STAGE_ORCHESTRATION,
+    check,
+    main,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +30,7 @@ def _copy_layers(tmp: Path) -> Path:
         "duplex_server",
         "clients/duplex_client",
         "audio_kit",
-        "engine/stages",
+        "engine",
     ):
         shutil.copytree(ROOT / rel, tmp / rel, ignore=shutil.ignore_patterns("__pycache__"))
     return tmp
@@ -43,13 +51,13 @@ def test_the_repository_keeps_the_rule() -> None:
 def test_a_planted_engine_import_in_the_core_fails(tmp_path: Path) -> None:
     root = _copy_layers(tmp_path)
     assert check(root) == []
-    target = root / "duplex_server/protocol/session.py"
+    target = root / "duplex_server/protocol/machine.py"
     # hidden inside a function, where a module-level scan would miss it
     target.write_text(
         target.read_text() + "\n\ndef _sneaky() -> None:\n    from engine.errors import X\n"
     )
     errors = check(root)
-    assert len(errors) == 1 and "protocol/session.py" in errors[0]
+    assert len(errors) == 1 and "protocol/machine.py" in errors[0]
     assert "the protocol core imports engine.errors" in errors[0]
     assert main(["import_boundary", str(root)]) == 1
 
@@ -70,7 +78,7 @@ def test_planted_violations_in_the_sdk_and_the_contract_fail(tmp_path: Path) -> 
 
 def test_importing_the_sdk_and_the_core_loads_no_engine_module() -> None:
     code = (
-        "import sys, duplex_client, duplex_client.cli, duplex_server.protocol.session;"
+        "import sys, duplex_client, duplex_client.cli, duplex_server.protocol.machine;"
         "bad = sorted(m for m in sys.modules if m == 'engine' or m.startswith('engine.'));"
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -97,8 +105,10 @@ def test_the_server_reaches_the_engine_only_through_its_public_api(tmp_path: Pat
     root = _copy_layers(tmp_path)
     assert check(root) == []
     _plant(root, "duplex_server/session/input_lane.py", "from engine.messages import AsrRequest")
-    _plant(root, "duplex_server/transports/media.py", "from engine.orchestration import orchestrator")
-    _plant(root, "duplex_server/http/batch.py", "import engine.stages.sim")
+    _plant(
+        root, "duplex_server/transports/media.py", "from engine.orchestration import orchestrator"
+    )
+    _plant(root, "duplex_server/http/routes.py", "import engine.stages.sim")
     _plant(root, "duplex_server/app.py", "from engine.orchestration.pipeline import Pipeline")
     # the public API is fine
     _plant(
@@ -159,3 +169,69 @@ def test_the_public_engine_modules_exist_and_lint_runs_the_check() -> None:
     assert "audio_kit" in lint  # ruff covers the kit
     typecheck = makefile.split("\ntypecheck:", 1)[1].split("\n\n", 1)[0]
     assert "mypy --strict audio_kit" in typecheck
+
+
+def test_the_session_runtime_and_the_core_drive_no_transport(tmp_path: Path) -> None:
+    root = _copy_layers(tmp_path)
+    _plant(root, "duplex_server/session/live.py", "from duplex_server.transports import media")
+    _plant(root, "duplex_server/session/hub.py", "import duplex_server.transports.realtime")
+    _plant(root, "duplex_server/protocol/items.py", "from ..transports.webrtc import X")
+    _plant(root, "duplex_server/session/writer.py", "from duplex_server.ops import metrics")  # ok
+    errors = check(root)
+    assert len(errors) == 3, errors
+    assert errors[0].startswith("duplex_server/protocol/items.py:")
+    assert errors[0].endswith("the protocol core imports duplex_server.transports.webrtc")
+    assert errors[1].startswith("duplex_server/session/hub.py:")
+    assert errors[1].endswith("the session runtime imports duplex_server.transports.realtime")
+    assert errors[2].startswith("duplex_server/session/live.py:")
+    assert errors[2].endswith("the session runtime imports duplex_server.transports")
+
+
+def test_the_batch_routes_and_operations_import_no_transport(tmp_path: Path) -> None:
+    root = _copy_layers(tmp_path)
+    _plant(root, "duplex_server/http/codecs.py", "from duplex_server.transports import twilio")
+    _plant(root, "duplex_server/http/batch_api.py", "from duplex_server.session import hub")
+    _plant(root, "duplex_server/ops/drain.py", "from duplex_server.transports.media import M")
+    _plant(root, "duplex_server/ops/metrics.py", "from duplex_server.session import hub")  # ok
+    errors = "\n".join(check(root))
+    assert (
+        "http/codecs.py" in errors and "the batch routes imports duplex_server.transports" in errors
+    )
+    assert "http/batch_api.py" in errors and "batch routes imports duplex_server.session" in errors
+    assert "ops/drain.py" in errors and "the operations imports duplex_server.transports" in errors
+    assert "metrics.py" not in errors and len(errors.splitlines()) == 3
+
+
+def test_the_orchestration_and_the_control_plane_call_no_engine_client(tmp_path: Path) -> None:
+    root = _copy_layers(tmp_path)
+    _plant(root, "engine/orchestration/pipeline.py", "from engine.api.client import AsyncEngine")
+    _plant(root, "engine/duplex/control.py", "from engine.api import remote")
+    _plant(root, "engine/duplex/lease.py", "from engine.stages.registry import BACKENDS")
+    _plant(root, "engine/startup.py", "from duplex_server import app")
+    _plant(root, "engine/orchestration/graph.py", "from engine.stages import registry")  # ok
+    errors = "\n".join(check(root))
+    assert "the orchestration imports engine.api.client" in errors
+    assert "duplex/control.py" in errors and "the control plane imports engine.api" in errors
+    assert "duplex/lease.py" in errors and "the control plane imports engine.stages" in errors
+    assert "engine/startup.py" in errors and "the engine imports duplex_server" in errors
+    assert "graph.py" not in errors and len(errors.splitlines()) == 4
+
+
+def test_stage_backends_import_only_their_building_blocks_of_the_orchestration(
+    tmp_path: Path,
+) -> None:
+    root = _copy_layers(tmp_path)
+    _plant(root, "engine/stages/sim.py", "from engine.orchestration import orchestrator")
+    _plant(root, "engine/stages/pool.py", "from engine.orchestration.pipeline import Pipeline")
+    # what a backend is built from is fine
+    _plant(root, "engine/stages/tts_piper.py", "from engine.orchestration import compute, edges")
+    _plant(root, "engine/stages/base.py", "from engine.orchestration.chunkers import Chunk")
+    errors = "\n".join(check(root))
+    assert (
+        "sim.py" in errors and "stage backends imports engine.orchestration.orchestrator" in errors
+    )
+    assert "pool.py" in errors and "stage backends imports engine.orchestration.pipeline" in errors
+    assert "tts_piper.py" not in errors and "base.py" not in errors
+    assert len(errors.splitlines()) == 2
+    for name in STAGE_ORCHESTRATION:
+        assert (ROOT / (name.replace(".", "/") + ".py")).is_file(), name

@@ -13,7 +13,7 @@ from openai import AsyncOpenAI
 
 from tests.server.harness import ROOT, UNIT, b64, silence, tone
 
-WSCAT = ROOT / "node_modules" / ".bin" / "wscat"
+WSCAT = ROOT / "clients" / "node_modules" / ".bin" / "wscat"
 
 
 def _client(addr: str) -> AsyncOpenAI:

@@ -22,7 +22,7 @@ better." (+0.083 WER): the engine gets the same samples as the batch route (the 
 resampling paths agree within 1 LSB), but Whisper-base decoded the band-limited last
 phrase after the previous one in a 10 s encoder window, and mishears it there (10-12 s),
 not in 13 s or more, nor inside the whole recording in 15 s (the batch route). Narrowband
-audio decoded after its context now gets at least 15 s (engine/stages/asr_whisper.py
+audio decoded after its context now gets at least 15 s (engine/stages/whisper_decoder.py
 ``NARROW_CONTEXT_MIN_S``; tests/stages/test_asr.py holds the case), so the case passes.
 """
 

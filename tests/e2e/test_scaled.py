@@ -154,7 +154,7 @@ def test_the_sdk_resumes_through_haproxy_on_the_owning_front_end(tmp_path: Path)
                     await _until(client, ev.SessionUpdated)
                     await client.send_text("hi")
                     await _until(client, ev.AudioDelta)
-                    client._ws.transport.abort()  # type: ignore[union-attr]  # abrupt drop
+                    client.connection._ws.transport.abort()  # type: ignore[union-attr]  # abrupt drop
                 for client in clients:
                     done, _ = await _until(client, ev.ResponseDone, 20)
                     assert done.response.status == "completed"

@@ -137,7 +137,7 @@ def test_shell_commands(server: str, scratch: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("npm") is None, reason="make wscat needs npm")
 def test_make_wscat_with_the_tour_lines(server: str) -> None:
-    """``make wscat`` (installing the pinned wscat if node_modules/ lacks it), then the
+    """``make wscat`` (installing the pinned wscat if clients/node_modules/ lacks it), then the
     tour's JSON lines typed in: a text answer comes back."""
     lines = next(t for kind, t in tour() if kind == "json").splitlines()
     host, port = server.rsplit(":", 1)

@@ -18,6 +18,7 @@ from engine.api.client import AsyncEngine
 from engine.api.remote import EngineServer
 from engine.api.remote_client import RemoteEngine
 from engine.config import EngineConfig, load_engine_config
+from engine.orchestration.orchestrator import Orchestrator
 from engine.stages.base import StageBackend
 from engine.stages.testing import TestStage, TestStageOptions
 
@@ -64,10 +65,12 @@ def transport(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 class LoopbackEngine(RemoteEngine):
-    """A RemoteEngine that owns the EngineServer it talks to (tests only)."""
+    """A RemoteEngine that owns the EngineServer it talks to (tests only); its
+    ``orchestrator`` is the server's (tests look inside it, as with an AsyncEngine)."""
 
     server: EngineServer
     tmp: str
+    orchestrator: Orchestrator
 
     @classmethod
     async def open(
@@ -80,7 +83,7 @@ class LoopbackEngine(RemoteEngine):
         assert isinstance(engine, LoopbackEngine)
         engine.server, engine.tmp = server, tmp
         assert server.engine is not None
-        engine._orch = server.engine._orch  # tests look inside the orchestrator
+        engine.orchestrator = server.engine.orchestrator
         return engine
 
     async def shutdown(self) -> None:

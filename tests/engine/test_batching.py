@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 
 from duplex_contract.batch import AudioOut, ChatMessage, TextOut
+from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.errors import StageError
 from duplex_contract.events import AudioChunk, ResponseDone
 from duplex_contract.settings import SessionSettings
 from engine.config import engine_config
 from engine.messages import LlmRequest, Priority, StageDone, StageOutput, TtsRequest
 from engine.stages.batching import BatchSlot
-from engine.stages.testing import BatchTestStage, TestStage, TestStageOptions, frame_pcm, word_frame
+from engine.stages.testing import TestStage, TestStageOptions, frame_pcm, word_frame
+from engine.stages.testing_batch import BatchTestStage
 from tests.engine.conftest import UNIT, collect, open_engine, run
 from tests.engine.test_orchestrator import text_turn
 
@@ -55,9 +57,9 @@ def test_concurrent_requests_share_steps() -> None:
                 assert len(audio) == 10  # 200 ms in 20 ms chunks, one per step
                 assert isinstance(out[-1], StageDone) and out[-1].finish_reason == "stop"
                 items += len(audio)
-            assert stage.items_stepped >= items
-            assert stage.steps < items / 4  # 80 chunks in far fewer steps
-            assert stage.max_step_size == 8
+            assert stage.runtime.items_stepped >= items
+            assert stage.runtime.steps < items / 4  # 80 chunks in far fewer steps
+            assert stage.runtime.max_step_size == 8
         finally:
             await stage.close()
 
@@ -80,7 +82,7 @@ def test_abort_mid_batch_emits_nothing_after_and_frees_the_slot() -> None:
                     got.append(out)
                     if len(got) == 3:
                         await stage.abort([victim.request_id])
-                        steps_at_abort = stage.steps
+                        steps_at_abort = stage.runtime.steps
 
             await asyncio.wait_for(consume(), 5 * UNIT)
             text = [o for o in got if isinstance(o, TextOut)]
@@ -209,7 +211,7 @@ def test_worker_crash_fails_its_requests_and_the_worker_restarts() -> None:
             )
             assert any(isinstance(r, StageError) and r.code == "worker_died" for r in res)
             for _ in range(100):
-                if stage.restarts == 1 and stage._thread is not None and stage._thread.is_alive():
+                if stage.restarts == 1 and stage.runtime.worker.alive:
                     break
                 await asyncio.sleep(0.02)
             out = await asyncio.wait_for(drain(stage, llm_req("c/e0/t0/r0/llm")), 5 * UNIT)
@@ -229,7 +231,7 @@ def test_close_ends_every_request_in_flight() -> None:
         await stage.close()
         out = await asyncio.wait_for(running, 5 * UNIT)
         assert isinstance(out[-1], StageDone) and out[-1].finish_reason == "aborted"
-        assert stage._thread is not None and not stage._thread.is_alive()
+        assert not stage.runtime.worker.alive
 
     run(main())
 
@@ -265,22 +267,24 @@ def test_sessions_on_batched_stages_share_steps_and_barge_in_still_aborts() -> N
                 done = events[-1]
                 assert isinstance(done, ResponseDone) and done.status == "completed"
                 assert any(isinstance(e, AudioChunk) for e in events)
-            assert backends["llm"][0].max_step_size > 1  # sessions decoded together
-            assert backends["tts"][0].max_step_size > 1
+            assert backends["llm"][0].runtime.max_step_size > 1  # sessions decoded together
+            assert backends["tts"][0].runtime.max_step_size > 1
             # a barge-in on a batched stage still aborts the old epoch everywhere
             sid, fence, gen = await text_turn(engine, "again")
             async for ev in engine.session_events(sid):
                 if isinstance(ev, AudioChunk):
                     break
             nxt = Fence(sid, fence.epoch + 1, fence.turn_id, fence.response_seq)
-            await engine.signal(fence, gen, "barge_in", next_fence=nxt)
+            await engine.call(
+                SignalCall(fence=fence, lease_generation=gen, event="barge_in", next_fence=nxt)
+            )
             tail = await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             assert isinstance(tail[-1], ResponseDone) and tail[-1].status == "cancelled"
             assert not any(isinstance(e, AudioChunk) for e in tail[:-1] if e.fence != fence)
             await asyncio.sleep(0.1)
             for stage in backends.values():
                 assert not [
-                    s for s in stage[0]._live if s.request.request_id.startswith(fence.key())
+                    r for r in stage[0].runtime.running() if r.request_id.startswith(fence.key())
                 ]
         finally:
             await engine.shutdown()
@@ -314,10 +318,12 @@ def test_a_talker_and_codec_route_streams_codec_frames_into_audio() -> None:
         }
         engine = await open_engine(cfg, backends)
         try:
-            res = await engine.open(SessionSettings(output_modalities=("audio",)))
+            res = await engine.call(OpenCall(config=SessionSettings(output_modalities=("audio",))))
             assert res.session_id and res.accepted_fence
-            await engine.append(res.accepted_fence, 1, text="speak")
-            await engine.commit(res.accepted_fence, 1)
+            await engine.call(
+                AppendCall(fence=res.accepted_fence, lease_generation=1, text="speak")
+            )
+            await engine.call(CommitCall(fence=res.accepted_fence, lease_generation=1))
             events = await collect(
                 engine, res.session_id, lambda e: isinstance(e, ResponseDone), 10 * UNIT
             )
@@ -345,8 +351,10 @@ def test_the_test_stages_keep_a_bounded_record(monkeypatch: pytest.MonkeyPatch) 
     """What the test stages record for tests (request ids, priorities, steps) is bounded: a
     soak's server runs them for hours, and these records grew its memory ~60 MB/h."""
     import engine.stages.testing as testing
+    import engine.stages.testing_batch as testing_batch
 
     monkeypatch.setattr(testing, "KEEP_IDS", 8)
+    monkeypatch.setattr(testing_batch, "KEEP_IDS", 8)
 
     async def main() -> None:
         plain = TestStage(TestStageOptions(), "llm")

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from typing import Any, ClassVar
-
-import msgspec
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from duplex_contract.batch import TextOut
 from engine.messages import StageDone, StageOutput, StageRequest
 from engine.orchestration import compute
-from engine.orchestration.edges import Edge
-from engine.stages.batching import BatchingBackend, BatchSlot
-from engine.stages.workers import ThreadedBackend
+from engine.stages.batching import BatchingRuntime, BatchSlot
+from engine.stages.threaded import ThreadedRuntime
 
 
 def test_working_counts_nested_units_and_others_busy_excludes_itself() -> None:
@@ -63,30 +60,18 @@ def test_wait_urgent_blocks_while_its_group_has_urgent_work() -> None:
     assert compute.urgent_groups() == {}
 
 
-class _Opts(msgspec.Struct, frozen=True):
-    pass
+class _Threaded:
+    """A one-request-at-a-time text model that records what compute says while it runs."""
 
-
-class _Recording:
-    """A text-to-text stage that records what compute says while it runs (a mixin over the
-    two stage runtimes)."""
-
-    Options: ClassVar[type[msgspec.Struct]] = _Opts
-    consumes = Edge.TEXT
-    emits = Edge.TEXT
-
-    def __init__(self, name: str) -> None:
-        super().__init__(_Opts(), name)  # type: ignore[call-arg]
+    def __init__(self) -> None:
         self.seen: list[dict[str, int]] = []
+        self.urgent: list[dict[str, int]] = []
 
     def load(self) -> None:
         pass
 
-
-class _Threaded(_Recording, ThreadedBackend):
-    def __init__(self) -> None:
-        super().__init__("threaded-x")
-        self.urgent: list[dict[str, int]] = []
+    def unload(self) -> None:
+        pass
 
     def run(self, request: StageRequest, cancelled: threading.Event) -> Iterator[StageOutput]:
         self.seen.append(compute.busy())
@@ -95,14 +80,24 @@ class _Threaded(_Recording, ThreadedBackend):
         yield StageDone(request_id=request.request_id, finish_reason="stop")
 
 
-class _Batching(_Recording, BatchingBackend):
-    def __init__(self) -> None:
-        super().__init__("batching-x")
+class _Batching:
+    """A batching text model that records what compute says while a step runs."""
 
-    def step(self, batch: Any) -> None:
+    def __init__(self) -> None:
+        self.seen: list[dict[str, int]] = []
+
+    def load(self) -> None:
+        pass
+
+    def unload(self) -> None:
+        pass
+
+    def prepare(self, request: StageRequest) -> Any:
+        return None
+
+    def step(self, batch: Sequence[BatchSlot]) -> None:
         self.seen.append(compute.busy())
         for slot in batch:
-            assert isinstance(slot, BatchSlot)
             slot.emit(StageDone(request_id=slot.request.request_id, finish_reason="stop"))
             slot.finish()
 
@@ -111,16 +106,21 @@ def test_the_stage_runtimes_mark_their_work() -> None:
     async def main() -> None:
         from engine.messages import LlmRequest
 
-        for backend in (_Threaded(), _Batching()):
-            await backend.start()
+        threaded, batching = _Threaded(), _Batching()
+        runtimes: list[tuple[Any, ThreadedRuntime | BatchingRuntime]] = [
+            (threaded, ThreadedRuntime("threaded-x", threaded)),
+            (batching, BatchingRuntime("batching-x", batching, max_batch=8)),
+        ]
+        for model, runtime in runtimes:
+            await runtime.start()
             try:
                 req = LlmRequest(request_id="r", messages=())
-                outs = [o async for o in backend.submit(req)]
+                outs = [o async for o in runtime.submit(req)]
                 assert isinstance(outs[-1], StageDone)
-                assert backend.seen == [{backend.name: 1}]
+                assert model.seen == [{runtime.name: 1}]
                 assert compute.busy() == {}  # released when the work ends
             finally:
-                await backend.close()
+                await runtime.close()
 
     asyncio.run(main())
 
@@ -132,15 +132,16 @@ def test_the_threaded_runtime_marks_a_first_clause_urgent() -> None:
     async def main() -> None:
         from engine.messages import TtsRequest
 
-        backend = _Threaded()
-        await backend.start()
+        model = _Threaded()
+        runtime = ThreadedRuntime("threaded-x", model)
+        await runtime.start()
         try:
             for rid, first in (("sess_a/e0/t1/r1/tts0", True), ("sess_a/e0/t1/r1/tts1", False)):
-                outs = [o async for o in backend.submit(TtsRequest(rid, "x", first=first))]
+                outs = [o async for o in runtime.submit(TtsRequest(rid, "x", first=first))]
                 assert isinstance(outs[-1], StageDone)
-            assert backend.urgent == [{"sess_a/e0/t1/r1": 1}, {}]
+            assert model.urgent == [{"sess_a/e0/t1/r1": 1}, {}]
             assert compute.urgent_groups() == {}
         finally:
-            await backend.close()
+            await runtime.close()
 
     asyncio.run(main())

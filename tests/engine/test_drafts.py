@@ -15,6 +15,7 @@ import weakref
 import msgspec
 import pytest
 
+from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.errors import StageError
 from duplex_contract.events import AudioChunk, ResponseDone, SessionEvent
 from duplex_contract.fence import Fence
@@ -32,9 +33,15 @@ SILENCE = b"\0\0" * 4000
 
 
 def _orch(engine: AsyncEngine) -> Orchestrator:
-    orch = engine._orch  # the loopback engine exposes its server's too (conftest)
+    orch = engine.orchestrator  # the loopback engine exposes its server's too (conftest)
     assert isinstance(orch, Orchestrator)
     return orch
+
+
+def _drafts(orch: Orchestrator) -> dict[str, Draft]:
+    """Each session's draft (the orchestrator's draft book)."""
+    assert orch.drafts is not None
+    return orch.drafts.drafts
 
 
 async def _start(speculative: bool = True) -> tuple[AsyncEngine, dict[str, list[TestStage]]]:
@@ -47,7 +54,7 @@ async def _start(speculative: bool = True) -> tuple[AsyncEngine, dict[str, list[
 async def _finished(orch: Orchestrator, sid: str) -> Draft:
     """Wait until the session's draft has finished (produced all its audio, or failed)."""
     for _ in range(200):
-        draft = orch._drafts.get(sid)
+        draft = _drafts(orch).get(sid)
         if draft is not None and draft.task is not None and draft.task.done():
             return draft
         await asyncio.sleep(0.02)
@@ -61,11 +68,11 @@ async def _held(orch: Orchestrator, sid: str) -> int:
 
 async def _speak_and_pause(engine: AsyncEngine) -> tuple[str, Fence, int, Orchestrator]:
     """A session that spoke, then paused (its draft starts)."""
-    res = await engine.open()
+    res = await engine.call(OpenCall())
     sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
     assert sid and f
-    await engine.append(f, gen, audio=SPEECH)
-    await engine.signal(f, gen, "input.pause")
+    await engine.call(AppendCall(fence=f, lease_generation=gen, audio=SPEECH))
+    await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.pause"))
     return sid, f, gen, _orch(engine)
 
 
@@ -90,8 +97,8 @@ async def _spoken_turn(speculative: bool) -> tuple[list[SessionEvent], AsyncEngi
     if speculative:
         assert await _held(orch, sid) > 0
         assert await _no_events(engine, sid) == []  # held, not sent
-    await engine.append(f, gen, audio=SILENCE)
-    await engine.commit(f, gen)
+    await engine.call(AppendCall(fence=f, lease_generation=gen, audio=SILENCE))
+    await engine.call(CommitCall(fence=f, lease_generation=gen))
     evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
     return evs, engine, backends
 
@@ -125,13 +132,14 @@ def test_speech_that_resumes_drops_the_draft_and_sends_none_of_it() -> None:
         engine, backends = await _start()
         try:
             sid, f, gen, orch = await _paused(engine)
-            draft = orch._drafts[sid]
-            assert orch._session_bytes()["draft"] == draft.held_bytes  # accounted (metrics)
-            await engine.signal(f, gen, "input.resume")  # the user goes on
-            assert sid not in orch._drafts and draft.held_bytes == 0
-            assert orch._session_bytes()["draft"] == 0
-            await engine.append(f, gen, audio=SPEECH + SILENCE)
-            await engine.commit(f, gen)
+            draft = _drafts(orch)[sid]
+            assert orch.reaper.session_bytes()["draft"] == draft.held_bytes  # accounted (metrics)
+            # the user goes on
+            await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.resume"))
+            assert sid not in _drafts(orch) and draft.held_bytes == 0
+            assert orch.reaper.session_bytes()["draft"] == 0
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=SPEECH + SILENCE))
+            await engine.call(CommitCall(fence=f, lease_generation=gen))
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
             done = evs[-1]
             assert isinstance(done, ResponseDone) and done.status == "completed"
@@ -158,11 +166,16 @@ def test_a_changed_prompt_is_not_answered_by_the_draft() -> None:
         engine, backends = await _start()
         try:
             sid, f, gen, orch = await _paused(engine)
-            await engine.signal(
-                f, gen, "session.update", update=SessionUpdate(instructions="Be terse.")
+            await engine.call(
+                SignalCall(
+                    fence=f,
+                    lease_generation=gen,
+                    event="session.update",
+                    update=SessionUpdate(instructions="Be terse."),
+                )
             )
-            await engine.append(f, gen, audio=SILENCE)
-            await engine.commit(f, gen)
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=SILENCE))
+            await engine.call(CommitCall(fence=f, lease_generation=gen))
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
             done = evs[-1]
             assert isinstance(done, ResponseDone) and done.status == "completed"
@@ -179,22 +192,24 @@ def test_another_sessions_real_turn_drops_the_draft() -> None:
     async def main() -> None:
         engine, _ = await _start()
         try:
-            a = await engine.open()
-            b = await engine.open()
+            a = await engine.call(OpenCall())
+            b = await engine.call(OpenCall())
             assert a.session_id and a.accepted_fence and b.session_id and b.accepted_fence
-            await engine.append(a.accepted_fence, 1, audio=SPEECH)
-            await engine.signal(a.accepted_fence, 1, "input.pause")
+            await engine.call(AppendCall(fence=a.accepted_fence, lease_generation=1, audio=SPEECH))
+            await engine.call(
+                SignalCall(fence=a.accepted_fence, lease_generation=1, event="input.pause")
+            )
             orch = _orch(engine)
             await asyncio.sleep(0.01)
-            assert a.session_id in orch._drafts
-            await engine.append(b.accepted_fence, 1, text="hello")
-            await engine.commit(b.accepted_fence, 1)
+            assert a.session_id in _drafts(orch)
+            await engine.call(AppendCall(fence=b.accepted_fence, lease_generation=1, text="hello"))
+            await engine.call(CommitCall(fence=b.accepted_fence, lease_generation=1))
             await collect(engine, b.session_id, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
-            assert a.session_id not in orch._drafts  # dropped when b's turn started
+            assert a.session_id not in _drafts(orch)  # dropped when b's turn started
             assert orch.counters.drafts["dropped"] == 1
             # a's turn still gets its answer, started at its commit
-            await engine.append(a.accepted_fence, 1, audio=SILENCE)
-            await engine.commit(a.accepted_fence, 1)
+            await engine.call(AppendCall(fence=a.accepted_fence, lease_generation=1, audio=SILENCE))
+            await engine.call(CommitCall(fence=a.accepted_fence, lease_generation=1))
             evs = await collect(
                 engine, a.session_id, lambda e: isinstance(e, ResponseDone), 10 * UNIT
             )
@@ -213,8 +228,10 @@ def test_a_barge_in_drops_the_draft() -> None:
         try:
             sid, f, gen, orch = await _paused(engine)
             nxt = Fence(sid, f.epoch + 1, f.turn_id, f.response_seq)
-            await engine.signal(f, gen, "barge_in", next_fence=nxt)
-            assert sid not in orch._drafts and orch.counters.drafts["dropped"] == 1
+            await engine.call(
+                SignalCall(fence=f, lease_generation=gen, event="barge_in", next_fence=nxt)
+            )
+            assert sid not in _drafts(orch) and orch.counters.drafts["dropped"] == 1
             assert [e for e in await _no_events(engine, sid) if isinstance(e, AudioChunk)] == []
         finally:
             await engine.shutdown()
@@ -229,14 +246,16 @@ def test_no_draft_when_the_commit_will_not_ask_for_a_response() -> None:
     async def main() -> None:
         engine, backends = await _start()
         try:
-            res = await engine.open()
+            res = await engine.call(OpenCall())
             sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
             assert sid and f
-            await engine.append(f, gen, audio=SPEECH)
-            await engine.signal(f, gen, "input.pause", respond=False)
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=SPEECH))
+            await engine.call(
+                SignalCall(fence=f, lease_generation=gen, event="input.pause", respond=False)
+            )
             orch = _orch(engine)
             await asyncio.sleep(0.2)
-            assert sid not in orch._drafts and orch.counters.drafts["started"] == 0
+            assert sid not in _drafts(orch) and orch.counters.drafts["started"] == 0
             assert backends["llm"][0].submitted == [] and len(backends["asr"][0].submitted) == 1
         finally:
             await engine.shutdown()
@@ -253,29 +272,32 @@ def test_a_pause_while_another_sessions_turn_runs_is_not_guessed() -> None:
         backends = stages(asr_delay_s=0.05, token_interval_s=0.05 * UNIT)
         engine = await open_engine(make_config(), backends)
         try:
-            a = await engine.open()
-            b = await engine.open()
+            a = await engine.call(OpenCall())
+            b = await engine.call(OpenCall())
             assert a.session_id and a.accepted_fence and b.session_id and b.accepted_fence
             orch = _orch(engine)
-            await engine.append(b.accepted_fence, 1, text="hello")
-            await engine.commit(b.accepted_fence, 1)  # b's turn: slow LLM, still running
+            await engine.call(AppendCall(fence=b.accepted_fence, lease_generation=1, text="hello"))
+            # b's turn: slow LLM, still running
+            await engine.call(CommitCall(fence=b.accepted_fence, lease_generation=1))
             for _ in range(100):
-                if orch._turn_running(besides=a.session_id):
+                if orch.runners.turn_running(besides=a.session_id):
                     break
                 await asyncio.sleep(0.01)
             asr_before = len(backends["asr"][0].submitted)
-            await engine.append(a.accepted_fence, 1, audio=SPEECH)
-            await engine.signal(a.accepted_fence, 1, "input.pause")
+            await engine.call(AppendCall(fence=a.accepted_fence, lease_generation=1, audio=SPEECH))
+            await engine.call(
+                SignalCall(fence=a.accepted_fence, lease_generation=1, event="input.pause")
+            )
             await asyncio.sleep(0.1)
             assert orch.speculation is not None
             assert (orch.speculation.started, orch.speculation.skipped) == (0, 1)
-            assert a.session_id not in orch._drafts and orch.counters.drafts["started"] == 0
+            assert a.session_id not in _drafts(orch) and orch.counters.drafts["started"] == 0
             assert len(backends["asr"][0].submitted) == asr_before  # no ASR for the guess
             assert engine.stats().speculative_transcripts["skipped"] == 1
             await collect(engine, b.session_id, lambda e: isinstance(e, ResponseDone), 20 * UNIT)
             # a's commit transcribes its turn and answers it
-            await engine.append(a.accepted_fence, 1, audio=SILENCE)
-            done = await engine.commit(a.accepted_fence, 1)
+            await engine.call(AppendCall(fence=a.accepted_fence, lease_generation=1, audio=SILENCE))
+            done = await engine.call(CommitCall(fence=a.accepted_fence, lease_generation=1))
             evs = await collect(
                 engine, a.session_id, lambda e: isinstance(e, ResponseDone), 20 * UNIT
             )
@@ -283,14 +305,18 @@ def test_a_pause_while_another_sessions_turn_runs_is_not_guessed() -> None:
             assert done.accepted_fence is not None
             # nothing else runs now: the next pause is guessed (and answered ahead)
             for _ in range(100):
-                if not orch._turn_running(besides=""):
+                if not orch.runners.turn_running(besides=""):
                     break
                 await asyncio.sleep(0.01)
-            await engine.append(done.accepted_fence, 1, audio=SPEECH)
-            await engine.signal(done.accepted_fence, 1, "input.pause")
+            await engine.call(
+                AppendCall(fence=done.accepted_fence, lease_generation=1, audio=SPEECH)
+            )
+            await engine.call(
+                SignalCall(fence=done.accepted_fence, lease_generation=1, event="input.pause")
+            )
             await asyncio.sleep(0.05)
             assert orch.speculation.started == 1
-            assert a.session_id in orch._drafts
+            assert a.session_id in _drafts(orch)
         finally:
             await engine.shutdown()
 
@@ -317,11 +343,11 @@ def test_a_draft_whose_stage_fails_is_freed_without_the_cyclic_gc(then: str) -> 
             freed = weakref.ref(draft)
             del draft
             if then == "dropped":
-                await engine.signal(f, gen, "input.resume")
+                await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.resume"))
                 assert orch.counters.drafts["dropped"] == 1
             else:
-                await engine.append(f, gen, audio=SILENCE)
-                await engine.commit(f, gen)
+                await engine.call(AppendCall(fence=f, lease_generation=gen, audio=SILENCE))
+                await engine.call(CommitCall(fence=f, lease_generation=gen))
                 evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
                 done = evs[-1]
                 assert isinstance(done, ResponseDone) and done.status == "failed"

@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 
+from duplex_contract.control import AppendCall, CommitCall, OpenCall
 from duplex_contract.events import (
     AudioChunk,
     ResponseDone,
@@ -22,11 +23,13 @@ def test_text_turn_streams_text_and_audio() -> None:
     async def main() -> None:
         engine = await start_engine()
         try:
-            res = await engine.open(SessionSettings(output_modalities=("text", "audio")))
+            res = await engine.call(
+                OpenCall(config=SessionSettings(output_modalities=("text", "audio")))
+            )
             sid, fence, gen = res.session_id, res.accepted_fence, res.lease_generation
             assert sid and fence and gen == 1
-            await engine.append(fence, gen, text="hello")
-            res = await engine.commit(fence, gen)
+            await engine.call(AppendCall(fence=fence, lease_generation=gen, text="hello"))
+            res = await engine.call(CommitCall(fence=fence, lease_generation=gen))
             assert res.accepted_fence and res.accepted_fence.turn_id == 1
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             kinds = [type(e).__name__ for e in evs]
@@ -58,11 +61,13 @@ def test_audio_turn_transcribes_first() -> None:
     async def main() -> None:
         engine = await start_engine()
         try:
-            res = await engine.open()
+            res = await engine.call(OpenCall())
             sid, fence, gen = res.session_id, res.accepted_fence, res.lease_generation
             assert sid and fence
-            await engine.append(fence, gen, audio=b"\x00\x01" * 1600)
-            await engine.commit(fence, gen)
+            await engine.call(
+                AppendCall(fence=fence, lease_generation=gen, audio=b"\x00\x01" * 1600)
+            )
+            await engine.call(CommitCall(fence=fence, lease_generation=gen))
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             assert isinstance(evs[0], UserTranscript)
             assert evs[0].text == "what is the weather like today"

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.errors import ConfigError, StageError
 from engine.config import engine_config, load_engine_config
 from engine.orchestration.edges import Edge
@@ -217,10 +218,10 @@ def test_work_on_a_missing_route_fails_clearly_and_the_session_goes_on() -> None
         data["routes"] = {"voice": ["asr", "llm", "tts"]}  # no text, speech, transcribe
         engine = await open_engine(engine_config(data))
         try:
-            res = await engine.open(SessionSettings(output_modalities=("text",)))
+            res = await engine.call(OpenCall(config=SessionSettings(output_modalities=("text",))))
             assert res.session_id and res.accepted_fence
-            await engine.append(res.accepted_fence, 1, text="hi")
-            await engine.commit(res.accepted_fence, 1)
+            await engine.call(AppendCall(fence=res.accepted_fence, lease_generation=1, text="hi"))
+            await engine.call(CommitCall(fence=res.accepted_fence, lease_generation=1))
             events = await collect(engine, res.session_id, lambda e: isinstance(e, ResponseDone))
             done = events[-1]
             assert isinstance(done, ResponseDone) and done.status == "failed"
@@ -234,11 +235,16 @@ def test_work_on_a_missing_route_fails_clearly_and_the_session_goes_on() -> None
             from duplex_contract.settings import SessionUpdate
 
             fence = done.fence
-            await engine.signal(
-                fence, 1, "session.update", update=SessionUpdate(output_modalities=("audio",))
+            await engine.call(
+                SignalCall(
+                    fence=fence,
+                    lease_generation=1,
+                    event="session.update",
+                    update=SessionUpdate(output_modalities=("audio",)),
+                )
             )
-            await engine.append(fence, 1, text="again")
-            await engine.commit(fence, 1)
+            await engine.call(AppendCall(fence=fence, lease_generation=1, text="again"))
+            await engine.call(CommitCall(fence=fence, lease_generation=1))
             events = await collect(engine, res.session_id, lambda e: isinstance(e, ResponseDone))
             assert isinstance(events[-1], ResponseDone) and events[-1].status == "completed"
         finally:

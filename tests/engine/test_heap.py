@@ -43,7 +43,7 @@ def test_the_reaper_trims_the_heap_on_its_interval(monkeypatch: pytest.MonkeyPat
         engine = await start_engine(stages(), reaper_interval_s=0.02, heap_trim_interval_s=interval)
         try:
             await asyncio.sleep(0.5)
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None
             return orch.counters.heap_trims
         finally:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.events import AudioChunk, ResponseDone, SessionEvent, TextDelta
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings
@@ -49,14 +50,14 @@ async def turn(
     engine: AsyncEngine, modalities: tuple[str, ...] = ("text",), sid: str | None = None
 ) -> tuple[str, list[SessionEvent]]:
     if sid is None:
-        res = await engine.open(SessionSettings(output_modalities=modalities))  # type: ignore[arg-type]
+        res = await engine.call(OpenCall(config=SessionSettings(output_modalities=modalities)))  # type: ignore[arg-type]
         assert res.session_id and res.accepted_fence
         sid, fence = res.session_id, res.accepted_fence
     else:
-        session = engine._orch.control.sessions[sid]  # type: ignore[union-attr]
+        session = engine.orchestrator.control.sessions[sid]  # type: ignore[union-attr]
         fence = session.fence
-    await engine.append(fence, 1, text="hi")
-    await engine.commit(fence, 1)
+    await engine.call(AppendCall(fence=fence, lease_generation=1, text="hi"))
+    await engine.call(CommitCall(fence=fence, lease_generation=1))
     events = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
     return sid, events
 
@@ -92,10 +93,12 @@ def test_remote_asr_and_tts_make_a_voice_turn(fake: Fake) -> None:
     async def main() -> None:
         engine = await open_engine(remote_config(fake))
         try:
-            res = await engine.open(SessionSettings(output_sample_rate=16000))
+            res = await engine.call(OpenCall(config=SessionSettings(output_sample_rate=16000)))
             assert res.session_id and res.accepted_fence
-            await engine.append(res.accepted_fence, 1, audio=bytes(2 * 16000))
-            await engine.commit(res.accepted_fence, 1)
+            await engine.call(
+                AppendCall(fence=res.accepted_fence, lease_generation=1, audio=bytes(2 * 16000))
+            )
+            await engine.call(CommitCall(fence=res.accepted_fence, lease_generation=1))
             events = await collect(engine, res.session_id, lambda e: isinstance(e, ResponseDone))
             assert done_of(events).status == "completed"
             chunks = [e for e in events if isinstance(e, AudioChunk)]
@@ -181,18 +184,20 @@ def test_a_barge_in_closes_the_remote_stream_and_nothing_follows(fake: Fake) -> 
         fake.words = [f" w{i}" for i in range(100)]
         engine = await open_engine(remote_config(fake))
         try:
-            res = await engine.open(SessionSettings(output_modalities=("text",)))
+            res = await engine.call(OpenCall(config=SessionSettings(output_modalities=("text",))))
             assert res.session_id and res.accepted_fence
             sid, fence = res.session_id, res.accepted_fence
-            await engine.append(fence, 1, text="go")
-            commit = await engine.commit(fence, 1)
+            await engine.call(AppendCall(fence=fence, lease_generation=1, text="go"))
+            commit = await engine.call(CommitCall(fence=fence, lease_generation=1))
             assert commit.accepted_fence is not None
             fence = commit.accepted_fence
             async for ev in engine.session_events(sid):
                 if isinstance(ev, TextDelta):
                     break
             nxt = Fence(sid, fence.epoch + 1, fence.turn_id, fence.response_seq)
-            await engine.signal(fence, 1, "barge_in", next_fence=nxt)
+            await engine.call(
+                SignalCall(fence=fence, lease_generation=1, event="barge_in", next_fence=nxt)
+            )
             tail = await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             assert done_of(tail).status == "cancelled"
             assert not [e for e in tail if isinstance(e, TextDelta)]

@@ -18,7 +18,15 @@ from duplex_contract.batch import (
     TranscribeJob,
     TranscriptOut,
 )
-from duplex_contract.control import OpenCall
+from duplex_contract.control import (
+    AppendCall,
+    CloseCall,
+    CommitCall,
+    OpenCall,
+    ResumeCall,
+    SignalCall,
+    TouchCall,
+)
 from duplex_contract.errors import ControlError, EngineDeadError, StageError
 from duplex_contract.events import (
     AudioChunk,
@@ -45,16 +53,16 @@ SOFT = (np.sin(np.arange(4000) / 5) * 2000).astype("<i2").tobytes()
 
 async def open_session(engine: AsyncEngine) -> tuple[str, Fence, int]:
     """A new session: (its id, its fence, its lease generation)."""
-    res = await engine.open()
+    res = await engine.call(OpenCall())
     assert res.session_id and res.accepted_fence
     return res.session_id, res.accepted_fence, res.lease_generation
 
 
 async def text_turn(engine: AsyncEngine, text: str = "hello") -> tuple[str, Fence, int]:
-    res = await engine.open(SessionSettings(output_modalities=("audio",)))
+    res = await engine.call(OpenCall(config=SessionSettings(output_modalities=("audio",))))
     assert res.session_id and res.accepted_fence
-    await engine.append(res.accepted_fence, 1, text=text)
-    res2 = await engine.commit(res.accepted_fence, 1)
+    await engine.call(AppendCall(fence=res.accepted_fence, lease_generation=1, text=text))
+    res2 = await engine.call(CommitCall(fence=res.accepted_fence, lease_generation=1))
     assert res2.accepted_fence
     return res.session_id, res2.accepted_fence, 1
 
@@ -71,15 +79,17 @@ def test_barge_in_stops_output_and_aborts_every_stage_request() -> None:
                 if sum(isinstance(e, AudioChunk) for e in seen) == 3:
                     break
             nxt = Fence(sid, fence.epoch + 1, fence.turn_id, fence.response_seq)
-            res = await engine.signal(fence, gen, "barge_in", next_fence=nxt)
+            res = await engine.call(
+                SignalCall(fence=fence, lease_generation=gen, event="barge_in", next_fence=nxt)
+            )
             assert res.accepted_fence == nxt
             tail = await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             done = tail[-1]
             assert isinstance(done, ResponseDone) and done.status == "cancelled"
             assert done.reason == "turn_detected" and done.fence == fence
             # nothing of the old epoch after the cancelled done, even after waiting
-            await engine.append(nxt, gen, text="next")
-            res = await engine.commit(nxt, gen)
+            await engine.call(AppendCall(fence=nxt, lease_generation=gen, text="next"))
+            res = await engine.call(CommitCall(fence=nxt, lease_generation=gen))
             later = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
             assert all(getattr(e, "fence", nxt).epoch == nxt.epoch for e in later)
             assert later[-1].status == "completed"  # type: ignore[union-attr]
@@ -107,7 +117,9 @@ def test_stage_failure_fails_only_its_request() -> None:
             evs = await collect(engine, good, lambda e: isinstance(e, ResponseDone))
             assert evs[-1].status == "completed"  # type: ignore[union-attr]
             # the failed session stays usable
-            r = await engine.append(Fence(bad, 0, 1, 1), 1, text="again")
+            r = await engine.call(
+                AppendCall(fence=Fence(bad, 0, 1, 1), lease_generation=1, text="again")
+            )
             assert r.ok
         finally:
             await engine.shutdown()
@@ -130,8 +142,8 @@ def test_hundred_sessions_and_a_stuck_one_blocks_nobody() -> None:
             assert all(r[-1].status == "completed" for r in results)  # type: ignore[union-attr]
             # the stuck session still answers control calls, and closes cleanly
             f = Fence(stuck, 0, 1, 1)
-            await engine.touch(f, 1, "heartbeat")
-            await engine.close(f, 1)
+            await engine.call(TouchCall(fence=f, lease_generation=1, activity="heartbeat"))
+            await engine.call(CloseCall(fence=f, lease_generation=1))
             evs = await collect(engine, stuck, lambda e: isinstance(e, SessionLifecycle))
             assert isinstance(evs[-1], SessionLifecycle) and evs[-1].state == "closed"
             assert any(isinstance(e, ResponseDone) and e.status == "cancelled" for e in evs)
@@ -165,17 +177,17 @@ def test_stuck_cleanup_holds_only_its_own_slot() -> None:
             sid, fence, gen = await text_turn(engine, "stuck forever")
             llm.hang_for.add(sid)
             await asyncio.sleep(0.05)
-            await engine.close(fence, gen)
+            await engine.call(CloseCall(fence=fence, lease_generation=gen))
             other, f2, _ = await text_turn(engine, "fine")
             with pytest.raises(ControlError) as info:
-                await engine.open()
+                await engine.call(OpenCall())
             assert info.value.code == "resource_exhausted"  # stuck one still holds its slot
-            await engine.close(f2, 1)
+            await engine.call(CloseCall(fence=f2, lease_generation=1))
             evs = await collect(
                 engine, other, lambda e: isinstance(e, SessionLifecycle) and e.state == "closed"
             )
             assert evs[-1].state == "closed"  # type: ignore[union-attr]
-            await engine.open()  # the other's slot was freed
+            await engine.call(OpenCall())  # the other's slot was freed
             llm.hang_for.clear()  # the reaper's retry now succeeds
             evs = await collect(
                 engine, sid, lambda e: isinstance(e, SessionLifecycle) and e.state == "closed"
@@ -193,7 +205,7 @@ def test_lease_expiry_publishes_and_frees_the_slot() -> None:
             idle_ttl_s=0.3, reaper_interval_s=0.05, max_sessions=1, expiring_warning_s=0.2
         )
         try:
-            res = await engine.open()
+            res = await engine.call(OpenCall())
             assert res.session_id
             evs = await collect(
                 engine,
@@ -206,7 +218,7 @@ def test_lease_expiry_publishes_and_frees_the_slot() -> None:
                 ("expired", "idle_timeout"),
                 ("closed", "idle_timeout"),
             ]
-            await engine.open()
+            await engine.call(OpenCall())
         finally:
             await engine.shutdown()
 
@@ -218,11 +230,13 @@ def test_detach_and_resume_keep_the_stream() -> None:
         engine = await start_engine(stages(**REALTIME), disconnect_grace_s=5.0)
         try:
             sid, fence, gen = await text_turn(engine)
-            await engine.touch(fence, gen, "detach")
-            res = await engine.resume(sid, gen)
+            await engine.call(TouchCall(fence=fence, lease_generation=gen, activity="detach"))
+            res = await engine.call(ResumeCall(session_id=sid, expected_lease_generation=gen))
             assert res.lease_generation == gen + 1
             with pytest.raises(ControlError, match="resumed elsewhere"):
-                await engine.touch(fence, gen, "heartbeat")
+                await engine.call(
+                    TouchCall(fence=fence, lease_generation=gen, activity="heartbeat")
+                )
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             assert isinstance(evs[0], ResponseStarted) and evs[-1].status == "completed"  # type: ignore[union-attr]
         finally:
@@ -235,7 +249,7 @@ def test_rpc_timeout_and_late_reply_are_dropped() -> None:
     async def main() -> None:
         engine = await start_engine()
         try:
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None and orch.loop is not None
             busy = threading.Event()
 
@@ -248,12 +262,13 @@ def test_rpc_timeout_and_late_reply_are_dropped() -> None:
             with pytest.raises(ControlError) as info:
                 await engine.call(OpenCall(), wait_s=0.05)
             assert info.value.code == "deadline_exceeded" and info.value.retryable
+            waiters = engine.inbox.waiters
             for _ in range(100):
-                if engine.late_replies:
+                if waiters.late_replies:
                     break
                 await asyncio.sleep(0.01)
-            assert engine.late_replies == 1
-            assert not engine._waiters
+            assert waiters.late_replies == 1
+            assert len(waiters) == 0
         finally:
             await engine.shutdown()
 
@@ -265,7 +280,7 @@ def test_fatal_engine_error_fails_everyone() -> None:
         engine = await start_engine(stages(hang_on="stuck"))
         try:
             sid, _, _ = await text_turn(engine, "stuck")
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None
 
             def boom(msg: object) -> None:
@@ -273,9 +288,9 @@ def test_fatal_engine_error_fails_everyone() -> None:
 
             orch._dispatch = boom  # type: ignore[method-assign]
             with pytest.raises(EngineDeadError):
-                await engine.open()
+                await engine.call(OpenCall())
             with pytest.raises(EngineDeadError):
-                await engine.open()
+                await engine.call(OpenCall())
             with pytest.raises(EngineDeadError):
                 await collect(engine, sid, lambda e: False)
             assert not engine.ready
@@ -328,11 +343,12 @@ def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
         engine = await start_engine(backends)
         try:
             sid, f, gen = await open_session(engine)
-            await engine.append(f, gen, audio=b"\1\0" * 8000)
-            await engine.signal(f, gen, "input.pause")
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=b"\1\0" * 8000))
+            await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.pause"))
             await asyncio.sleep(0.35)  # the silence window: the transcript is ready by now
-            await engine.append(f, gen, audio=b"\0\0" * 4000)  # trailing silence
-            await engine.commit(f, gen)
+            # trailing silence
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=b"\0\0" * 4000))
+            await engine.call(CommitCall(fence=f, lease_generation=gen))
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseStarted))
             assert isinstance(evs[0], UserTranscript)
             asr = backends["asr"][0]
@@ -344,15 +360,15 @@ def test_speculative_asr_on_pause_is_used_by_the_commit() -> None:
             # the user resumed: the speculation is dropped and the commit transcribes afresh
             await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             f2 = Fence(sid, 0, 1, 1)
-            await engine.append(f2, gen, audio=b"\1\0" * 100)
-            await engine.signal(f2, gen, "input.pause")
-            await engine.signal(f2, gen, "input.resume")
-            await engine.append(f2, gen, audio=b"\1\0" * 100)
-            await engine.commit(f2, gen)
+            await engine.call(AppendCall(fence=f2, lease_generation=gen, audio=b"\1\0" * 100))
+            await engine.call(SignalCall(fence=f2, lease_generation=gen, event="input.pause"))
+            await engine.call(SignalCall(fence=f2, lease_generation=gen, event="input.resume"))
+            await engine.call(AppendCall(fence=f2, lease_generation=gen, audio=b"\1\0" * 100))
+            await engine.call(CommitCall(fence=f2, lease_generation=gen))
             await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             assert len(asr.submitted) == 3  # the dropped guess, then the commit's own ASR
             assert asr.priorities[asr.submitted[2]] == Priority.REALTIME
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None and orch.speculation is not None
             assert orch.speculation.started == 2 and orch.speculation.used == 1
         finally:
@@ -373,16 +389,17 @@ def test_speculation_is_used_when_sound_the_vad_did_not_call_speech_follows_the_
         engine = await start_engine(backends)
         try:
             sid, f, gen = await open_session(engine)
-            await engine.append(f, gen, audio=LOUD)
-            await engine.signal(f, gen, "input.pause")
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=LOUD))
+            await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.pause"))
             await asyncio.sleep(0.2)
-            await engine.append(f, gen, audio=SOFT)  # still sounding at the commit
-            await engine.commit(f, gen)
+            # still sounding at the commit
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=SOFT))
+            await engine.call(CommitCall(fence=f, lease_generation=gen))
             await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             asr = backends["asr"][0]
             assert isinstance(asr, TestStage)
             assert len(asr.submitted) == 1  # the guess served the commit
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None and orch.speculation is not None
             assert orch.speculation.started == 1 and orch.speculation.used == 1
             assert orch.speculation.reguesses == 0
@@ -403,34 +420,38 @@ def test_sound_after_the_pause_is_guessed_again_once_it_ends() -> None:
         engine = await start_engine(backends)
         try:
             sid, f, gen = await open_session(engine)
-            await engine.append(f, gen, audio=LOUD)
-            await engine.signal(f, gen, "input.pause")
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=LOUD))
+            await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.pause"))
             await asyncio.sleep(0.2)
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None and orch.speculation is not None
+            assert orch.drafts is not None
             spec = orch.speculation
 
             async def settled() -> None:  # the engine applies an append after answering it
                 await asyncio.sleep(0.1)
 
-            first_draft = orch._drafts.get(sid)
+            first_draft = orch.drafts.drafts.get(sid)
             assert first_draft is not None  # the pause's guess is answered ahead
-            await engine.append(f, gen, audio=SOFT)  # sounding: no new guess yet
+            # sounding: no new guess yet
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=SOFT))
             await settled()
             assert spec.started == 1
             quiet = b"\0\0" * 1280  # 80 ms: not yet enough quiet
-            await engine.append(f, gen, audio=quiet)
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=quiet))
             await settled()
             assert spec.started == 1
-            await engine.append(f, gen, audio=quiet)  # 160 ms of quiet after the sound
+            # 160 ms of quiet after the sound
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=quiet))
             await settled()
             assert spec.started == 2 and spec.reguesses == 1
             # the first guess's draft answer goes on (the words are most often the same)
-            assert orch._drafts.get(sid) is first_draft
-            await engine.append(f, gen, audio=quiet)  # more quiet: the new guess covers it
+            assert orch.drafts.drafts.get(sid) is first_draft
+            # more quiet: the new guess covers it
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=quiet))
             await settled()
             assert spec.started == 2
-            await engine.commit(f, gen)
+            await engine.call(CommitCall(fence=f, lease_generation=gen))
             await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
             asr = backends["asr"][0]
             assert isinstance(asr, TestStage)
@@ -461,8 +482,10 @@ def test_a_turn_carries_the_previous_turn_as_context_with_the_gap_between() -> N
             for pause_s, respond in ((0.0, False), (0.0, False), (2.0, False), (0.0, True),
                                      (0.0, False)):  # fmt: skip
                 await asyncio.sleep(pause_s)
-                await engine.append(f, gen, audio=half_s)
-                f = (await engine.commit(f, gen, respond=respond)).accepted_fence or f
+                await engine.call(AppendCall(fence=f, lease_generation=gen, audio=half_s))
+                f = (
+                    await engine.call(CommitCall(fence=f, lease_generation=gen, respond=respond))
+                ).accepted_fence or f
                 if respond:
                     done = await collect(engine, sid, lambda e: isinstance(e, ResponseDone))
                     assert isinstance(done[-1], ResponseDone)
@@ -507,10 +530,18 @@ def test_the_context_waits_for_a_slow_previous_turn_and_times_the_gap_in_audio()
             # between them), but turn 2 arrives before turn 1's ASR is done and turn 3
             # right after turn 2's commit on the wall clock
             for i, at_ms in enumerate((0.0, 800.0, 3000.0)):
-                await engine.append(f, gen, audio=audios[i], stream_ms=at_ms)
+                await engine.call(
+                    AppendCall(fence=f, lease_generation=gen, audio=audios[i], stream_ms=at_ms)
+                )
                 if i:  # a pause guess transcribes the turn before its commit
-                    await engine.signal(f, gen, "input.pause", respond=False)
-                f = (await engine.commit(f, gen, respond=False)).accepted_fence or f
+                    await engine.call(
+                        SignalCall(
+                            fence=f, lease_generation=gen, event="input.pause", respond=False
+                        )
+                    )
+                f = (
+                    await engine.call(CommitCall(fence=f, lease_generation=gen, respond=False))
+                ).accepted_fence or f
             asr = backends["asr"][0]
             assert isinstance(asr, TestStage)
             deadline = time.monotonic() + 10 * UNIT
@@ -537,13 +568,19 @@ def test_barge_in_keeps_committed_words_that_were_not_heard_yet() -> None:
         engine = await start_engine(backends)
         try:
             sid, f, gen = await open_session(engine)
-            await engine.append(f, gen, audio=b"\1\0" * 1600)
-            f1 = (await engine.commit(f, gen)).accepted_fence  # still in ASR when ...
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=b"\1\0" * 1600))
+            # still in ASR when ...
+            f1 = (await engine.call(CommitCall(fence=f, lease_generation=gen))).accepted_fence
             assert f1
             nxt = Fence(sid, 1, f1.turn_id, f1.response_seq)
-            await engine.signal(f1, gen, "barge_in", next_fence=nxt)  # ... the user goes on
-            await engine.append(nxt, gen, text="and the second half")
-            await engine.commit(nxt, gen)
+            # ... the user goes on
+            await engine.call(
+                SignalCall(fence=f1, lease_generation=gen, event="barge_in", next_fence=nxt)
+            )
+            await engine.call(
+                AppendCall(fence=nxt, lease_generation=gen, text="and the second half")
+            )
+            await engine.call(CommitCall(fence=nxt, lease_generation=gen))
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
             heard = [e for e in evs if isinstance(e, UserTranscript)]
             assert [h.text for h in heard] == ["first half of a question"]
@@ -553,7 +590,7 @@ def test_barge_in_keeps_committed_words_that_were_not_heard_yet() -> None:
             asr = backends["asr"][0]
             assert isinstance(asr, TestStage)
             assert len(asr.submitted) == 1  # the cancelled job's ASR was picked up, not redone
-            history = engine._orch.control.sessions[sid].history  # type: ignore[union-attr]
+            history = engine.orchestrator.control.sessions[sid].history  # type: ignore[union-attr]
             user = [m.content for m in history.messages("sys") if m.role == "user"]
             assert "first half of a question" in user[-1] and "second half" in user[-1]
         finally:
@@ -578,8 +615,9 @@ def test_batch_work_waits_while_a_session_waits_for_its_first_audio() -> None:
         engine = await start_engine(stages(asr_delay_s=0.3))
         try:
             sid, f, gen = await open_session(engine)
-            await engine.append(f, gen, audio=b"\1\0" * 1600)
-            await engine.commit(f, gen)  # the turn is now in its ASR (0.3 s)
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=b"\1\0" * 1600))
+            # the turn is now in its ASR (0.3 s)
+            await engine.call(CommitCall(fence=f, lease_generation=gen))
             await asyncio.sleep(0.05)
             order: list[str] = []
 
@@ -597,7 +635,7 @@ def test_batch_work_waits_while_a_session_waits_for_its_first_audio() -> None:
 
             await asyncio.wait_for(asyncio.gather(batch(), session()), 10 * UNIT)
             assert order == ["session", "batch"]
-            orch = engine._orch
+            orch = engine.orchestrator
             assert orch is not None and orch.admission.waits >= 1
             assert orch.admission.critical == 0
         finally:
@@ -611,13 +649,16 @@ def test_a_new_pause_never_discards_the_transcription_a_turn_waits_for() -> None
         engine = await start_engine(stages(asr_delay_s=0.3))
         try:
             sid, f, gen = await open_session(engine)
-            await engine.append(f, gen, audio=b"\1\0" * 1600)
-            await engine.signal(f, gen, "input.pause")
-            f1 = (await engine.commit(f, gen)).accepted_fence  # claims the pause's ASR
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=b"\1\0" * 1600))
+            await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.pause"))
+            # claims the pause's ASR
+            f1 = (await engine.call(CommitCall(fence=f, lease_generation=gen))).accepted_fence
             assert f1
             await asyncio.sleep(0.05)
-            await engine.append(f1, gen, audio=b"\2\0" * 1600)  # the next utterance ...
-            await engine.signal(f1, gen, "input.pause")  # ... pauses while turn 1 waits
+            # the next utterance ...
+            await engine.call(AppendCall(fence=f1, lease_generation=gen, audio=b"\2\0" * 1600))
+            # ... pauses while turn 1 waits
+            await engine.call(SignalCall(fence=f1, lease_generation=gen, event="input.pause"))
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 5 * UNIT)
             done = evs[-1]
             assert isinstance(done, ResponseDone) and done.status == "completed"

@@ -10,6 +10,7 @@ import pytest
 import soundfile as sf
 import soxr
 
+from duplex_contract.control import AppendCall, CommitCall, OpenCall
 from duplex_contract.events import ResponseDone, UserTranscript
 from engine.config import PartialsConfig
 from tests.engine.conftest import ROOT, UNIT, collect, make_config, open_engine, run, stages
@@ -31,12 +32,12 @@ def test_partials_stream_while_appending_then_final_at_commit() -> None:
         cfg = msgspec.structs.replace(cfg, partials=PartialsConfig(backend="pocketsphinx"))
         engine = await open_engine(cfg, stages())
         try:
-            res = await engine.open()
+            res = await engine.call(OpenCall())
             sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
             assert sid and f
             pcm = beckett_16k()[: 16000 * 2 * 4]  # the first 4 s
             for i in range(0, len(pcm), 640):
-                await engine.append(f, gen, audio=pcm[i : i + 640])
+                await engine.call(AppendCall(fence=f, lease_generation=gen, audio=pcm[i : i + 640]))
             partials: list[str] = []
 
             async def watch() -> None:
@@ -52,7 +53,7 @@ def test_partials_stream_while_appending_then_final_at_commit() -> None:
                 await asyncio.sleep(0.05 * UNIT)
             watcher.cancel()
             assert partials and all(p.strip() for p in partials)
-            await engine.commit(f, gen)
+            await engine.call(CommitCall(fence=f, lease_generation=gen))
             evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
             finals = [e for e in evs if isinstance(e, UserTranscript) and e.final]
             assert len(finals) == 1 and finals[0].fence.turn_id == 1

@@ -92,7 +92,7 @@ def test_vllm_replicas_are_checked_when_built(monkeypatch: pytest.MonkeyPatch) -
     built = build_replicas(
         "llm", StageConfig(backend="vllm", replicas=2, devices=("cuda:0", "cuda:1"))
     )
-    assert [r.gpus for r in built] == [(0,), (1,)]  # type: ignore[attr-defined]
+    assert [r.placement.gpus for r in built] == [(0,), (1,)]  # type: ignore[attr-defined]
     assert [start_devices(r) for r in built] == [{"cuda:0"}, {"cuda:1"}]
     auto = build_replicas("llm", StageConfig(backend="vllm"))[0]
     assert start_devices(auto) == {"cuda:0", "cuda:1"}  # vLLM places itself: every GPU

@@ -10,6 +10,7 @@ import tempfile
 
 import pytest
 
+from duplex_contract.control import AppendCall, CommitCall, OpenCall
 from duplex_contract.errors import ConfigError, EngineDeadError
 from duplex_contract.events import ResponseDone
 from duplex_contract.settings import SessionSettings
@@ -39,10 +40,10 @@ async def _server() -> tuple[EngineServer, str, str]:
 
 
 async def _text_turn(engine: RemoteEngine) -> ResponseDone:
-    res = await engine.open(SessionSettings(output_modalities=("text",)))
+    res = await engine.call(OpenCall(config=SessionSettings(output_modalities=("text",))))
     assert res.session_id and res.accepted_fence
-    await engine.append(res.accepted_fence, 1, text="hi")
-    await engine.commit(res.accepted_fence, 1)
+    await engine.call(AppendCall(fence=res.accepted_fence, lease_generation=1, text="hi"))
+    await engine.call(CommitCall(fence=res.accepted_fence, lease_generation=1))
     events = await collect(engine, res.session_id, lambda e: isinstance(e, ResponseDone))
     done = events[-1]
     assert isinstance(done, ResponseDone)
@@ -102,7 +103,7 @@ def test_two_front_ends_each_get_their_own_sessions_and_a_gone_one_is_detached()
                     break
             assert two.stats().sessions == {"open": 1, "detached": 1, "closing": 0}
             with pytest.raises(EngineDeadError):
-                await one.open()  # a shut-down front end refuses calls
+                await one.call(OpenCall())  # a shut-down front end refuses calls
         finally:
             await two.shutdown()
             await server.stop()
@@ -127,10 +128,10 @@ def test_session_ids_carry_the_front_ends_route_key() -> None:
     async def main() -> None:
         engine = await start_engine()
         try:
-            res = await engine.open(route_key="w7")
+            res = await engine.call(OpenCall(route_key="w7"))
             assert res.session_id is not None and res.session_id.startswith("sess_w7_")
             with pytest.raises(ControlError) as info:
-                await engine.open(route_key="W7/../x")
+                await engine.call(OpenCall(route_key="W7/../x"))
             assert info.value.code == "invalid_argument"
         finally:
             await engine.shutdown()

@@ -11,11 +11,13 @@ import msgspec
 import pytest
 
 from duplex_contract.batch import AudioOut, SpeechJob
+from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.errors import ConfigError
 from duplex_contract.events import AudioChunk, ResponseDone
 from engine.api.client import AsyncEngine
 from engine.config import SchedulingConfig, engine_config, load_engine_config
 from engine.messages import AsrRequest, LlmRequest, Priority, TtsRequest
+from engine.orchestration.drafts import Draft
 from engine.orchestration.orchestrator import Orchestrator
 from engine.orchestration.scheduling import (
     CapacityScheduler,
@@ -24,7 +26,8 @@ from engine.orchestration.scheduling import (
     replica_capacity,
     request_kind,
 )
-from engine.stages.testing import BatchTestStage, TestStageOptions
+from engine.stages.testing import TestStageOptions
+from engine.stages.testing_batch import BatchTestStage
 from tests.engine.conftest import ROOT, UNIT, collect, make_config, open_engine, run, stages
 
 SPEECH = b"\1\0" * 8000  # 0.5 s at 16 kHz
@@ -36,9 +39,15 @@ def _cfg(**sched: Any) -> Any:
 
 
 def _orch(engine: AsyncEngine) -> Orchestrator:
-    orch = engine._orch
+    orch = engine.orchestrator
     assert isinstance(orch, Orchestrator)
     return orch
+
+
+def _drafts(orch: Orchestrator) -> dict[str, Draft]:
+    """Each session's draft (the orchestrator's draft book)."""
+    assert orch.drafts is not None
+    return orch.drafts.drafts
 
 
 def _llm(rid: str, priority: Priority = Priority.REALTIME) -> LlmRequest:
@@ -251,12 +260,12 @@ def test_a_full_stage_asks_drafts_to_yield_to_a_realtime_request() -> None:
 
 # ----------------------------------------------------------------------------- in the engine
 async def _slow_turn(engine: AsyncEngine, orch: Orchestrator) -> tuple[str, Any]:
-    b = await engine.open()
+    b = await engine.call(OpenCall())
     assert b.session_id and b.accepted_fence
-    await engine.append(b.accepted_fence, 1, text="hello")
-    await engine.commit(b.accepted_fence, 1)
+    await engine.call(AppendCall(fence=b.accepted_fence, lease_generation=1, text="hello"))
+    await engine.call(CommitCall(fence=b.accepted_fence, lease_generation=1))
     for _ in range(200):
-        if orch._turn_running(besides=""):
+        if orch.runners.turn_running(besides=""):
             break
         await asyncio.sleep(0.01)
     return b.session_id, b.accepted_fence
@@ -272,22 +281,24 @@ def test_capacity_guesses_and_drafts_while_another_sessions_turn_runs() -> None:
         engine = await open_engine(_cfg(policy="capacity"), backends)
         try:
             orch = _orch(engine)
-            a = await engine.open()
+            a = await engine.call(OpenCall())
             assert a.session_id and a.accepted_fence
             b_sid, _ = await _slow_turn(engine, orch)
             await collect(engine, b_sid, lambda e: isinstance(e, AudioChunk), 10 * UNIT)
-            assert orch._turn_running(besides=a.session_id)
-            await engine.append(a.accepted_fence, 1, audio=SPEECH)
-            await engine.signal(a.accepted_fence, 1, "input.pause")
+            assert orch.runners.turn_running(besides=a.session_id)
+            await engine.call(AppendCall(fence=a.accepted_fence, lease_generation=1, audio=SPEECH))
+            await engine.call(
+                SignalCall(fence=a.accepted_fence, lease_generation=1, event="input.pause")
+            )
             await asyncio.sleep(0.1)
             assert orch.speculation is not None
             assert (orch.speculation.started, orch.speculation.skipped) == (1, 0)
-            assert orch.counters.drafts["started"] == 1 and a.session_id in orch._drafts
+            assert orch.counters.drafts["started"] == 1 and a.session_id in _drafts(orch)
             await collect(engine, b_sid, lambda e: isinstance(e, ResponseDone), 20 * UNIT)
-            assert a.session_id in orch._drafts and orch.counters.drafts["dropped"] == 0
+            assert a.session_id in _drafts(orch) and orch.counters.drafts["dropped"] == 0
             # a's commit adopts the draft it made while b's turn ran
-            await engine.append(a.accepted_fence, 1, audio=SILENCE)
-            await engine.commit(a.accepted_fence, 1)
+            await engine.call(AppendCall(fence=a.accepted_fence, lease_generation=1, audio=SILENCE))
+            await engine.call(CommitCall(fence=a.accepted_fence, lease_generation=1))
             evs = await collect(
                 engine, a.session_id, lambda e: isinstance(e, ResponseDone), 20 * UNIT
             )
@@ -307,10 +318,12 @@ def test_capacity_drops_a_draft_that_holds_a_full_stage_a_real_turn_needs() -> N
         engine = await open_engine(cfg, backends)
         try:
             orch = _orch(engine)
-            a = await engine.open()
+            a = await engine.call(OpenCall())
             assert a.session_id and a.accepted_fence
-            await engine.append(a.accepted_fence, 1, audio=SPEECH)
-            await engine.signal(a.accepted_fence, 1, "input.pause")
+            await engine.call(AppendCall(fence=a.accepted_fence, lease_generation=1, audio=SPEECH))
+            await engine.call(
+                SignalCall(fence=a.accepted_fence, lease_generation=1, event="input.pause")
+            )
             assert orch.scheduler is not None
             for _ in range(200):  # the draft now holds the LLM's only slot
                 if orch.scheduler.snapshot()["llm"]["draft"] == 1:
@@ -321,7 +334,7 @@ def test_capacity_drops_a_draft_that_holds_a_full_stage_a_real_turn_needs() -> N
             evs = await collect(engine, b_sid, lambda e: isinstance(e, AudioChunk), 10 * UNIT)
             assert isinstance(evs[-1], AudioChunk)
             assert orch.counters.drafts_yielded == 1 and orch.counters.drafts["dropped"] == 1
-            assert a.session_id not in orch._drafts
+            assert a.session_id not in _drafts(orch)
             assert orch.scheduler.snapshot()["llm"]["draft"] == 0
         finally:
             await engine.shutdown()
@@ -373,11 +386,12 @@ def test_batch_beside_a_turn_waiting_for_its_first_audio(policy: str) -> None:
     async def main() -> None:
         engine = await open_engine(_cfg(policy=policy), stages(asr_delay_s=0.3))
         try:
-            res = await engine.open()
+            res = await engine.call(OpenCall())
             sid, f = res.session_id, res.accepted_fence
             assert sid and f
-            await engine.append(f, 1, audio=b"\1\0" * 1600)
-            await engine.commit(f, 1)  # the turn is now in its ASR (0.3 s)
+            await engine.call(AppendCall(fence=f, lease_generation=1, audio=b"\1\0" * 1600))
+            # the turn is now in its ASR (0.3 s)
+            await engine.call(CommitCall(fence=f, lease_generation=1))
             await asyncio.sleep(0.05)
             order: list[str] = []
 

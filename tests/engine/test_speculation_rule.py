@@ -1,5 +1,5 @@
 """The rule by which a commit adopts a pause's speculative transcript
-(``engine.orchestration.speculation._Transcription.covers``): the turn's audio starts with the
+(``engine.orchestration.speculation.Transcription.covers``): the turn's audio starts with the
 guess's and
 the VAD heard no speech since (the guess survived: ``input.resume`` drops it). Sound the VAD
 did not call speech (a breath, room noise) does not void the guess; its energy is not judged."""
@@ -14,7 +14,7 @@ import numpy as np
 from audio_kit.pcm import quiet_after
 from duplex_contract.fence import Fence
 from engine.orchestration.pipeline import Pipeline
-from engine.orchestration.speculation import SpeculativeAsr, _Transcription
+from engine.orchestration.speculation import SpeculativeAsr, Transcription
 
 RATE = 16000
 
@@ -32,10 +32,10 @@ def _noise(seconds: float, level: float, seed: int = 0) -> np.ndarray:
     return level * np.random.default_rng(seed).standard_normal(int(RATE * seconds))
 
 
-async def _guess(audio: bytes) -> _Transcription:
+async def _guess(audio: bytes) -> Transcription:
     task = asyncio.create_task(asyncio.sleep(0, result="ever tried"))
     await task
-    return _Transcription("pause", audio, task)
+    return Transcription("pause", audio, task)
 
 
 def test_a_guess_covers_a_turn_that_only_adds_what_the_vad_did_not_call_speech() -> None:
@@ -63,7 +63,7 @@ def test_a_guess_does_not_cover_other_audio() -> None:
         guess = await _guess(head)
         assert not guess.covers(head[:-2])  # a shorter turn
         assert not guess.covers(_pcm(_speech(0.5, 0.2)) + bytes(3200))  # other words
-        turn_asr = _Transcription("turn", head, guess.task)
+        turn_asr = Transcription("turn", head, guess.task)
         assert turn_asr.covers(head)
         assert not turn_asr.covers(head + bytes(2))  # a turn's own ASR: the same audio only
 

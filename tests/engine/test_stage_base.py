@@ -1,11 +1,12 @@
-"""ThreadedBackend and StagePool with a toy backend (no models)."""
+"""The one-request-at-a-time runtime (ThreadedRuntime) and StagePool with a toy backend (no
+models)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -15,7 +16,8 @@ from duplex_contract.batch import TextOut
 from duplex_contract.errors import StageError
 from engine.messages import LlmRequest, Priority, StageDone, StageOutput, StageRequest, TtsRequest
 from engine.stages.pool import StagePool
-from engine.stages.workers import ThreadedBackend, WorkerCrash
+from engine.stages.threaded import ThreadedRuntime
+from engine.stages.workers import WorkerCrash
 from tests.engine.conftest import run
 
 
@@ -24,18 +26,43 @@ class ToyOptions(msgspec.Struct, frozen=True):
     n: int = 5
 
 
-class Toy(ThreadedBackend):
+class Toy:
+    """A backend as the real ones are built: the model (``load``/``run``/``unload``) holding
+    a ThreadedRuntime, which serves the stage interface."""
+
     Options = ToyOptions
+    device = "cpu"
 
     def __init__(self, options: Any, name: str) -> None:
-        super().__init__(options, name)
+        self.options = options
+        self.name = name
         self.loads = 0
         self.order: list[str] = []
         self.gate = threading.Event()
         self.gate.set()
+        self.runtime = ThreadedRuntime(name, self)
+
+    @property
+    def restarts(self) -> int:
+        return self.runtime.restarts
+
+    async def start(self) -> None:
+        await self.runtime.start()
+
+    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
+        return self.runtime.submit(request)
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        await self.runtime.abort(request_ids)
+
+    async def close(self) -> None:
+        await self.runtime.close()
 
     def load(self) -> None:
         self.loads += 1
+
+    def unload(self) -> None:
+        pass
 
     def run(self, request: StageRequest, cancelled: threading.Event) -> Iterator[StageOutput]:
         assert isinstance(request, LlmRequest | TtsRequest)

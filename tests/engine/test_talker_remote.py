@@ -66,7 +66,7 @@ def _run(tmp_path: Path, body: bytes, **over: Any) -> tuple[list[Any], list[dict
         )
         talker = RemoteTalker(opts, "talker")
         await talker.start()
-        talker._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        talker.connection._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
         out: list[Any] = []
         try:
             async for item in talker.submit(

@@ -19,8 +19,8 @@ from duplex_server.protocol.commands import (
 )
 from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import SessionFatal
+from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.resume import new_resume_token
-from duplex_server.protocol.session import SessionCore
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 
@@ -29,14 +29,14 @@ def _caps() -> ev.Capabilities:
     return ev.Capabilities(True, True, ["pcm16"], ["pcm16"], ["server_vad"], "energy", 1, 1, 1.0)
 
 
-def opened() -> tuple[SessionCore, str]:
-    core = SessionCore(SID, EffectiveSession())
+def opened() -> tuple[SessionMachine, str]:
+    core = SessionMachine(SID, EffectiveSession())
     token, digest = new_resume_token()
     core.opened(token, _caps(), token_hash=digest)
     return core, token
 
 
-def fatal_code(core: SessionCore, token: str) -> str:
+def fatal_code(core: SessionMachine, token: str) -> str:
     with pytest.raises(SessionFatal) as info:
         core.admit_resume(token)
     return info.value.code
@@ -47,9 +47,9 @@ def test_resume_refusals() -> None:
     assert fatal_code(core, "not-the-token") == "invalid_resume_token"
     core.admit_resume(token)
     assert fatal_code(core, token) == "stale_lease"  # a second resume while one is waiting
-    core.resume_failed()
+    core.resumption.resume_failed()
     core.admit_resume(token)  # allowed again once the first failed
-    core.resume_failed()
+    core.resumption.resume_failed()
     core.close("client")
     assert fatal_code(core, token) == "session_not_found"
 
@@ -60,10 +60,10 @@ def test_resume_takes_over_an_attached_transport_then_replays() -> None:
     new_token, digest = new_resume_token()
     actions = core.resumed(2, new_token, digest, after_seq=5, attached=True)
     assert actions == [Takeover(), Replay(5)]
-    assert core.lease_generation == 2 and not core.resuming
+    assert core.lease_generation == 2 and not core.resumption.resuming
     assert fatal_code(core, token) == "invalid_resume_token"  # tokens are one-time
     core.admit_resume(new_token)
-    core.resume_failed()
+    core.resumption.resume_failed()
     assert core.resumed(3, new_token, digest, after_seq=0, attached=False) == [Replay(0)]
 
 
@@ -109,8 +109,8 @@ def test_input_refusals() -> None:
 
 
 def test_session_created_says_where_to_resume() -> None:
-    plain = SessionCore(SID, EffectiveSession()).opened("t", _caps())
-    routed = SessionCore("sess_w2_" + "0" * 32, EffectiveSession()).opened("t", _caps())
+    plain = SessionMachine(SID, EffectiveSession()).opened("t", _caps())
+    routed = SessionMachine("sess_w2_" + "0" * 32, EffectiveSession()).opened("t", _caps())
     created = [a.event for a in (plain[0], routed[0])]  # type: ignore[attr-defined]
     assert created[0].resume_query == "intent=resume"
     assert created[1].resume_query == "intent=resume&route=w2"

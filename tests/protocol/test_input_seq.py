@@ -9,15 +9,15 @@ from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Append, Call, ProcessAudio, Send
 from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.input_seq import InputSequence
-from duplex_server.protocol.session import SessionCore
+from duplex_server.protocol.machine import SessionMachine
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 FRAME_24K = b"\x01\x00" * 480  # 20 ms at 24 kHz (the session's input format)
 CHUNK_16K = b"\x01\x00" * 320  # 20 ms at 16 kHz (what the input lane hands the core)
 
 
-def _core() -> SessionCore:
-    c = SessionCore(SID, EffectiveSession(turn_detection=None))
+def _core() -> SessionMachine:
+    c = SessionMachine(SID, EffectiveSession(turn_detection=None))
     caps = ev.Capabilities(True, True, ["pcm16"], ["pcm16"], ["server_vad"], "energy", 1, 1, 1.0)
     c.opened("tok", caps)
     return c

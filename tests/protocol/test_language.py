@@ -37,7 +37,7 @@ def test_the_language_reaches_the_engine_settings(session: dict[str, object]) ->
     out = c.on_client_event(update(session), 0)
     assert c.config.language == "fr"
     (upd,) = [x for x in calls(out) if isinstance(x, Update)]
-    assert upd.settings.language == "fr"
+    assert upd.update.settings is not None and upd.update.settings.language == "fr"
     (updated,) = [e for e in sent(out) if isinstance(e, ev.SessionUpdated)]
     assert updated.session.audio.input.transcription == ev.TranscriptionOut(language="fr")
 

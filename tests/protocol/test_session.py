@@ -25,11 +25,12 @@ from duplex_server.protocol.commands import (
     ConfigureInput,
     PurgeAudio,
     Send,
+    SendAudio,
     Speculate,
     Touch,
 )
 from duplex_server.protocol.config import EffectiveSession
-from duplex_server.protocol.session import SessionCore
+from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.vad import VadPause, VadResume, VadStart, VadStop
 
 SID = "sess_0123456789abcdef0123456789abcdef"
@@ -48,8 +49,8 @@ def calls(actions: list[Action]) -> list[object]:
     return [a.command for a in actions if isinstance(a, Call)]
 
 
-def core(**kw: object) -> SessionCore:
-    c = SessionCore(SID, EffectiveSession(**kw))  # type: ignore[arg-type]
+def core(**kw: object) -> SessionMachine:
+    c = SessionMachine(SID, EffectiveSession(**kw))  # type: ignore[arg-type]
     c.opened("tok", _caps())
     return c
 
@@ -58,15 +59,15 @@ def _caps() -> ev.Capabilities:
     return ev.Capabilities(True, True, ["pcm16"], ["pcm16"], ["server_vad"], "energy", 1, 1, 1.0)
 
 
-def start_response(c: SessionCore, now: float = 0.0) -> Fence:
-    fence = Fence(SID, c.epoch, c.turn_id + 1, c.response_seq + 1)
+def start_response(c: SessionMachine, now: float = 0.0) -> Fence:
+    fence = Fence(SID, c.epoch, c.position.turn_id + 1, c.position.response_seq + 1)
     c.on_result(Commit(c.epoch, respond=True), fence)
     c.on_engine_event(ResponseStarted(fence=fence), now)
     return fence
 
 
 def test_handshake_sends_session_created_and_configures_input() -> None:
-    c = SessionCore(SID, EffectiveSession())
+    c = SessionMachine(SID, EffectiveSession())
     out = c.opened("tok", _caps())
     created = sent(out)[0]
     assert isinstance(created, ev.SessionCreated)
@@ -125,7 +126,7 @@ def test_server_vad_turn_commits_and_transcribes_before_response() -> None:
     ]
 
 
-def _speak(c: SessionCore, ms: int, now: float) -> list[Action]:
+def _speak(c: SessionMachine, ms: int, now: float) -> list[Action]:
     out = c.on_input_audio(CHUNK, [VadStart(onset_ms=c.input.input_ms, audio_start_ms=0.0)], now)
     for _ in range(ms // 20):
         out += c.on_input_audio(CHUNK, [], now)
@@ -144,7 +145,12 @@ def test_barge_in_cancels_purges_and_drops_stale_audio() -> None:
         text="Hello",
     )
     out = c.on_engine_event(chunk, 1)
-    assert types(out) == ["response.output_audio.delta", "response.output_audio_transcript.delta"]
+    # the audio leaves as PCM with its place (the runtime encodes it: output_audio.delta)
+    resp = c.responses.current
+    assert resp is not None
+    audio = SendAudio(resp.id, resp.item_id, 0, chunk.pcm, 24000, 0.0, 100.0)
+    assert out[0] == audio
+    assert types(out) == ["response.output_audio_transcript.delta"]
     out = _speak(c, 200, now=500)
     assert "response.done" in types(out) and "output_audio_buffer.cleared" in types(out)
     done = next(e for e in sent(out) if isinstance(e, ev.ResponseDone))
@@ -191,7 +197,8 @@ def test_truncate_is_clamped_to_audio_sent() -> None:
     assert isinstance(truncated, ev.ItemTruncated)
     assert (truncated.audio_end_ms, truncated.requested_audio_end_ms) == (100, 5000)
     touch = calls(out)[0]
-    assert isinstance(touch, Touch) and touch.truncate and touch.played_ms == 100.0
+    assert isinstance(touch, Touch) and touch.playback is not None
+    assert touch.playback.truncate and touch.playback.played_ms == 100.0
 
 
 @pytest.mark.parametrize(
@@ -230,7 +237,7 @@ def test_engine_failure_maps_to_error() -> None:
     out = c.on_failure(cmd, ControlError("busy", code="input_backpressure"))
     err = sent(out)[0]
     assert isinstance(err, ev.Error) and err.error.code == "input_backpressure"
-    assert not c.response_active
+    assert not c.responses.active
 
 
 def test_session_update_ga_and_beta_shapes() -> None:
@@ -305,11 +312,11 @@ def test_voice_interrupts_a_pending_response_silently() -> None:
     out = c.on_input_audio(CHUNK, [VadStop(audio_end_ms=40.0)], 10)
     commit = calls(out)[-1]
     assert isinstance(commit, Commit) and commit.respond
-    assert c.response_active  # committed, its transcript and response not started yet
+    assert c.responses.active  # committed, its transcript and response not started yet
     out = _speak(c, 200, now=100)  # the user goes on after a short pause
     assert Cancel(0, "barge_in") in calls(out)
     assert "response.done" not in types(out)  # nothing had started: nothing to end
-    assert not c.response_active and c.epoch == 1
+    assert not c.responses.active and c.epoch == 1
 
 
 def test_a_whole_utterance_in_one_batch_still_interrupts() -> None:
@@ -337,8 +344,8 @@ def test_live_partials_are_deltas_of_the_speech_item() -> None:
     from duplex_contract.events import UserTranscript
 
     c = core()
-    c.input.speech_item = "item_live"  # speech in progress (as after a VAD onset)
-    fence = c.position
+    c.input.turns.speech_item = "item_live"  # speech in progress (as after a VAD onset)
+    fence = c.position.fence
 
     def deltas(text: str) -> list[object]:
         out = c.on_engine_event(UserTranscript(fence=fence, text=text, final=False), 0)
@@ -348,11 +355,11 @@ def test_live_partials_are_deltas_of_the_speech_item() -> None:
     assert deltas("ever tried") == [("item_live", " tried")]
     assert deltas("ever tried") == []  # nothing new
     assert deltas("never tried") == []  # revised: the completed transcript settles it
-    c.input.speech_item = None
+    c.input.turns.speech_item = None
     assert deltas("ever tried again") == []  # no speech in progress
 
 
-def _td_update(c: SessionCore, **td: object) -> list[ev.ServerEvent]:
+def _td_update(c: SessionMachine, **td: object) -> list[ev.ServerEvent]:
     param = ev.SessionParam(
         audio=ev.AudioParam(input=ev.AudioInputParam(turn_detection=ev.TurnDetectionParam(**td)))  # type: ignore[arg-type]
     )

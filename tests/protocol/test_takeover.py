@@ -9,20 +9,21 @@ from duplex_contract.fence import Fence
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Call, Cancel, ConfigureInput, Send
 from duplex_server.protocol.config import EffectiveSession
-from duplex_server.protocol.session import SessionCore
+from duplex_server.protocol.machine import SessionMachine
 from duplex_server.session.snapshot import decode, encode
 
 SID = "sess_w1_0123456789abcdef0123456789abcdef"
 
 
-def _core(**kw: object) -> SessionCore:
-    return SessionCore(SID, EffectiveSession(**kw))  # type: ignore[arg-type]
+def _core(**kw: object) -> SessionMachine:
+    return SessionMachine(SID, EffectiveSession(**kw))  # type: ignore[arg-type]
 
 
 def test_a_core_taken_over_after_a_crash_continues_and_asks_for_a_resync() -> None:
     c = _core(instructions="be brief")
     c.adopted(Fence(SID, 3, 5, 5), 42, b"digest")
-    assert (c.epoch, c.turn_id, c.response_seq, c.token_hash) == (3, 5, 5, b"digest")
+    assert c.position.fence == Fence(SID, 3, 5, 5)
+    assert c.resumption.token_hash == b"digest"
     out = c.taken_over("tok2", last_seq=17, lost=True)
     assert isinstance(out[0], ConfigureInput)
     sent = [a.event for a in out if isinstance(a, Send)]
@@ -61,10 +62,10 @@ def test_a_drain_cancels_an_answer_still_running() -> None:
 
 def test_the_replica_round_trips_the_configuration() -> None:
     c = _core(instructions="be brief", voice="alba", output_modalities=("text",))
-    c.token_hash = b"\x01" * 32
+    c.resumption.token_hash = b"\x01" * 32
     template = EffectiveSession(output_rate=16000)
     rep = decode(encode(c, 12, handed_over=True), template)
-    assert rep.token_hash == c.token_hash and rep.event_seq == 12 and rep.handed_over
+    assert rep.token_hash == c.resumption.token_hash and rep.event_seq == 12 and rep.handed_over
     assert rep.config.instructions == "be brief" and rep.config.voice == "alba"
     assert rep.config.output_modalities == ("text",)
     assert rep.config.output_rate == 16000  # the taking-over front end's own

@@ -1,25 +1,43 @@
 """The session runtime with no socket: a fake transport (the Attachment interface) and a
-fake engine (the EngineSessions calls). Any transport that implements the interface gets
+fake engine (the EngineSessions API: one ``call``). Any transport that implements the interface gets
 the same session: this is what a WebRTC or telephony transport plugs into."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
-from duplex_contract.control import Activity, ControlResult, PlaybackMark, SignalEvent
-from duplex_contract.events import ResponseDone, ResponseStarted, SessionEvent, TextDelta
+from duplex_contract.control import (
+    AppendCall,
+    CloseCall,
+    CommitCall,
+    ControlCall,
+    ControlResult,
+    OpenCall,
+    ReplicaCall,
+    ResumeCall,
+    SignalCall,
+    TouchCall,
+)
+from duplex_contract.events import (
+    AudioChunk,
+    ResponseDone,
+    ResponseStarted,
+    SessionEvent,
+    TextDelta,
+)
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings, SessionUpdate
-from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.ops.metrics import Metrics
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import SessionFatal
 from duplex_server.session.attach import Outgoing
 from duplex_server.session.input_lane import InputScheduler
 from duplex_server.session.live import LiveSession, SessionLimits
+from duplex_server.session.output_audio import OutputEncoder
 from duplex_server.session.registry import Sessions
 
 SID = "sess_0123456789abcdef0123456789abcdef"
@@ -93,87 +111,34 @@ class FakeEngine:
             control_id=1, ok=True, session_id=SID, accepted_fence=fence, lease_generation=1
         )
 
-    async def open(
-        self,
-        config: SessionSettings | None = None,
-        *,
-        route_key: str | None = None,
-        traceparent: str | None = None,
-    ) -> ControlResult:
-        self.calls.append("open")
-        self.opened_with = config
-        self.route_key = route_key
-        return self._res(Fence(SID))
-
-    async def resume(
-        self, session_id: str, expected_lease_generation: int, *, peek: bool = False
-    ) -> ControlResult:
-        self.calls.append("resume")
-        return ControlResult(control_id=1, ok=True, session_id=SID, lease_generation=2)
-
-    async def replicate(self, fence: Fence, lease_generation: int, state: bytes) -> ControlResult:
-        self.replicas.append(state)
-        return self._res(fence)
-
-    async def append(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        *,
-        audio: bytes = b"",
-        text: str | None = None,
-        item_id: str | None = None,
-        tool_output: ToolOutput | None = None,
-        stream_ms: float | None = None,
-        seq: int | None = None,
-    ) -> ControlResult:
-        self.calls.append(f"append:{text}")
-        return self._res(fence)
-
-    async def commit(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        *,
-        respond: bool = True,
-        item_id: str | None = None,
-        response: ResponseOptions | None = None,
-        traceparent: str | None = None,
-    ) -> ControlResult:
-        self.calls.append("commit")
-        self.turn += 1
-        return self._res(Fence(SID, fence.epoch, self.turn, self.turn))
-
-    async def signal(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        event: SignalEvent,
-        *,
-        next_fence: Fence | None = None,
-        update: SessionUpdate | None = None,
-        item: ItemRef | None = None,
-        respond: bool = True,
-        traceparent: str | None = None,
-    ) -> ControlResult:
-        self.calls.append(event)
-        self.updates.append(update)
-        return self._res(next_fence or fence)
-
-    async def touch(
-        self,
-        fence: Fence,
-        lease_generation: int,
-        activity: Activity,
-        *,
-        playback: PlaybackMark | None = None,
-    ) -> ControlResult:
-        self.calls.append(activity)
-        return self._res(fence)
-
-    async def close(
-        self, fence: Fence, lease_generation: int, reason: str = "client"
-    ) -> ControlResult:
+    async def call(self, call: ControlCall) -> ControlResult:
+        """The one engine call (as the real engines: duplex_contract.control's calls)."""
+        if isinstance(call, OpenCall):
+            self.calls.append("open")
+            self.opened_with = call.config
+            self.route_key = call.route_key
+            return self._res(Fence(SID))
+        if isinstance(call, ResumeCall):
+            self.calls.append("resume")
+            return ControlResult(control_id=1, ok=True, session_id=SID, lease_generation=2)
+        if isinstance(call, ReplicaCall):
+            self.replicas.append(call.state)
+            return self._res(call.fence)
+        if isinstance(call, AppendCall):
+            self.calls.append(f"append:{call.text}")
+            return self._res(call.fence)
+        if isinstance(call, CommitCall):
+            self.calls.append("commit")
+            self.turn += 1
+            return self._res(Fence(SID, call.fence.epoch, self.turn, self.turn))
+        if isinstance(call, SignalCall):
+            self.calls.append(call.event)
+            self.updates.append(call.update)
+            return self._res(call.next_fence or call.fence)
+        if isinstance(call, TouchCall):
+            self.calls.append(call.activity)
+            return self._res(call.fence)
+        assert isinstance(call, CloseCall)
         self.calls.append("close")
         await self.events.put(None)
         return self._res()
@@ -299,6 +264,46 @@ def test_a_transport_over_budget_ends_the_session_as_too_slow() -> None:
             assert slow.closed == (1008, "client_too_slow")
             assert session.attachment is None  # released: later events are only journaled
             assert "close" in engine.calls
+            await sessions.shutdown(1.0)
+
+    asyncio.run(main())
+
+
+def test_reply_audio_is_encoded_once_into_the_delta_with_its_pcm_beside_it() -> None:
+    """The core hands the runtime PCM (``SendAudio``); the client's event is the same
+    ``response.output_audio.delta`` as ever (base64 of the output format, stamped in turn)
+    and a media transport gets the PCM without decoding it."""
+
+    async def main() -> None:
+        engine = FakeEngine()
+        with ThreadPoolExecutor(1) as pool:
+            sessions = await _sessions(engine, pool)
+            a = FakeTransport()
+            session = await sessions.open(a, _caps(), beta=False)
+            a.session = session
+            pcmu = {"audio": {"output": {"format": {"type": "audio/pcmu"}}}}
+            session.receive_text(json.dumps({"type": "session.update", "session": pcmu}))
+            session.receive_text(json.dumps({"type": "response.create"}))
+            await _settle()
+            fence = Fence(SID, 0, 1, 1)
+            pcm = bytes(range(256)) * 40  # 10240 bytes: ~232 ms at 22050 Hz
+            await engine.events.put(ResponseStarted(fence=fence))
+            await engine.events.put(AudioChunk(fence, pcm, 22050, 0.0, 232.2, text="Hi"))
+            await _settle()
+            (audio,) = [i for i in a.queue if isinstance(i.event, ev.AudioDelta)]
+            delta = audio.event
+            assert isinstance(delta, ev.AudioDelta)
+            fmt = session.core.config.output_format
+            played, data = OutputEncoder().encode(pcm, 22050, fmt)
+            assert fmt.codec == "g711_ulaw" and data and len(played) == 2 * len(data)
+            assert base64.b64decode(delta.delta) == data and audio.pcm == played
+            assert audio.epoch == delta.epoch == 0  # (the writer's and the purge's check)
+            assert (delta.audio_start_ms, delta.duration_ms) == (0.0, 232.2)
+            types = a.flush()
+            at = types.index("response.output_audio.delta")
+            assert types[at + 1] == "response.output_audio_transcript.delta"
+            assert a.written[at]["delta"] == delta.delta
+            assert a.written[at]["server_event_seq"] == at + 1
             await sessions.shutdown(1.0)
 
     asyncio.run(main())

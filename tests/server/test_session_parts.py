@@ -1,29 +1,42 @@
-"""The live session's parts, each alone: the outlet (session/outlet.py), the meter
-(session/meter.py), the audio input (session/audio_input.py), the engine tasks
-(session/engine_tasks.py), the stamper's restart (session/attach.py) and the registry's
-adoption of a session another front end held (session/registry.py)."""
+"""The live session's parts, each alone: the outlet (session/outlet.py), the output encoder
+(session/output_audio.py), the meter (session/meter.py), the audio input
+(session/audio_input.py), the engine tasks (session/engine_tasks.py), the stamper's restart
+(session/attach.py), a media transport's playout reports through the session
+(session/live.py) and the registry's adoption of a session another front end held
+(session/registry.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
-from duplex_contract.control import ControlResult
+from audio_kit.g711 import pcm16_to_g711
+from duplex_contract.control import ControlCall, ControlResult, ResumeCall
 from duplex_contract.errors import ControlError, EngineDeadError
 from duplex_contract.events import SessionEvent
 from duplex_contract.fence import Fence
 from duplex_server.ops.metrics import Metrics
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.codec import PCM16_24K
-from duplex_server.protocol.commands import Cancel, CloseSession, Commit, ConfigureInput, Touch
+from duplex_server.protocol.codec import PCM16_24K, ULAW
+from duplex_server.protocol.commands import (
+    Cancel,
+    CloseSession,
+    Commit,
+    ConfigureInput,
+    SendAudio,
+    Touch,
+)
 from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import ProtocolError, SessionFatal
+from duplex_server.protocol.machine import SessionMachine
+from duplex_server.protocol.playout import Flushed, Played, Queued
 from duplex_server.protocol.resume import new_resume_token
 from duplex_server.session import engine_tasks, snapshot
 from duplex_server.session.attach import Journal, Outgoing, Stamper
@@ -33,7 +46,8 @@ from duplex_server.session.engine_tasks import EngineTasks
 from duplex_server.session.input_lane import InputScheduler
 from duplex_server.session.meter import SessionMeter
 from duplex_server.session.outlet import Outlet
-from tests.server.test_runtime import SID, FakeEngine, FakeTransport, _sessions
+from duplex_server.session.output_audio import OutputEncoder
+from tests.server.test_runtime import SID, FakeEngine, FakeTransport, _caps, _sessions
 
 
 def _stamper() -> Stamper:
@@ -148,15 +162,67 @@ def test_the_outlet_purges_and_sends_stamped_frames_on_the_transport() -> None:
     assert [i.raw for i in t.queue][-2:] == [b"a", b"b"]
 
 
+def test_an_audio_delta_is_queued_with_its_pcm_for_a_media_transport() -> None:
+    out = Outlet(_stamper())
+    t = FakeTransport()
+    out.attach(t)
+    assert out.send(_delta(0), beta=False, pcm=b"\x01\x00")
+    assert t.queue[0].pcm == b"\x01\x00"
+
+
+# ---------------------------------------------------------------------------- OutputEncoder
+def _reply(pcm: bytes, rate: int) -> SendAudio:
+    return SendAudio("resp_1", "item_1", 3, pcm, rate, 40.0, 20.0)
+
+
+def test_reply_audio_becomes_its_delta_and_the_pcm_a_media_transport_plays() -> None:
+    pcm = bytes(range(256)) * 3  # 16 ms at 24 kHz
+    delta, played = OutputEncoder().delta(_reply(pcm, 24000), PCM16_24K)
+    assert played == pcm and base64.b64decode(delta.delta) == pcm  # nothing to convert
+    assert (delta.response_id, delta.item_id, delta.epoch) == ("resp_1", "item_1", 3)
+    assert (delta.audio_start_ms, delta.duration_ms) == (40.0, 20.0)
+    enc = OutputEncoder()
+    pcm8k = b"\x10\x00" * 160
+    delta, played = enc.delta(_reply(pcm8k, 8000), ULAW)
+    assert played == pcm8k  # already at the output rate: the PCM as sent
+    assert base64.b64decode(delta.delta) == pcm16_to_g711(pcm8k, "g711_ulaw")
+    _, played = enc.delta(_reply(b"\x00\x00" * 2400, 24000), ULAW)  # 100 ms, resampled
+    assert 0 < len(played) <= 2 * 800
+
+
+# ---------------------------------------------------------------------------- playout reports
+def test_a_media_transports_playout_reports_reach_the_core_through_the_session() -> None:
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            sessions = await _sessions(FakeEngine(), pool)
+            t = FakeTransport()
+            session = await sessions.open(t, _caps(), beta=False)
+            t.session = session
+            core = session.core
+            core.playout.emitted("resp_1", "item_1", 200.0, 24000)
+            session.report_playout(Queued("item_1"))
+            assert core.playout.playing() == "resp_1"
+            session.report_playout(Played("item_1", 120.0, 80.0))
+            position = core.playout.position()
+            assert position is not None and position.played_ms == 120.0
+            session.report_playout(Flushed())  # not an item of the conversation: no truncate
+            assert core.playout.playing() is None
+            await sessions.shutdown(1.0)
+
+    asyncio.run(main())
+
+
 # ---------------------------------------------------------------------------- SessionMeter
 def _sample(m: Metrics, name: str, **labels: str) -> float:
     return m.registry.get_sample_value(name, labels) or 0.0
 
 
-def _done(status: str, timing: ev.ResponseTiming | None) -> ev.ResponseDone:
+def _done(
+    status: Literal["completed", "cancelled"], timing: ev.ResponseTiming | None
+) -> ev.ResponseDone:
     obj = ev.ResponseObj(
         id="resp_1", status=status, output=[], output_modalities=["audio"], timing=timing
-    )  # type: ignore[arg-type]
+    )
     return ev.ResponseDone(response=obj)
 
 
@@ -381,11 +447,11 @@ class AdoptableEngine(FakeEngine):
         super().__init__()
         self.replica = replica
 
-    async def resume(
-        self, session_id: str, expected_lease_generation: int, *, peek: bool = False
-    ) -> ControlResult:
-        self.calls.append("peek" if peek else f"resume:{expected_lease_generation}")
-        if peek:
+    async def call(self, call: ControlCall) -> ControlResult:
+        if not isinstance(call, ResumeCall):
+            return await super().call(call)
+        self.calls.append("peek" if call.peek else f"resume:{call.expected_lease_generation}")
+        if call.peek:
             return ControlResult(
                 control_id=1, ok=True, session_id=SID, lease_generation=3, replica=self.replica
             )
@@ -400,23 +466,22 @@ class AdoptableEngine(FakeEngine):
         )
 
 
-class _Held:
-    """What the replica is made of: a core's token hash and config."""
-
-    def __init__(self, token_hash: bytes) -> None:
-        self.token_hash = token_hash
-        self.config = EffectiveSession()
+def _held(token_hash: bytes) -> SessionMachine:
+    """The core of the session the other front end held (its replica is made of it)."""
+    core = SessionMachine(SID, EffectiveSession())
+    core.resumption.token_hash = token_hash
+    return core
 
 
 @pytest.mark.parametrize("handed_over", [False, True])
 def test_the_registry_adopts_a_session_its_front_end_gave_up(handed_over: bool) -> None:
     token, digest = new_resume_token()
-    blob = snapshot.encode(_Held(digest), 40, handed_over=handed_over)  # type: ignore[arg-type]
+    blob = snapshot.encode(_held(digest), 40, handed_over=handed_over)
 
     async def main() -> None:
         engine = AdoptableEngine(blob)
         with ThreadPoolExecutor(1) as pool:
-            sessions = await _sessions(engine, pool)  # type: ignore[arg-type]
+            sessions = await _sessions(engine, pool)
             t = FakeTransport()
             req = ev.SessionResume(
                 session_id=SID, resume_token=token, last_received_server_event_seq=40
@@ -444,7 +509,7 @@ def test_the_registry_adopts_a_session_its_front_end_gave_up(handed_over: bool) 
 def test_a_session_without_a_replica_cannot_be_adopted() -> None:
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
-            sessions = await _sessions(AdoptableEngine(b""), pool)  # type: ignore[arg-type]
+            sessions = await _sessions(AdoptableEngine(b""), pool)
             req = ev.SessionResume(session_id=SID, resume_token="x")
             with pytest.raises(SessionFatal) as refused:
                 await sessions.resume(FakeTransport(), req)

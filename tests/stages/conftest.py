@@ -14,10 +14,10 @@ import soundfile as sf
 from engine.messages import TtsRequest
 from engine.stages.asr_pocketsphinx import PocketsphinxAsr, PocketsphinxOptions
 from engine.stages.asr_whisper import WhisperAsr, WhisperOptions
+from engine.stages.base import StageBackend
 from engine.stages.llm_llamacpp import LlamaCppLlm, LlamaCppOptions
 from engine.stages.tts_espeak import EspeakOptions, EspeakTts
 from engine.stages.tts_piper import PiperOptions, PiperTts
-from engine.stages.workers import WorkerBackend
 from tests.stages.helpers import run_request
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 DATA = Path(__file__).resolve().parent.parent / "data"
 
 
-def _started(backend: WorkerBackend) -> Iterator[Any]:
+def _started(backend: StageBackend) -> Iterator[Any]:
     asyncio.run(backend.start())
     try:
         yield backend

@@ -1,4 +1,4 @@
-"""Shared helpers of the stage tests: WER, running a request through a worker backend."""
+"""Shared helpers of the stage tests: WER, running a request through a stage backend."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from duplex_contract.batch import AudioOut, TextOut
 from engine.messages import StageDone, StageOutput, StageRequest
-from engine.stages.workers import WorkerBackend
+from engine.stages.base import StageBackend
 
 BECKETT_REF = "Ever tried. Ever failed. No matter. Try again. Fail again. Fail better."
 
@@ -60,7 +60,7 @@ class Run:
         return b"".join(o.pcm for o in self.audio)
 
 
-async def collect(backend: WorkerBackend, request: StageRequest) -> Run:
+async def collect(backend: StageBackend, request: StageRequest) -> Run:
     run = Run(started=time.perf_counter())
     async for out in backend.submit(request):
         run.outputs.append(out)
@@ -68,7 +68,7 @@ async def collect(backend: WorkerBackend, request: StageRequest) -> Run:
     return run
 
 
-def run_request(backend: WorkerBackend, request: StageRequest) -> Run:
+def run_request(backend: StageBackend, request: StageRequest) -> Run:
     """Submit one request through the backend's worker thread and collect every output."""
     return asyncio.run(collect(backend, request))
 

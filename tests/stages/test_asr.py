@@ -19,15 +19,16 @@ from audio_kit.g711 import g711_to_pcm16, pcm16_to_g711
 from audio_kit.pcm import pcm16_to_float32, resample, resample_pcm16
 from duplex_contract.batch import TranscriptOut
 from engine.messages import AsrRequest, StageDone
-from engine.stages import asr_whisper
+from engine.stages import whisper_decoder
 from engine.stages.asr_pocketsphinx import PocketsphinxAsr, PocketsphinxStream
-from engine.stages.asr_whisper import (
-    WhisperAsr,
-    WhisperOptions,
+from engine.stages.asr_whisper import WhisperAsr, WhisperOptions
+from engine.stages.whisper_decoder import (
+    WhisperDecoder,
     closed_phrase,
     looks_looped,
     narrowband,
     too_few_words,
+    window_frames,
 )
 from tests.stages.helpers import BECKETT_REF, run_request, wer
 
@@ -133,10 +134,10 @@ def test_whisper_batches_sessions_and_matches_one_at_a_time(
     long = beckett * 4  # 40 s: faster-whisper's long-form loop, alone
     clips = [piper_question, *phrases, bytes(32000), long]
     alone = [_transcribe(whisper, c) for c in clips]
-    before = whisper.max_step_size
+    before = whisper.runtime.max_step_size
     together = asyncio.run(_together(whisper, clips))
     assert together == alone
-    assert whisper.max_step_size > 1 and whisper.max_step_size >= before
+    assert whisper.runtime.max_step_size > 1 and whisper.runtime.max_step_size >= before
     assert wer(QUESTION, together[0]) <= 0.2, together[0]
     assert together[3] == ""  # one second of silence
     assert wer(" ".join([BECKETT_REF] * 4), together[4]) <= 0.25, together[4]
@@ -162,18 +163,18 @@ def test_whisper_auto_window_sizes() -> None:
     """``window: auto``: the audio plus 3 s, rounded up to a whole second, at least 10 s (or
     the floor asked for), at most 30 s (mel frames, 100 a second); ``window: 30`` is always
     Whisper's full window. An 8 s turn gets 11-12 s, not 15 s (~60 ms less encoder work)."""
-    auto = WhisperAsr(WhisperOptions(), "asr")
-    assert auto.window_frames(16000) == 1000  # 1 s -> the 10 s floor
-    assert auto.window_frames(7 * 16000) == 1000  # 7 s + 3 -> 10 s exactly
-    assert auto.window_frames(7 * 16000 + 160) == 1100  # 10.01 s -> 11 s
-    assert auto.window_frames(8 * 16000) == 1100  # 8 s + 3 -> 11 s
-    assert auto.window_frames(8 * 16000 + 1440) == 1200  # two_cities.wav trimmed: 8.09 s
-    assert auto.window_frames(12 * 16000) == 1500  # 15 s exactly
-    assert auto.window_frames(12 * 16000 + 160) == 1600
-    assert auto.window_frames(29 * 16000) == 3000
-    assert auto.window_frames(16000, least_s=15) == 1500  # a floor asked for
-    assert auto.window_frames(14 * 16000, least_s=15) == 1700
-    full = WhisperAsr(WhisperOptions(window=30), "asr")
+    assert WhisperOptions().window == "auto"
+    assert window_frames(16000, "auto") == 1000  # 1 s -> the 10 s floor
+    assert window_frames(7 * 16000, "auto") == 1000  # 7 s + 3 -> 10 s exactly
+    assert window_frames(7 * 16000 + 160, "auto") == 1100  # 10.01 s -> 11 s
+    assert window_frames(8 * 16000, "auto") == 1100  # 8 s + 3 -> 11 s
+    assert window_frames(8 * 16000 + 1440, "auto") == 1200  # two_cities.wav trimmed: 8.09 s
+    assert window_frames(12 * 16000, "auto") == 1500  # 15 s exactly
+    assert window_frames(12 * 16000 + 160, "auto") == 1600
+    assert window_frames(29 * 16000, "auto") == 3000
+    assert window_frames(16000, "auto", least_s=15) == 1500  # a floor asked for
+    assert window_frames(14 * 16000, "auto", least_s=15) == 1700
+    full = WhisperDecoder(None, WhisperOptions(window=30))  # (no model: windows only)
     assert full.window_frames(16000) == 3000
     assert full.window_frames(16000, least_s=15) == 3000
 
@@ -216,13 +217,15 @@ def test_whisper_narrowband_turn_after_its_context_gets_a_15s_window(
         context_text="Fail again.",
     )
     windows: list[int] = []
-    decode = whisper._decode
+    decoder = whisper.decoder
+    assert decoder is not None
+    decode = decoder._decode
 
     def spy(*args: object) -> None:
         windows.append(args[4])  # type: ignore[arg-type]
         decode(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(whisper, "_decode", spy)
+    monkeypatch.setattr(decoder, "_decode", spy)
     text = next(o.text for o in run_request(whisper, req).outputs if isinstance(o, TranscriptOut))
     assert (windows, text) == ([1500], "Fail better."), (windows, text)
     # alone, or wideband: the usual 10 s floor
@@ -234,7 +237,7 @@ def test_whisper_narrowband_turn_after_its_context_gets_a_15s_window(
     run_request(whisper, wide)
     assert windows[0] == 1000 and windows[-1] == 1000, windows
     # without the floor, the live path's words of issue 26 (the cause, kept measured)
-    monkeypatch.setattr(asr_whisper, "NARROW_CONTEXT_MIN_S", 10)
+    monkeypatch.setattr(whisper_decoder, "NARROW_CONTEXT_MIN_S", 10)
     windows.clear()
     text = next(o.text for o in run_request(whisper, req).outputs if isinstance(o, TranscriptOut))
     assert windows[0] == 1000 and text.lower().startswith("failed"), (windows, text)
@@ -246,12 +249,13 @@ def test_whisper_short_window_is_as_accurate_as_the_full_one(
     """beckett's six phrases, each alone (no context), in the auto window (10 s) and in 30 s:
     the auto window's WER is no worse (here 0.08 vs 0.17: "Ever" for "Ever failed" where 30 s
     hears "Everfair old"; the other phrases differ only in punctuation)."""
-    full = WhisperAsr(WhisperOptions(window=30), "asr")
-    full._model, full._tokenizers = whisper._model, whisper._tokenizers  # same weights
+    decoder = whisper.decoder
+    assert decoder is not None
+    full = WhisperDecoder(decoder.model, WhisperOptions(window=30))  # same weights
     refs, auto_hyps, full_hyps = [], [], []
     for (a, b), ref in zip(BECKETT_PHRASES, BECKETT_REF.split(". "), strict=True):
         audio = whisper._audio(beckett[int(a * 32000) : int(b * 32000)], 16000)
-        assert whisper.window_frames(audio.size) == 1000
+        assert decoder.window_frames(audio.size) == 1000
         refs.append(ref)
         auto_hyps.append(whisper.transcribe(audio, "en"))
         full_hyps.append(full.transcribe(audio, "en"))
@@ -267,21 +271,21 @@ def test_whisper_loop_in_a_short_window_is_decoded_again_in_30s(
 ) -> None:
     """A window barely longer than the speech makes Whisper-base repeat itself ("Fail again
     Fail again ..."); the loop guard decodes such a result again in the full window."""
-    from engine.stages import asr_whisper
-
     pcm = beckett[int(6.5 * 32000) : int(7.6 * 32000)]  # "Fail again."
-    monkeypatch.setattr(asr_whisper, "AUTO_MIN_S", 1)
-    monkeypatch.setattr(asr_whisper, "AUTO_PAD_S", 0)
-    monkeypatch.setattr(asr_whisper, "AUTO_STEP_S", 1)
-    assert whisper.window_frames(len(pcm) // 2) == 200
+    monkeypatch.setattr(whisper_decoder, "AUTO_MIN_S", 1)
+    monkeypatch.setattr(whisper_decoder, "AUTO_PAD_S", 0)
+    monkeypatch.setattr(whisper_decoder, "AUTO_STEP_S", 1)
+    decoder = whisper.decoder
+    assert decoder is not None
+    assert decoder.window_frames(len(pcm) // 2) == 200
     calls: list[bool] = []
-    decode = whisper._decode
+    decode = decoder._decode
 
     def spy(*args: object) -> None:
         calls.append(args[4] == 3000)  # type: ignore[comparison-overlap]
         decode(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(whisper, "_decode", spy)
+    monkeypatch.setattr(decoder, "_decode", spy)
     text = _transcribe(whisper, pcm)
     assert calls == [False, True], calls  # the short window looped, the full one did not
     assert wer("Fail again.", text) == 0.0, text

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from engine.config import load_engine_config, load_yaml
 from engine.orchestration.graph import build_graph
+from engine.stages.asr_whisper import WhisperAsr
 from engine.stages.registry import backend_class
 
 CPU_YAML = Path(__file__).resolve().parents[2] / "configs" / "cpu.yaml"
@@ -20,7 +21,8 @@ def test_cpu_config_builds_the_embedded_stack() -> None:
     names = {stage: type(replicas[0]).__name__ for stage, replicas in graph.replicas.items()}
     assert names == {"asr": "WhisperAsr", "llm": "LlamaCppLlm", "tts": "PiperTts"}
     assert [getattr(r, "device", None) for r in graph.replicas["asr"]] == ["cpu"]
-    assert getattr(graph.replicas["asr"][0], "max_batch", None) == 1
+    asr = graph.replicas["asr"][0]
+    assert isinstance(asr, WhisperAsr) and asr.runtime.max_batch == 1
     assert graph.routes["voice"].describe() == (
         "asr(audio -> text) -> llm(text -> text) -> tts(text -> audio)"
     )

@@ -4,8 +4,9 @@ Each ``BACKENDS`` entry is built the way a config builds it (``build_replicas``:
 checked, device resolved, nothing loaded), once per role it plays, and checked: the class
 has what the registry reads, the replica every member the engine uses with the right kind,
 its edges are edge types the graph accepts, and each optional capability it declares is
-consistent (a batching backend exposes ``max_batch`` as its capacity, ...). A backend added
-to the registry is checked here without editing this file; one that lacks a member fails.
+consistent (a backend on the batching runtime exposes its ``max_batch`` as its capacity, ...).
+A backend added to the registry is checked here without editing this file; one that lacks a
+member fails.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from engine.stages.base import (
     missing_members,
     protocol_members,
 )
-from engine.stages.batching import BatchingBackend, BatchOptions
+from engine.stages.batching import BatchingRuntime
 from engine.startup import PlacedBackend
 from engine.voices import Voiced
 
@@ -126,12 +127,14 @@ def test_replica_implements_the_interface(backend: str, stage: str) -> None:
 @pytest.mark.parametrize(("backend", "stage"), _cases())
 def test_declared_capabilities_are_consistent(backend: str, stage: str) -> None:
     replica = _build(backend, stage)
-    if isinstance(replica, BatchingBackend):  # declares batching: a max_batch, its slots
-        assert isinstance(replica.max_batch, int) and replica.max_batch >= 1
-        assert isinstance(replica, CapacitySource) and replica.capacity == replica.max_batch
+    runtime = getattr(replica, "runtime", None)  # the runtime a model backend holds, if any
+    if isinstance(runtime, BatchingRuntime):  # batches: a max_batch, its slots, its steps
+        assert isinstance(runtime.max_batch, int) and runtime.max_batch >= 1
+        assert isinstance(replica, CapacitySource) and replica.capacity == runtime.max_batch
         assert isinstance(replica, StepSource) and isinstance(replica, BatchSizeSource)
-        if isinstance(replica.options, BatchOptions):
-            assert replica.max_batch == replica.options.max_batch
+        options = getattr(replica, "opts", None)
+        if options is not None and hasattr(options, "max_batch"):
+            assert runtime.max_batch == options.max_batch
     if isinstance(replica, StepSource):  # reports batch sizes: says how big they get
         assert isinstance(replica, CapacitySource)
     if isinstance(replica, CapacitySource):

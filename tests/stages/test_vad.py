@@ -208,10 +208,10 @@ def test_batched_silero_scores_like_one_stream_at_a_time(beckett: bytes) -> None
 @pytest.mark.models
 def test_silero_streams_share_one_model_session() -> None:
     a, b = SileroVad(), SileroVad()
-    assert a._session is b._session
+    assert a.session is b.session
     chunk = np.zeros(CHUNK_SAMPLES, np.float32)
     a.probability(chunk)
-    assert not np.array_equal(a._state, b._state)  # state is per stream
+    assert not np.array_equal(a.state, b.state)  # state is per stream
 
 
 def _stop_after(verdict: float | None, speech_chunks: int = 20) -> float | None:

@@ -80,7 +80,7 @@ async def collect(backend: VllmLlm, request: StageRequest) -> Run:
 def vllm_llm() -> Iterator[VllmLlm]:
     backend = VllmLlm(CPU_OPTIONS, "llm")
     asyncio.run(backend.start())
-    print(f"\nvLLM engine started in {backend.start_s:.1f} s")
+    print(f"\nvLLM engine started in {backend.engine.start_s:.1f} s")
     try:
         yield backend
     finally:

@@ -22,7 +22,8 @@ from duplex_contract.batch import AudioOut
 from duplex_contract.errors import StageError
 from engine.codec_layout import ORPHEUS
 from engine.messages import StageDone, TokensOut, TokensRequest
-from engine.stages.codec_snac import CodecChunker, CodecSnacOptions, SnacCodec
+from engine.stages.codec_snac import CodecSnacOptions, SnacCodec
+from engine.stages.codec_windows import CodecChunker
 
 pytestmark = pytest.mark.vllm
 
@@ -42,12 +43,8 @@ def ref() -> Iterator[SnacCodec]:
 def fresh(ref: SnacCodec, opts: CodecSnacOptions = SMALL) -> SnacCodec:
     """A replica with ``opts`` that shares ref's model (loading it again takes seconds)."""
     codec = SnacCodec(opts, "codec")
-    codec.load = lambda: (
-        setattr(codec, "_model", ref._model)
-        or setattr(  # type: ignore[method-assign]
-            codec, "_torch", ref._torch
-        )
-    )
+    codec.decoder.model, codec.decoder.torch = ref.decoder.model, ref.decoder.torch
+    codec.load = lambda: None  # type: ignore[method-assign]
     codec.unload = lambda: None  # type: ignore[method-assign]
     return codec
 
@@ -57,7 +54,7 @@ def pcm16(wav: np.ndarray) -> np.ndarray:
 
 
 def one_shot(codec: SnacCodec, codes: list[int]) -> np.ndarray:
-    return pcm16(codec.decode([ORPHEUS.split(codes)])[0])
+    return pcm16(codec.decoder.decode([ORPHEUS.split(codes)])[0])
 
 
 def windows(codes: list[int], opts: CodecSnacOptions, step: int) -> list[TokensRequest]:
@@ -167,7 +164,7 @@ def test_windows_of_concurrent_streams_share_decode_calls(ref: SnacCodec) -> Non
     codec = fresh(ref)
     rng = np.random.default_rng(3)
     seqs = [[int(c) for c in rng.integers(0, 4096, 7 * n)] for n in (21, 21, 13, 30)]
-    before_calls, before_rows = codec.decode_calls, codec.rows_decoded
+    before_calls, before_rows = codec.decoder.decode_calls, codec.decoder.rows_decoded
 
     async def main() -> list[bytes]:
         await codec.start()
@@ -177,11 +174,11 @@ def test_windows_of_concurrent_streams_share_decode_calls(ref: SnacCodec) -> Non
             await codec.close()
 
     joined = asyncio.run(main())
-    rows = codec.rows_decoded - before_rows
-    calls = codec.decode_calls - before_calls
+    rows = codec.decoder.rows_decoded - before_rows
+    calls = codec.decoder.decode_calls - before_calls
     n_windows = sum(len(windows(c, SMALL, 7)) for c in seqs)
     assert rows == n_windows and calls < rows  # several streams' windows per decoder call
-    assert codec.max_step_size >= 3
+    assert codec.runtime.max_step_size >= 3
     for codes, pcm in zip(seqs, joined, strict=True):
         want = one_shot(ref, codes)
         got = np.frombuffer(pcm, dtype=np.int16)

@@ -51,7 +51,7 @@ def test_streams_a_greedy_reply_with_the_chat_template(vllm_llm: VllmLlm) -> Non
     assert 0.8 * done.tokens <= len(run.deltas) <= done.tokens
     assert run.times[-1] - run.times[0] > 0  # spread over time, not one burst at the end
     # The prompt is the model's chat template with the generation prompt appended.
-    tokenizer = vllm_llm._tokenizer
+    tokenizer = vllm_llm.engine.tokenizer
     expected = tokenizer.apply_chat_template(
         [{"role": m.role, "content": m.content} for m in (SYSTEM, QUESTION)],
         tokenize=False,
@@ -106,7 +106,7 @@ def test_two_sessions_batch_concurrently(vllm_llm: VllmLlm) -> None:
                 runs[i].outputs.append(out)
                 runs[i].times.append(time.perf_counter())
                 if i == 0 and len(runs[0].deltas) == 10:
-                    in_engine = await vllm_llm.engine_requests()
+                    in_engine = await vllm_llm.engine.unfinished()
 
         await asyncio.gather(pump(0, a), pump(1, b))
         return runs[0], runs[1], in_engine
@@ -139,12 +139,12 @@ def test_abort_stops_within_one_chunk_and_frees_the_engine(vllm_llm: VllmLlm) ->
                 if seen == 3:  # barge-in: the orchestrator aborts the old fence's request
                     await vllm_llm.abort([rid])
                     aborted = True
-        left = await vllm_llm.engine_requests()
+        left = await vllm_llm.engine.unfinished()
         for _ in range(50):
             if left == 0:
                 break
             await asyncio.sleep(0.02)
-            left = await vllm_llm.engine_requests()
+            left = await vllm_llm.engine.unfinished()
         # The engine keeps serving: the next epoch's request runs normally.
         nxt = await collect(
             vllm_llm, LlmRequest(request_id="sess_c/e1/t1/r2/llm", messages=(QUESTION,))
@@ -168,10 +168,10 @@ def test_a_consumer_that_goes_away_aborts_the_request(vllm_llm: VllmLlm) -> None
                 break
         await stream.aclose()  # type: ignore[attr-defined]
         for _ in range(100):
-            if await vllm_llm.engine_requests() == 0:
+            if await vllm_llm.engine.unfinished() == 0:
                 return 0
             await asyncio.sleep(0.02)
-        return await vllm_llm.engine_requests()
+        return await vllm_llm.engine.unfinished()
 
     assert asyncio.run(scenario()) == 0
 
@@ -186,8 +186,8 @@ def test_long_history_is_trimmed_to_the_context(vllm_llm: VllmLlm) -> None:
     req = LlmRequest(request_id="long", messages=tuple(history), max_tokens=32)
     run = asyncio.run(collect(vllm_llm, req))
     assert run.done.finish_reason in ("stop", "length") and run.text.strip()
-    assert run.done.prompt_tokens + 32 <= vllm_llm.max_model_len
-    assert run.done.prompt_tokens > vllm_llm.max_model_len // 2  # trimmed, not emptied
+    assert run.done.prompt_tokens + 32 <= vllm_llm.engine.max_model_len
+    assert run.done.prompt_tokens > vllm_llm.engine.max_model_len // 2  # trimmed, not emptied
 
 
 def test_priority_and_wrong_request_kind(vllm_llm: VllmLlm) -> None:
@@ -216,7 +216,7 @@ def test_start_up_errors_name_the_option(options: dict[str, object], field: str)
     with pytest.raises(ConfigError) as err:
         asyncio.run(backend.start())
     assert str(err.value).startswith(field + ":"), str(err.value)
-    assert backend._thread is None  # the failed start cleaned up after itself
+    assert backend.engine._thread is None  # the failed start cleaned up after itself
 
 
 def test_a_replica_pinned_to_a_gpu_is_refused_by_a_cpu_build() -> None:
@@ -227,4 +227,4 @@ def test_a_replica_pinned_to_a_gpu_is_refused_by_a_cpu_build() -> None:
         "engine.stages.llm.devices: replica llm is placed on 'cuda:0', but the installed vLLM "
         "runs on 'cpu'"
     ), str(err.value)
-    assert backend._thread is None
+    assert backend.engine._thread is None

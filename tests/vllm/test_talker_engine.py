@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from duplex_contract.batch import AudioOut, BatchDone, SpeechJob
+from duplex_contract.control import AppendCall, CommitCall, OpenCall
 from duplex_contract.events import AudioChunk, ResponseDone
 from duplex_contract.settings import SessionSettings
 from engine.api.client import AsyncEngine
@@ -54,14 +55,17 @@ def test_two_sessions_share_codec_decode_calls_and_speech_uses_the_route() -> No
         engine = await AsyncEngine.start(talker_engine_config(), backends)  # type: ignore[arg-type]
         try:
             opened = [
-                await engine.open(SessionSettings(output_modalities=("audio",))) for _ in "ab"
+                await engine.call(OpenCall(config=SessionSettings(output_modalities=("audio",))))
+                for _ in "ab"
             ]
             for res in opened:
                 assert res.accepted_fence is not None
-                await engine.append(res.accepted_fence, 1, text="speak")
+                await engine.call(
+                    AppendCall(fence=res.accepted_fence, lease_generation=1, text="speak")
+                )
             for res in opened:
                 assert res.accepted_fence is not None
-                await engine.commit(res.accepted_fence, 1)
+                await engine.call(CommitCall(fence=res.accepted_fence, lease_generation=1))
             runs = await asyncio.gather(
                 *(
                     collect(
@@ -78,8 +82,8 @@ def test_two_sessions_share_codec_decode_calls_and_speech_uses_the_route() -> No
                 assert len(pcm) // 2 == 2048 * len(REPLY.split())
                 assert np.abs(np.frombuffer(pcm, dtype=np.int16)).max() > 0
             # The runtime's own counters: some step decoded both sessions' windows at once.
-            assert codec.max_step_size >= 2
-            assert codec.decode_calls < codec.rows_decoded
+            assert codec.runtime.max_step_size >= 2
+            assert codec.decoder.decode_calls < codec.decoder.rows_decoded
             # The batch speech endpoint's route: [talker, codec].
             items = [
                 i async for i in engine.generate(SpeechJob(text="one two three four five six"))

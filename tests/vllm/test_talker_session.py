@@ -22,7 +22,7 @@ pytestmark = pytest.mark.vllm
 
 
 def _stages(app: Any) -> tuple[VllmTalker, SnacCodec]:
-    orch = app.state.engine.engine._orch
+    orch = app.state.engine.engine.orchestrator
     talker, codec = orch.pools["talker"].replicas[0], orch.pools["codec"].replicas[0]
     assert isinstance(talker, VllmTalker) and isinstance(codec, SnacCodec)
     return talker, codec
@@ -55,7 +55,7 @@ def test_talker_route_speaks_and_a_barge_in_aborts_the_talker_in_vllm(
                 # the talker is mid-reply: vLLM holds this response's talker request
                 held: list[str] = []
                 for _ in range(100):
-                    held = await talker.engine_request_ids()
+                    held = await talker.engine.held_request_ids()
                     if any("/talker" in h for h in held):
                         break
                     await asyncio.sleep(0.05)
@@ -78,12 +78,12 @@ def test_talker_route_speaks_and_a_barge_in_aborts_the_talker_in_vllm(
                 ]
                 assert sum(len(e["delta"]) for e in stale) == 0  # 0 stale bytes after done
                 # ... and vLLM no longer holds the old epoch's talker request(s)
-                left = await talker.engine_request_ids()
+                left = await talker.engine.held_request_ids()
                 for _ in range(50):
                     if not set(old) & set(left):
                         break
                     await asyncio.sleep(0.05)
-                    left = await talker.engine_request_ids()
+                    left = await talker.engine.held_request_ids()
                 assert not set(old) & set(left), (old, left)
                 audio = [
                     e
@@ -91,6 +91,6 @@ def test_talker_route_speaks_and_a_barge_in_aborts_the_talker_in_vllm(
                     if e["type"] == "response.output_audio.delta" and e["response_id"] == rid
                 ]
                 assert audio  # the turn was spoken before the barge-in
-                assert codec.rows_decoded >= 2 and codec.decode_calls >= 1
+                assert codec.decoder.rows_decoded >= 2 and codec.decoder.decode_calls >= 1
 
         asyncio.run(run())

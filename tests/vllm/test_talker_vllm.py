@@ -33,7 +33,7 @@ OPTIONS = TalkerOptions(
 def talker() -> Iterator[VllmTalker]:
     backend = VllmTalker(OPTIONS, "talker")
     asyncio.run(backend.start())
-    print(f"\ntiny talker started in {backend.start_s:.1f} s")
+    print(f"\ntiny talker started in {backend.engine.start_s:.1f} s")
     try:
         yield backend
     finally:
@@ -81,14 +81,14 @@ def test_abort_ends_the_stream_and_leaves_vllm_within_a_step(talker: VllmTalker)
         async for out in talker.submit(req):
             outs.append(out)
             if isinstance(out, TokensOut) and len(outs) == 1:
-                held = await talker.engine_request_ids()
+                held = await talker.engine.held_request_ids()
                 await talker.abort([rid])
-        left = await talker.engine_request_ids()
+        left = await talker.engine.held_request_ids()
         for _ in range(50):
             if rid not in left:
                 break
             await asyncio.sleep(0.02)
-            left = await talker.engine_request_ids()
+            left = await talker.engine.held_request_ids()
         return outs, held, left
 
     outs, held, left = asyncio.run(main())

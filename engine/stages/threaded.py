@@ -1,0 +1,138 @@
+"""The one-request-at-a-time runtime: a worker thread runs each request's ``run`` in turn.
+
+A backend whose library takes one input at a time (llama.cpp, piper, espeak, pocketsphinx)
+implements :class:`RequestModel` (``load``, ``run``, ``unload``, all in the worker thread)
+and holds a :class:`ThreadedRuntime`, which owns the thread (engine/stages/workers.py), the
+queue (real-time requests before batch ones, then by arrival), aborts, and the compute marks
+of engine/orchestration/compute.py: every request is marked ``working`` while it runs, and
+a response's first clause in speech (``TtsRequest.first``) also ``urgent`` under its
+response's group.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import nullcontext
+from typing import Protocol
+
+from duplex_contract.errors import StageError
+from engine.messages import StageOutput, StageRequest, TtsRequest
+from engine.orchestration import compute
+from engine.stages.workers import Job, Worker, WorkerCrash
+
+log = logging.getLogger(__name__)
+
+
+class RequestModel(Protocol):
+    """What a one-request-at-a-time backend implements (every call in the worker thread)."""
+
+    def load(self) -> None:
+        """Load the model."""
+        ...
+
+    def run(self, request: StageRequest, cancelled: threading.Event) -> Iterator[StageOutput]:
+        """The outputs of one request; check ``cancelled`` between outputs (the runtime
+        also stops forwarding them as soon as the request is aborted)."""
+        ...
+
+    def unload(self) -> None:
+        """Release the model (at close)."""
+        ...
+
+
+class ThreadedRuntime:
+    """Runs ``model`` one request at a time in a worker thread (real-time first).
+
+    The stage interface a backend forwards to it: ``start``, ``submit``, ``abort``,
+    ``close``, ``restarts``, ``batch_size`` and the ``on_wait`` hook. ``enqueue``, ``serve``,
+    ``stop`` and ``dead_jobs`` are its worker's (:class:`engine.stages.workers.JobLoop`).
+    """
+
+    def __init__(self, name: str, model: RequestModel) -> None:
+        self.name = name
+        self._model = model
+        self._queue: queue.PriorityQueue[tuple[int, int, Job | None]] = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._current: Job | None = None
+        self.worker = Worker(name, model, self)
+
+    # -- the stage interface ------------------------------------------------------------
+    @property
+    def restarts(self) -> int:
+        return self.worker.restarts
+
+    @property
+    def on_wait(self) -> Callable[[float], None] | None:
+        """Submit -> start of a request's work, seconds (engine/stage_figures.py)."""
+        return self.worker.on_wait
+
+    @on_wait.setter
+    def on_wait(self, hook: Callable[[float], None] | None) -> None:
+        self.worker.on_wait = hook
+
+    async def start(self) -> None:
+        await self.worker.start()
+
+    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
+        return self.worker.submit(request)
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        await self.worker.abort(request_ids)
+
+    async def close(self) -> None:
+        await self.worker.close()
+
+    def batch_size(self, request_id: str) -> int:
+        """1 while the request runs (one at a time), 0 before and after."""
+        return self.worker.batch_size(request_id)
+
+    # -- the worker's job loop ----------------------------------------------------------
+    def enqueue(self, job: Job) -> None:
+        self._queue.put((int(job.request.priority), next(self._seq), job))
+
+    def stop(self) -> None:
+        self._queue.put((-1, -1, None))
+
+    def dead_jobs(self) -> list[Job]:
+        return [self._current] if self._current is not None else []
+
+    def serve(self) -> None:
+        while True:
+            _, _, job = self._queue.get()
+            if job is None:
+                return
+            self._current = job
+            self._process(job)
+            self._current = None
+
+    def _process(self, job: Job) -> None:
+        request = job.request
+        if job.cancelled.is_set():
+            job.end_aborted()
+            return
+        job.batch_max = 1  # one request at a time
+        job.started()
+        first = isinstance(request, TtsRequest) and request.first
+        try:
+            with (
+                compute.working(self.name),
+                compute.urgent(compute.group_of(request.request_id)) if first else nullcontext(),
+            ):
+                for out in self._model.run(request, job.cancelled):
+                    if job.cancelled.is_set():
+                        break
+                    job.deliver(out)
+        except WorkerCrash:
+            raise
+        except Exception as exc:
+            log.exception("stage %s failed request %s", self.name, request.request_id)
+            job.fail(StageError(f"{self.name}: {exc}", code="stage_failed"))
+            return
+        if job.cancelled.is_set():
+            job.end_aborted()
+        else:
+            job.end()
