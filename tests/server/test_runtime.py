@@ -313,9 +313,9 @@ class LosingEngine(FakeEngine):
     """Its close ends the event stream and then swallows the cancellation that follows, as
     Python 3.11's ``asyncio.wait_for`` did when the result arrived together with it."""
 
-    async def close(
-        self, fence: Fence, lease_generation: int, reason: str = "client"
-    ) -> ControlResult:
+    async def call(self, call: ControlCall) -> ControlResult:
+        if not isinstance(call, CloseCall):
+            return await super().call(call)
         self.calls.append("close")
         await self.events.put(None)
         try:
