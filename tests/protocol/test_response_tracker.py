@@ -148,6 +148,7 @@ def test_heard_clamps_to_the_audio_sent_and_refuses_an_unknown_item() -> None:
     assert isinstance(ack, ev.PlaybackAcknowledged)
     assert (ack.played_ms, ack.requested_played_ms) == (100.0, 250.0)
     (touch,) = calls(out)
-    assert isinstance(touch, Touch) and not touch.truncate and touch.event_id == "e1"
+    assert isinstance(touch, Touch) and touch.event_id == "e1"
+    assert touch.playback is not None and not touch.playback.truncate
     with pytest.raises(ProtocolError):
         t.heard("item_nope", 1.0, None, truncate=True)
