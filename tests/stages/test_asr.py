@@ -202,8 +202,9 @@ def test_whisper_narrowband_turn_after_its_context_gets_a_15s_window(
 ) -> None:
     """beckett.wav's last phrase over G.711 mu-law as the live path cuts it (the session's
     decoder and resampler give these samples within 1 LSB), decoded after "Fail again.":
-    Whisper-base says "Failed better?" in the 10 s window and "Fail better." (the batch
-    route's words) in 15 s, which narrowband audio after its context gets. Wideband turns
+    Whisper-base says "Failed better?" in the 10 s window (on AVX2 CPUs; on AVX-512 ones its
+    int8 kernels hear it right in both) and "Fail better." (the batch route's words) in 15 s,
+    which narrowband audio after its context gets. Wideband turns
     and narrowband turns alone keep the 10 s window."""
     ulaw = g711_to_pcm16(
         pcm16_to_g711(resample_pcm16(beckett, 16000, 8000), "g711_ulaw"), "g711_ulaw"
@@ -236,11 +237,24 @@ def test_whisper_narrowband_turn_after_its_context_gets_a_15s_window(
     )
     run_request(whisper, wide)
     assert windows[0] == 1000 and windows[-1] == 1000, windows
-    # without the floor, the live path's words of issue 26 (the cause, kept measured)
+    # without the floor: the 10 s window, and on AVX2 machines the live path's words of
+    # issue 26 (the cause, kept measured where it happens: CTranslate2's int8 kernels on an
+    # AVX-512 Xeon hear "Fail better" in either window)
     monkeypatch.setattr(whisper_decoder, "NARROW_CONTEXT_MIN_S", 10)
     windows.clear()
     text = next(o.text for o in run_request(whisper, req).outputs if isinstance(o, TranscriptOut))
-    assert windows[0] == 1000 and text.lower().startswith("failed"), (windows, text)
+    assert windows[0] == 1000, windows
+    if not _avx512():
+        assert text.lower().startswith("failed"), text
+
+
+def _avx512() -> bool:
+    """Does this CPU have AVX-512 (whose int8 GEMM kernels give Whisper other words)?"""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512f" in flags
 
 
 def test_whisper_short_window_is_as_accurate_as_the_full_one(
