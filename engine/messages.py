@@ -88,7 +88,7 @@ class TtsRequest(Msg, frozen=True, tag="tts"):
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
     #: the first clause of a response's speech: its first audio waits on it
-    #: (engine/orchestration/compute.py)
+    #: (engine/stages/compute.py)
     first: bool = False
 
 

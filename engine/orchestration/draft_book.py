@@ -27,7 +27,7 @@ from engine.orchestration.drafts import (
     response_plan,
     start_response,
 )
-from engine.orchestration.pipeline import LlmResult
+from engine.pipeline.pipeline import LlmResult
 from engine.tasks import cancelling, reap
 
 if TYPE_CHECKING:
@@ -35,9 +35,9 @@ if TYPE_CHECKING:
     from engine.duplex.effects import Effects
     from engine.duplex.session import DuplexSession
     from engine.orchestration.counters import Counters
-    from engine.orchestration.pipeline import Pipeline
     from engine.orchestration.scheduling import Scheduler
     from engine.orchestration.speculation import SpeculativeAsr
+    from engine.pipeline.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 

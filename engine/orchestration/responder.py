@@ -26,9 +26,9 @@ from engine.orchestration.draft_book import DraftBook
 from engine.orchestration.drafts import Draft, response_plan, start_response
 from engine.orchestration.history import ConversationHistory
 from engine.orchestration.output_router import Emit
-from engine.orchestration.pipeline import LlmResult, Pipeline, SpokenChunk
 from engine.orchestration.speculation import SpeculativeAsr
 from engine.orchestration.tool_calls import CallStream, finish_call
+from engine.pipeline.pipeline import LlmResult, Pipeline, SpokenChunk
 
 
 class ResponseStream:

@@ -1,7 +1,7 @@
 """The stage interface: what the engine asks of every stage backend, and what it may ask.
 
 A backend declares what it consumes and emits (``consumes``/``emits``,
-engine/orchestration/edges.py) and implements four calls::
+engine/stages/edges.py) and implements four calls::
 
     await backend.start()                      # load models; raises on failure
     async for out in backend.submit(request):  # stream outputs of one request
@@ -35,8 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from engine.messages import StageOutput, StageRequest
-from engine.orchestration.chunkers import Chunker
-from engine.orchestration.edges import Edge
+from engine.pipeline.chunkers import Chunker
+from engine.stages.edges import Edge
 
 
 @runtime_checkable
@@ -45,7 +45,7 @@ class StageBackend(Protocol):
 
     name: str  # the replica's name (the stage's, or ``<stage><i>`` with several)
     device: str  # its resolved placement: ``cpu``, ``cuda:N`` (or ``auto``: it places itself)
-    consumes: Edge  # what one request carries in (engine/orchestration/edges.py)
+    consumes: Edge  # what one request carries in (engine/stages/edges.py)
     emits: Edge  # what its outputs carry
 
     @property
@@ -102,7 +102,7 @@ class CapacitySource(Protocol):
 @runtime_checkable
 class ChunkerSource(Protocol):
     """The chunker that cuts this stage's input from the stage before it (None: the
-    default for the edge it consumes, engine/orchestration/chunkers.py)."""
+    default for the edge it consumes, engine/pipeline/chunkers.py)."""
 
     def make_chunker(self) -> Chunker | None: ...
 

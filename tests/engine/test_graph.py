@@ -11,8 +11,8 @@ import yaml
 from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.errors import ConfigError, StageError
 from engine.config import engine_config, load_engine_config
-from engine.orchestration.edges import Edge
-from engine.orchestration.graph import build_graph
+from engine.pipeline.graph import build_graph
+from engine.stages.edges import Edge
 from engine.stages.testing import TestStage
 
 ROOT = Path(__file__).resolve().parents[2]

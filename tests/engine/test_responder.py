@@ -25,8 +25,8 @@ from duplex_contract.tools import ResponseOptions
 from engine.duplex.session import DuplexSession
 from engine.orchestration.counters import Counters
 from engine.orchestration.drafts import Draft, ResponsePlan
-from engine.orchestration.pipeline import LlmResult, SpokenChunk
 from engine.orchestration.responder import Responder
+from engine.pipeline.pipeline import LlmResult, SpokenChunk
 from tests.engine.conftest import make_config, run
 from tests.engine.parts_fakes import Calls, Emitted, job, session
 

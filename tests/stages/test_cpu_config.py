@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.config import load_engine_config, load_yaml
-from engine.orchestration.graph import build_graph
+from engine.pipeline.graph import build_graph
 from engine.stages.asr_whisper import WhisperAsr
 from engine.stages.registry import backend_class
 

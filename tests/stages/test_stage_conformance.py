@@ -21,8 +21,7 @@ import pytest
 
 from duplex_contract.errors import ConfigError
 from engine.config import StageConfig, engine_config
-from engine.orchestration.edges import Edge
-from engine.orchestration.graph import build_graph, stage_info
+from engine.pipeline.graph import build_graph, stage_info
 from engine.stage_figures import (
     DecodeSource,
     EngineFiguresSource,
@@ -42,6 +41,7 @@ from engine.stages.base import (
     protocol_members,
 )
 from engine.stages.batching import BatchingRuntime
+from engine.stages.edges import Edge
 from engine.startup import PlacedBackend
 from engine.voices import Voiced
 
@@ -116,7 +116,7 @@ def test_replica_implements_the_interface(backend: str, stage: str) -> None:
     else:
         assert replica.device.partition(":")[0] in cls.device_kinds
     assert isinstance(replica.restarts, int) and replica.restarts == 0
-    # edges: edge types (engine/orchestration/edges.py), accepted by the graph as declared
+    # edges: edge types (engine/stages/edges.py), accepted by the graph as declared
     assert isinstance(replica.consumes, Edge) and isinstance(replica.emits, Edge)
     info = stage_info(stage, backend, replica)
     assert (info.consumes, info.emits) == (replica.consumes, replica.emits)

@@ -38,8 +38,8 @@ from typing import Final
 
 from duplex_contract.errors import ConfigError, StageError
 from engine.config import EngineConfig
-from engine.orchestration.edges import Edge
 from engine.stages.base import StageBackend, missing_members
+from engine.stages.edges import Edge
 from engine.stages.registry import build_replicas
 
 ROUTE_DUTIES: Final[dict[str, str]] = {
