@@ -35,7 +35,7 @@ class StageConfig(_Frozen, frozen=True):
     # One entry per replica: "cpu", "cuda", "cuda:N" or "auto" (a GPU when the backend can
     # use one and one is present, else the CPU). None: "auto" for every replica.
     devices: tuple[str, ...] | None = None
-    # Validated by the backend's own Options struct at start-up (see stages/registry.py).
+    # Validated by the backend's own Options struct at start-up (see engine/stages/backends.py).
     options: dict[str, Any] = {}
 
     def device_list(self) -> tuple[str, ...]:

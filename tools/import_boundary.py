@@ -12,7 +12,7 @@
                               engine.pipeline.pipeline
     engine/stages             anything but the control side: no control call
                               (duplex_contract.control), no session event (the members of
-                              duplex_contract.events.SessionEvent), no control envelope
+                              duplex_contract.session_events.SessionEvent), no control envelope
                               (engine.messages.ControlRequest, .SessionOutput), no session
                               machinery (engine.duplex), no orchestration module
                               (engine.orchestration) and no server or SDK module; of the
@@ -65,9 +65,9 @@ ENGINE_PUBLIC = (
 #: provide (``make_chunker``) and those it builds them from
 STAGE_PIPELINE = ("engine.pipeline.chunkers",)
 
-#: the session events (duplex_contract.events.SessionEvent's members)
+#: the session events (duplex_contract.session_events.SessionEvent's members)
 SESSION_EVENTS = tuple(
-    f"duplex_contract.events.{name}"
+    f"duplex_contract.session_events.{name}"
     for name in (
         "SessionEvent",
         "UserTranscript",

@@ -24,7 +24,7 @@ from duplex_contract.batch import (
     TranscriptOut,
 )
 from duplex_contract.errors import EngineError
-from duplex_contract.events import ErrorInfo
+from duplex_contract.session_events import ErrorInfo
 from engine.messages import BatchOutput, GenerateRequest, Priority
 from engine.pipeline.pipeline import Pipeline, SpokenChunk
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from duplex_contract.errors import StageError
 from duplex_contract.fence import Fence
 from duplex_contract.tools import ResponseOptions
-from engine.duplex.fence import draft_prefix
+from engine.duplex.fencing import draft_prefix
 from engine.orchestration.drafts import (
     Draft,
     ResponsePlan,

@@ -32,9 +32,9 @@ from duplex_contract.control import (
     SignalCall,
 )
 from duplex_contract.errors import EngineDeadError
-from duplex_contract.events import ErrorInfo
+from duplex_contract.session_events import ErrorInfo
 from engine.config import EngineConfig
-from engine.duplex.control import DuplexControl
+from engine.duplex.control_plane import DuplexControl
 from engine.duplex.effects import Effects
 from engine.messages import (
     AbortRequest,

@@ -10,14 +10,14 @@ import time
 from collections.abc import Callable
 
 from duplex_contract.errors import StageError
-from duplex_contract.events import (
+from duplex_contract.fence import Fence
+from duplex_contract.session_events import (
     AudioChunk,
     FunctionCallDelta,
     ResponseDone,
     SessionEvent,
     TextDelta,
 )
-from duplex_contract.fence import Fence
 from duplex_contract.tools import ResponseOptions, ToolCall
 from engine.config import EngineConfig
 from engine.duplex.session import DuplexSession, TurnJob

@@ -9,8 +9,8 @@ engine/stages/edges.py) and implements four calls::
     await backend.close()
 
 :class:`StageBackend` is every member the engine uses on every replica;
-:class:`StageBackendClass` is what the registry reads from a backend's class before it
-builds a replica (engine/stages/registry.py). The rest is optional: a backend implements
+:class:`StageBackendClass` is what the backend table reads from a backend's class before it
+builds a replica (engine/stages/backends.py). The rest is optional: a backend implements
 a capability Protocol when it has that capability, and the engine asks with
 ``isinstance`` (never ``getattr``):
 
@@ -64,7 +64,7 @@ class StageBackend(Protocol):
 
 @runtime_checkable
 class StageBackendClass(Protocol):
-    """A backend's class, as the registry uses it before any replica exists."""
+    """A backend's class, as the backend table uses it before any replica exists."""
 
     @property
     def Options(self) -> type[msgspec.Struct]:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from duplex_contract.events import SessionEvent
+from duplex_contract.session_events import SessionEvent
 from tools.import_boundary import (
     ENGINE_PUBLIC,
     SESSION_EVENTS,
@@ -149,16 +149,18 @@ def test_the_core_keeps_its_stricter_rule_inside_the_server(tmp_path: Path) -> N
 def test_stage_backends_import_no_control_messages(tmp_path: Path) -> None:
     root = _copy_layers(tmp_path)
     _plant(root, "engine/stages/sim.py", "from duplex_contract.control import OpenCall")
-    _plant(root, "engine/stages/tts_piper.py", "from duplex_contract.events import AudioChunk")
+    _plant(
+        root, "engine/stages/tts_piper.py", "from duplex_contract.session_events import AudioChunk"
+    )
     _plant(root, "engine/stages/asr_whisper.py", "from engine.messages import ControlRequest")
-    _plant(root, "engine/stages/base.py", "from engine.duplex import control")
+    _plant(root, "engine/stages/base.py", "from engine.duplex import control_plane")
     # stage messages, errors in transit and batch items are fine
-    _plant(root, "engine/stages/testing.py", "from duplex_contract.events import ErrorInfo")
+    _plant(root, "engine/stages/testing.py", "from duplex_contract.session_events import ErrorInfo")
     _plant(root, "engine/stages/tts_espeak.py", "from engine.messages import StageDone")
     _plant(root, "engine/stages/codec_snac.py", "from duplex_contract.batch import AudioOut")
     errors = "\n".join(check(root))
     assert "stage backends imports duplex_contract.control" in errors
-    assert "stage backends imports duplex_contract.events.AudioChunk" in errors
+    assert "stage backends imports duplex_contract.session_events.AudioChunk" in errors
     assert "stage backends imports engine.messages.ControlRequest" in errors
     assert "stage backends imports engine.duplex" in errors
     for fine in ("testing.py", "tts_espeak.py", "codec_snac.py"):
@@ -167,8 +169,8 @@ def test_stage_backends_import_no_control_messages(tmp_path: Path) -> None:
 
 
 def test_the_session_events_the_rule_names_are_the_contracts() -> None:
-    members = {f"duplex_contract.events.{t.__name__}" for t in get_args(SessionEvent)}
-    assert set(SESSION_EVENTS) == members | {"duplex_contract.events.SessionEvent"}
+    members = {f"duplex_contract.session_events.{t.__name__}" for t in get_args(SessionEvent)}
+    assert set(SESSION_EVENTS) == members | {"duplex_contract.session_events.SessionEvent"}
 
 
 def test_the_public_engine_modules_exist_and_lint_runs_the_check() -> None:
@@ -216,13 +218,13 @@ def test_the_batch_routes_and_operations_import_no_transport(tmp_path: Path) -> 
 def test_the_orchestration_and_the_control_plane_call_no_engine_client(tmp_path: Path) -> None:
     root = _copy_layers(tmp_path)
     _plant(root, "engine/orchestration/responder.py", "from engine.api.client import AsyncEngine")
-    _plant(root, "engine/duplex/control.py", "from engine.api import remote")
-    _plant(root, "engine/duplex/lease.py", "from engine.stages.registry import BACKENDS")
+    _plant(root, "engine/duplex/control_plane.py", "from engine.api import remote")
+    _plant(root, "engine/duplex/lease.py", "from engine.stages.backends import BACKENDS")
     _plant(root, "engine/startup.py", "from duplex_server import app")
-    _plant(root, "engine/pipeline/graph.py", "from engine.stages import registry")  # ok
+    _plant(root, "engine/pipeline/graph.py", "from engine.stages import backends")  # ok
     errors = "\n".join(check(root))
     assert "responder.py" in errors and "the orchestration imports engine.api.client" in errors
-    assert "duplex/control.py" in errors and "the control plane imports engine.api" in errors
+    assert "duplex/control_plane.py" in errors and "the control plane imports engine.api" in errors
     assert "duplex/lease.py" in errors and "the control plane imports engine.stages" in errors
     assert "engine/startup.py" in errors and "the engine imports duplex_server" in errors
     assert "graph.py" not in errors and len(errors.splitlines()) == 4
@@ -233,9 +235,11 @@ def test_the_route_machinery_imports_nothing_of_the_orchestration(tmp_path: Path
     _plant(root, "engine/pipeline/pipeline.py", "from engine.orchestration import scheduling")
     _plant(root, "engine/pipeline/graph.py", "from engine.api.client import AsyncEngine")
     _plant(root, "engine/pipeline/chunkers.py", "from engine.duplex import lease")
-    _plant(root, "engine/pipeline/segmenter.py", "from duplex_contract.events import TextDelta")
+    _plant(
+        root, "engine/pipeline/segmenter.py", "from duplex_contract.session_events import TextDelta"
+    )
     # the stages, stage messages and batch items are fine
-    _plant(root, "engine/pipeline/__init__.py", "from engine.stages import registry")
+    _plant(root, "engine/pipeline/__init__.py", "from engine.stages import backends")
     _plant(root, "engine/pipeline/pipeline.py", "from duplex_contract.batch import TextOut")
     errors = check(root)
     assert [e.split(":")[0] for e in errors] == [
@@ -247,7 +251,9 @@ def test_the_route_machinery_imports_nothing_of_the_orchestration(tmp_path: Path
     assert errors[0].endswith("the route machinery imports engine.duplex")
     assert errors[1].endswith("the route machinery imports engine.api.client")
     assert errors[2].endswith("the route machinery imports engine.orchestration")
-    assert errors[3].endswith("the route machinery imports duplex_contract.events.TextDelta")
+    assert errors[3].endswith(
+        "the route machinery imports duplex_contract.session_events.TextDelta"
+    )
 
 
 def test_stage_backends_import_no_orchestration_and_of_the_pipeline_only_chunkers(

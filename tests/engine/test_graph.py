@@ -209,7 +209,7 @@ def test_work_on_a_missing_route_fails_clearly_and_the_session_goes_on() -> None
     import asyncio
 
     from duplex_contract.batch import SpeechJob
-    from duplex_contract.events import ResponseDone
+    from duplex_contract.session_events import ResponseDone
     from duplex_contract.settings import SessionSettings
     from tests.engine.conftest import collect, open_engine
 

@@ -12,14 +12,14 @@ import pytest
 
 from duplex_contract.batch import AudioOut
 from duplex_contract.errors import StageError
-from duplex_contract.events import (
+from duplex_contract.fence import Fence
+from duplex_contract.session_events import (
     AudioChunk,
     FunctionCallDelta,
     FunctionCallDone,
     ResponseDone,
     TextDelta,
 )
-from duplex_contract.fence import Fence
 from duplex_contract.settings import Tool
 from duplex_contract.tools import ResponseOptions
 from engine.duplex.session import DuplexSession

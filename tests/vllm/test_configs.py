@@ -6,8 +6,8 @@ import pytest
 
 from duplex_server.config import load_app_config
 from engine.pipeline.graph import build_graph
+from engine.stages.backends import build_replicas
 from engine.stages.llm_vllm import VllmLlm
-from engine.stages.registry import build_replicas
 from tests.server.harness import ROOT
 
 pytestmark = pytest.mark.vllm
