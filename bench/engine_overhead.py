@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from duplex_contract.control import AppendCall, CloseCall, CommitCall, OpenCall, SignalCall
-from duplex_contract.events import AudioChunk, ResponseDone
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import AudioChunk, ResponseDone
 from duplex_contract.settings import SessionSettings
 from engine.api.client import AsyncEngine
 from engine.config import load_engine_config

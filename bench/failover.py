@@ -47,7 +47,7 @@ from duplex_client import events as ev
 
 from bench.cluster import Cluster, cluster
 from bench.probe import probe_ms
-from engine.duplex.fence import route_key_of
+from engine.duplex.fencing import route_key_of
 from tests.server.harness import write_config
 
 AUDIO_MS = 2000

@@ -79,7 +79,7 @@ def process(pcm: bytes, kind: str | None, vad: str = "silero") -> tuple[bytes, l
     reduction, speech onsets in s, seconds spent in the suppressor)."""
     from duplex_server.protocol.codec import PCM16_16K
     from duplex_server.protocol.events import TurnDetection
-    from duplex_server.protocol.vad import VadStart
+    from duplex_server.protocol.vad_events import VadStart
     from duplex_server.session.input_lane import InputProcessor
 
     proc = InputProcessor(PCM16_16K, TurnDetection(), vad, kind)  # type: ignore[arg-type]

@@ -34,7 +34,7 @@ from duplex_contract.batch import (
     TranscriptOut,
 )
 from duplex_contract.control import AppendCall, CloseCall, CommitCall, OpenCall, SignalCall
-from duplex_contract.events import AudioChunk, ResponseDone, UserTranscript
+from duplex_contract.session_events import AudioChunk, ResponseDone, UserTranscript
 from duplex_contract.settings import SessionSettings
 from engine.api.client import AsyncEngine
 from engine.config import load_engine_config

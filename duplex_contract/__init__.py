@@ -10,7 +10,7 @@ Both sides import this package; it imports neither of them (``make lint`` checks
   session.update can change in the engine) and its patch form;
 * :mod:`~duplex_contract.audio`: the engine's input audio format (PCM16 mono 16 kHz) and
   the one duration helper;
-* :mod:`~duplex_contract.events`: the session events the engine emits, and errors in
+* :mod:`~duplex_contract.session_events`: the session events the engine emits, and errors in
   transit;
 * :mod:`~duplex_contract.control`: the control calls a front end makes on a session and
   their one result;

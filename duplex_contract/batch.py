@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 
 from duplex_contract.audio import INPUT_RATE, OUTPUT_RATE
-from duplex_contract.events import Msg
+from duplex_contract.session_events import Msg
 
 
 class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -17,8 +17,8 @@ from typing import Literal
 import msgspec
 
 from duplex_contract.audio import INPUT_RATE
-from duplex_contract.events import ErrorInfo, Msg
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import ErrorInfo, Msg
 from duplex_contract.settings import SessionSettings, SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 

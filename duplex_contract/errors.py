@@ -10,7 +10,7 @@ Exception tree::
     ├── ConfigError             bad configuration; names the offending field (start-up only)
     └── EngineDeadError         the engine is gone; every pending and later call fails (fatal)
 
-Errors cross process and thread boundaries as :class:`duplex_contract.events.ErrorInfo`
+Errors cross process and thread boundaries as :class:`duplex_contract.session_events.ErrorInfo`
 (``ErrorInfo.from_exc`` / ``ErrorInfo.to_exc``).
 """
 

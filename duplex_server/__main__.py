@@ -29,7 +29,7 @@ from duplex_server.ops.tracing import Tracing
 from duplex_server.transports.ws_protocol import BufferedReadsProtocol
 from engine.api.remote import parse_address, serve_engine
 from engine.config import convert
-from engine.orchestration.graph import build_graph
+from engine.pipeline.graph import build_graph
 
 log = logging.getLogger("duplex_server")
 

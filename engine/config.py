@@ -35,7 +35,7 @@ class StageConfig(_Frozen, frozen=True):
     # One entry per replica: "cpu", "cuda", "cuda:N" or "auto" (a GPU when the backend can
     # use one and one is present, else the CPU). None: "auto" for every replica.
     devices: tuple[str, ...] | None = None
-    # Validated by the backend's own Options struct at start-up (see stages/registry.py).
+    # Validated by the backend's own Options struct at start-up (see engine/stages/backends.py).
     options: dict[str, Any] = {}
 
     def device_list(self) -> tuple[str, ...]:
@@ -93,7 +93,7 @@ class SchedulingConfig(_Frozen, frozen=True):
 
 
 class EngineConfig(_Frozen, frozen=True):
-    # Named stages and the routes work takes through them (engine/orchestration/graph.py,
+    # Named stages and the routes work takes through them (engine/pipeline/graph.py,
     # docs/engine.md).
     stages: dict[str, StageConfig]
     routes: dict[str, tuple[str, ...]]
@@ -150,7 +150,7 @@ _DEVICE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
 
 def engine_config(data: Any, where: str = "engine") -> EngineConfig:
     """Convert and check the engine section (structure only; backends are checked by
-    :func:`engine.orchestration.graph.build_graph` before any model loads)."""
+    :func:`engine.pipeline.graph.build_graph` before any model loads)."""
     if isinstance(data, dict) and "routes" not in data and isinstance(data.get("stages"), dict):
         raise ConfigError(
             f"{where}.routes: missing (an old-form config?). Since 0.2 {MIGRATE_HINT}"

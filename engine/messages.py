@@ -4,7 +4,7 @@ What the server side also uses is defined in :mod:`duplex_contract` and imported
 there by every user (no name is re-exported here): control calls and their result
 (:mod:`duplex_contract.control`), batch jobs and their items, which include the stages'
 text, audio and transcript outputs (:mod:`duplex_contract.batch`), session events and
-errors in transit (:mod:`duplex_contract.events`).
+errors in transit (:mod:`duplex_contract.session_events`).
 
 Every message is a msgspec struct with a type tag; unknown fields are refused when a
 message is decoded (``decode``), and errors travel as :class:`ErrorInfo`, re-raised on the
@@ -28,7 +28,7 @@ from duplex_contract.batch import (
     TranscriptOut,
 )
 from duplex_contract.control import ControlCall
-from duplex_contract.events import ErrorInfo, Msg, SessionEvent
+from duplex_contract.session_events import ErrorInfo, Msg, SessionEvent
 from duplex_contract.settings import Tool
 
 
@@ -88,7 +88,7 @@ class TtsRequest(Msg, frozen=True, tag="tts"):
     priority: Priority = Priority.REALTIME
     session_id: str | None = None
     #: the first clause of a response's speech: its first audio waits on it
-    #: (engine/orchestration/compute.py)
+    #: (engine/stages/compute.py)
     first: bool = False
 
 

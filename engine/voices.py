@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from duplex_contract.voices import VoiceCatalog
 from engine.config import EngineConfig
-from engine.orchestration.graph import Graph, build_graph
+from engine.pipeline.graph import Graph, build_graph
 
 #: the routes whose output is speech
 SPEAKING_ROUTES = ("voice", "speech")

@@ -15,10 +15,9 @@ not counted, and a Protocol class is not measured. Only classes at a module's to
 measured. A base is found by its name in the class's module: a class defined there, or one
 imported into it (``from m import C``, ``import m as x`` with ``x.C``, re-exports followed).
 
-Over :data:`LINES` lines or :data:`METHODS` methods is an error, unless the class is in
-:data:`KNOWN_OVER` (and one there that is no longer over is an error too, so the set only
-shrinks). ``python -m tools.class_size [ROOT] [--all]`` prints every class over the limit
-(``--all``: also those near it); ``python -m tools.file_size`` runs the check.
+Over :data:`LINES` lines or :data:`METHODS` methods is an error; no class is exempt.
+``python -m tools.class_size [ROOT] [--all]`` prints every class over the limit (``--all``:
+also those near it); ``python -m tools.file_size`` runs the check.
 """
 
 from __future__ import annotations
@@ -32,13 +31,6 @@ from tools.product import absolute, module_of, product_files
 
 LINES = 400
 METHODS = 25
-
-#: Classes over the limit while issue 37's splits are in flight (each in another helper's
-#: area: the session core, the orchestrator, the engine clients, the control plane, the
-#: media transports, the stage backends). The check tolerates these so that ``make lint``
-#: stays green meanwhile; an entry that is no longer over (or gone) fails the check, so the
-#: set only shrinks. Emptied when the splits are merged: no class is over the limit then.
-KNOWN_OVER: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -188,23 +180,15 @@ def describe(size: Size) -> str:
     return f"{size.lines:4d} lines {size.methods:3d} methods  {size.qualname}{bases}"
 
 
-def oversize_classes(root: Path, known: frozenset[str] = KNOWN_OVER) -> list[str]:
-    """One message per class over the limit and not known, or known and no longer over."""
-    sizes = measure(root)
-    errors = [
+def oversize_classes(root: Path) -> list[str]:
+    """One message per class over the limit."""
+    return [
         f"{s.path}: class {s.qualname.rsplit('.', 1)[-1]}: {s.lines} lines, {s.methods} methods "
         f"with its in-house bases (limit {LINES} / {METHODS}): split it by job into objects "
         "it holds"
-        for s in sizes
-        if s.over and s.qualname not in known
+        for s in measure(root)
+        if s.over
     ]
-    over = {s.qualname for s in sizes if s.over}
-    errors += [
-        f"tools/class_size.py: KNOWN_OVER names {name}, which is within the limit now "
-        "(or gone): remove it"
-        for name in sorted(known - over)
-    ]
-    return errors
 
 
 def main(argv: list[str]) -> int:
@@ -214,8 +198,7 @@ def main(argv: list[str]) -> int:
     near = "--all" in argv
     for size in sizes:
         if size.over or (near and (size.lines > LINES * 5 // 8 or size.methods > METHODS * 3 // 4)):
-            known = " (known)" if size.qualname in KNOWN_OVER else ""
-            print(f"{'OVER ' if size.over else '     '}{describe(size)}{known}")
+            print(f"{'OVER ' if size.over else '     '}{describe(size)}")
     over = sum(s.over for s in sizes)
     print(f"{over} classes over {LINES} lines or {METHODS} methods")
     return 1 if oversize_classes(root) else 0

@@ -7,16 +7,17 @@
     duplex_server (the rest)  itself, duplex_contract, audio_kit and the engine's public
                               API only: ENGINE_PUBLIC (engine.api.client, engine.config,
                               engine.api.remote, engine.api.remote_client,
-                              engine.orchestration.graph, engine.voices); never a stage,
+                              engine.pipeline.graph, engine.voices); never a stage,
                               engine.messages, engine.orchestration.orchestrator or
-                              engine.orchestration.pipeline
+                              engine.pipeline.pipeline
     engine/stages             anything but the control side: no control call
                               (duplex_contract.control), no session event (the members of
-                              duplex_contract.events.SessionEvent), no control envelope
+                              duplex_contract.session_events.SessionEvent), no control envelope
                               (engine.messages.ControlRequest, .SessionOutput), no session
-                              machinery (engine.duplex) and no server or SDK module; of the
-                              orchestration only what a backend is built from
-                              (STAGE_ORCHESTRATION: edges, chunkers, compute)
+                              machinery (engine.duplex), no orchestration module
+                              (engine.orchestration) and no server or SDK module; of the
+                              route machinery (engine.pipeline) only the chunkers a backend
+                              may provide (STAGE_PIPELINE: engine.pipeline.chunkers)
 
 The rooms inside the server and the engine keep their jobs apart:
 
@@ -26,6 +27,9 @@ The rooms inside the server and the engine keep their jobs apart:
     duplex_server.ops         operations: no transport
     engine (all of it)        no server or SDK module
     engine.orchestration      no engine client (engine.api): the clients call it
+    engine.pipeline           the route machinery: no orchestration module, no engine
+                              client, no control plane (engine.duplex), no control call and
+                              no session event: the orchestrator drives it
     engine.duplex             the control plane: no engine client and no stage backend
 
 Every ``import`` and ``from ... import`` in a layer's files counts, wherever it is written
@@ -53,23 +57,17 @@ ENGINE_PUBLIC = (
     "engine.config",
     "engine.api.remote",
     "engine.api.remote_client",
-    "engine.orchestration.graph",
+    "engine.pipeline.graph",
     "engine.voices",
 )
 
-#: the orchestration modules a stage backend may import: the edge types, the chunkers a
-#: backend may provide (``make_chunker``) and the compute gate of the stage runtimes
-#: (engine.orchestration.compute is used by the stage runtimes only: it belongs in
-#: engine/stages/, and edges.py beside it; both are proposed moves)
-STAGE_ORCHESTRATION = (
-    "engine.orchestration.edges",
-    "engine.orchestration.chunkers",
-    "engine.orchestration.compute",
-)
+#: the route machinery's modules a stage backend may import: the chunkers a backend may
+#: provide (``make_chunker``) and those it builds them from
+STAGE_PIPELINE = ("engine.pipeline.chunkers",)
 
-#: the session events (duplex_contract.events.SessionEvent's members)
+#: the session events (duplex_contract.session_events.SessionEvent's members)
 SESSION_EVENTS = tuple(
-    f"duplex_contract.events.{name}"
+    f"duplex_contract.session_events.{name}"
     for name in (
         "SessionEvent",
         "UserTranscript",
@@ -127,10 +125,11 @@ LAYERS = (
             "engine.messages.SessionOutput",
             "engine.duplex",
             "engine.orchestration",
+            "engine.pipeline",
             "duplex_server",
             "duplex_client",
         ),
-        excepted=STAGE_ORCHESTRATION,
+        excepted=STAGE_PIPELINE,
     ),
     # the rooms
     Layer(
@@ -156,6 +155,18 @@ LAYERS = (
         exclude=("engine/stages/**/*.py",),  # the stage backends' rule says it
     ),
     Layer("orchestration", ("engine/orchestration/**/*.py",), None, forbidden=("engine.api",)),
+    Layer(
+        "route machinery",
+        ("engine/pipeline/**/*.py",),
+        None,
+        forbidden=(
+            "engine.orchestration",
+            "engine.api",
+            "engine.duplex",
+            "duplex_contract.control",
+            *SESSION_EVENTS,
+        ),
+    ),
     Layer(
         "control plane",
         ("engine/duplex/**/*.py",),

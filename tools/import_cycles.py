@@ -16,8 +16,7 @@ Python and a newcomer each resolve such a circle differently. The graph this che
 
 A circle is a strongly connected component of more than one module (or a module that
 imports itself). Each is reported as one circle through it, edge by edge, with the line of
-each import. The circles known today are in :data:`KNOWN_CYCLES`, tolerated while they
-are being removed (one that is gone fails, so the set only shrinks).
+each import; every circle is an error, none is exempt.
 ``python -m tools.import_cycles [ROOT] [--deferred]`` (``--deferred``: also print the
 circles that only function-level imports close; those are not errors).
 """
@@ -31,11 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.product import absolute, module_of, product_files
-
-#: Circles being removed by issue 37's splits (each in another helper's area), tolerated
-#: so that ``make lint`` stays green meanwhile; one that is gone fails the check, so the
-#: set only shrinks. Emptied when the splits are merged: no circle is left then.
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -171,23 +165,14 @@ def cycles(root: Path, *, deferred: bool = False) -> list[list[Edge]]:
     return [_circle(members, used) for members in _components(nodes, used)]
 
 
-def check(root: Path, known: frozenset[frozenset[str]] = KNOWN_CYCLES) -> list[str]:
-    """One message per circle that is not known, and one per known circle that is gone."""
+def check(root: Path) -> list[str]:
+    """One message per circle closed at module level (``TYPE_CHECKING`` included)."""
     nodes, edges = edges_of(root)
     module_level = [e for e in edges if not e.deferred]
-    components = _components(nodes, module_level)
-    errors = [
+    return [
         f"import circle: {describe(_circle(members, module_level))}"
-        for members in components
-        if frozenset(members) not in known
+        for members in _components(nodes, module_level)
     ]
-    found = {frozenset(members) for members in components}
-    errors += [
-        f"tools/import_cycles.py: KNOWN_CYCLES names {' <-> '.join(sorted(gone))}, which is "
-        "no circle now: remove it"
-        for gone in sorted(known - found, key=sorted)
-    ]
-    return errors
 
 
 def main(argv: list[str]) -> int:
@@ -207,7 +192,7 @@ def main(argv: list[str]) -> int:
     if errors:
         print(f"import cycles: {len(errors)} problem(s)", file=sys.stderr)
         return 1
-    print(f"import cycles: ok (none, also under TYPE_CHECKING; {len(KNOWN_CYCLES)} known)")
+    print("import cycles: ok (none, also under TYPE_CHECKING)")
     return 0
 
 

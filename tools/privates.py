@@ -22,10 +22,8 @@ What is allowed, precisely:
 * ``m._x`` on a module that is not first-party (``os._exit``, ``sys._getframe``): the
   standard library's and third parties' own conventions.
 
-The violations known today are in :data:`KNOWN`, tolerated while the helpers of issue 37
-split those files (a file's count may only go down; a file with fewer violations than
-known fails until its count is lowered, so the set only shrinks).
-``python -m tools.privates [ROOT] [--list]`` (``--list``: every violation, known or not).
+Every violation is an error; no file is exempt.
+``python -m tools.privates [ROOT] [--list]`` (``--list``: also the count per file).
 """
 
 from __future__ import annotations
@@ -42,13 +40,6 @@ from tools.product import absolute, first_party, module_of, product_files
 PUBLIC_UNDERSCORE = frozenset({"_replace", "_asdict", "_fields", "_field_defaults", "_make"})
 #: names that mean the object itself
 OWN = frozenset({"self", "cls"})
-
-#: Violations per file while issue 37's splits are in flight (each file is in another
-#: helper's area: the session core and runtime, the transports, the engine clients, the
-#: control plane, the orchestration, the stage backends). The check tolerates up to this
-#: many in each file so that ``make lint`` stays green meanwhile, and fails when a file has
-#: fewer (lower its count) or more. Emptied when the splits are merged: none is left then.
-KNOWN: dict[str, int] = {}
 
 
 @dataclass(frozen=True, order=True)
@@ -180,44 +171,28 @@ def scan(root: Path) -> list[Violation]:
     return found
 
 
-def check(root: Path, known: dict[str, int] | None = None) -> list[str]:
-    """One message per violation in a file over its known count; one per stale count."""
-    known = KNOWN if known is None else known
-    found = scan(root)
-    per_file = Counter(v.path for v in found)
-    errors = [
+def check(root: Path) -> list[str]:
+    """One message per violation."""
+    return [
         f"{v}: a private name crosses a module or an object (make it public, or move the "
         "code to its owner)"
-        for v in found
-        if per_file[v.path] > known.get(v.path, 0)
+        for v in scan(root)
     ]
-    errors += [
-        f"tools/privates.py: KNOWN allows {count} in {path}, which has {per_file[path]} now: "
-        "lower it"
-        for path, count in sorted(known.items())
-        if per_file[path] < count
-    ]
-    return errors
 
 
 def main(argv: list[str]) -> int:
     args = [a for a in argv[1:] if not a.startswith("-")]
     root = Path(args[0]) if args else Path.cwd()
-    if "--list" in argv:
-        found = scan(root)
-        for violation in found:
-            print(violation)
-        for path, count in Counter(v.path for v in found).most_common():
-            print(f"{count:4d}  {path}")
-        print(f"{len(found)} private names cross a module or an object")
     errors = check(root)
+    if "--list" in argv:
+        for path, count in Counter(v.path for v in scan(root)).most_common():
+            print(f"{count:4d}  {path}")
     for line in errors:
         print(line, file=sys.stderr)
     if errors:
         print(f"privates: {len(errors)} problem(s)", file=sys.stderr)
         return 1
-    known = sum(KNOWN.values())
-    print(f"privates: ok (none crosses a module or an object; {known} known, in files being split)")
+    print("privates: ok (none crosses a module or an object)")
     return 0
 
 

@@ -17,7 +17,7 @@ import functools
 from collections.abc import Sequence
 
 from duplex_contract.audio import input_ms
-from duplex_contract.events import UserTranscript
+from duplex_contract.session_events import UserTranscript
 from duplex_contract.settings import SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.protocol import dtmf
@@ -35,7 +35,6 @@ from duplex_server.protocol.commands import (
     Update,
     configure_input,
 )
-from duplex_server.protocol.config import EffectiveSession, apply_patch
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.input import (
     AudioReady,
@@ -52,9 +51,10 @@ from duplex_server.protocol.items import Conversation, user_text
 from duplex_server.protocol.position import EnginePosition
 from duplex_server.protocol.response_tracker import ResponseTracker
 from duplex_server.protocol.responses import Requested
+from duplex_server.protocol.session_config import EffectiveSession, apply_patch
 from duplex_server.protocol.timeline import TurnTimeline
 from duplex_server.protocol.usage import UsageMeter
-from duplex_server.protocol.vad import VadEvent
+from duplex_server.protocol.vad_events import VadEvent
 
 #: client events about the input buffer and the conversation's items
 InputEvent = (

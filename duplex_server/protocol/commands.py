@@ -30,8 +30,8 @@ from duplex_contract.control import (
 from duplex_contract.settings import SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.protocol.codec import AudioFormat
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.events import ServerEvent, TurnDetection
+from duplex_server.protocol.session_config import EffectiveSession
 
 #: the fields of an engine command that are the core's own, not the contract call's
 CORE_FIELDS = ("epoch", "event_id")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from duplex_server.protocol.config import EffectiveSession
+from duplex_server.protocol.session_config import EffectiveSession
 
 #: the keys of a telephone keypad (RFC 4733 events 0-15)
 DIGITS = frozenset("0123456789*#ABCD")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from duplex_contract.audio import INPUT_RATE, input_bytes, input_ms
 from duplex_server.protocol.events import TurnDetection
-from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
+from duplex_server.protocol.vad_events import VadEvent, VadPause, VadResume, VadStart, VadStop
 
 #: idle audio kept beyond the prefix padding (a speech onset reaches back this far)
 _IDLE_KEEP_MS = 1000.0

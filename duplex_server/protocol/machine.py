@@ -41,8 +41,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from duplex_contract.errors import ControlError
-from duplex_contract.events import SessionEvent, SessionLifecycle, UserTranscript
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import SessionEvent, SessionLifecycle, UserTranscript
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.client_input import ClientInput, InputEvent
 from duplex_server.protocol.commands import (
@@ -60,7 +60,6 @@ from duplex_server.protocol.commands import (
     Send,
     Touch,
 )
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
 from duplex_server.protocol.input_seq import InputSequence
 from duplex_server.protocol.items import Conversation
@@ -68,9 +67,10 @@ from duplex_server.protocol.playout import Flushed, Playout, PlayoutReport
 from duplex_server.protocol.position import EnginePosition
 from duplex_server.protocol.response_tracker import ResponseEvent, ResponseTracker
 from duplex_server.protocol.resumption import Resumption
+from duplex_server.protocol.session_config import EffectiveSession
 from duplex_server.protocol.timeline import TurnTimeline
 from duplex_server.protocol.usage import UsageMeter
-from duplex_server.protocol.vad import VadEvent
+from duplex_server.protocol.vad_events import VadEvent
 
 
 class SessionMachine:

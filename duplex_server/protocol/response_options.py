@@ -11,8 +11,8 @@ from msgspec import UnsetType
 from duplex_contract.settings import Tool
 from duplex_contract.tools import InputMessage, ResponseOptions, tool_result_note
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.config import parse_tool_choice, parse_tools
 from duplex_server.protocol.errors import ProtocolError
+from duplex_server.protocol.session_config import parse_tool_choice, parse_tools
 
 
 def response_options(

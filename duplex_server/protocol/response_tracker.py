@@ -16,7 +16,8 @@ epoch is dropped before it becomes an event, queued audio below the new epoch is
 from __future__ import annotations
 
 from duplex_contract.control import PlaybackMark
-from duplex_contract.events import (
+from duplex_contract.fence import Fence
+from duplex_contract.session_events import (
     AudioChunk,
     FunctionCallDelta,
     FunctionCallDone,
@@ -24,11 +25,9 @@ from duplex_contract.events import (
     ResponseStarted,
     TextDelta,
 )
-from duplex_contract.fence import Fence
 from duplex_contract.tools import ResponseOptions, active_tools
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Action, Call, Cancel, Commit, PurgeAudio, Send, Touch
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.input import should_interrupt
 from duplex_server.protocol.items import Conversation
@@ -47,6 +46,7 @@ from duplex_server.protocol.responses import (
     started_events,
     timing_origin,
 )
+from duplex_server.protocol.session_config import EffectiveSession
 from duplex_server.protocol.timeline import TurnTimeline
 from duplex_server.protocol.usage import UsageMeter, response_usage
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from duplex_contract.events import AudioChunk
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import AudioChunk
 from duplex_contract.tools import ResponseOptions
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Action, Send, SendAudio

@@ -19,9 +19,9 @@ from duplex_server.protocol.commands import (
     Takeover,
     configure_input,
 )
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import SessionFatal
 from duplex_server.protocol.resume import token_matches
+from duplex_server.protocol.session_config import EffectiveSession
 
 
 class Resumption:

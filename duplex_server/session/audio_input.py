@@ -18,7 +18,7 @@ from duplex_server.ops.metrics import Metrics
 from duplex_server.protocol.commands import Action, ConfigureInput
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.machine import SessionMachine
-from duplex_server.protocol.vad import VadEvent
+from duplex_server.protocol.vad_events import VadEvent
 from duplex_server.session.input_lane import InputLane, InputScheduler, VadBackend
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from duplex_contract.control import ControlCall, ControlResult
-from duplex_contract.events import SessionEvent
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import SessionEvent
 from duplex_server.protocol.commands import (
     CORE_FIELDS,
     Append,

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from duplex_contract.errors import ControlError, EngineDeadError, EngineError
-from duplex_contract.events import AudioChunk
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import AudioChunk
 from duplex_server.ops.tracing import SessionTrace
 from duplex_server.protocol.commands import Action, CloseSession, Commit, EngineCommand, Replicate
 from duplex_server.protocol.machine import SessionMachine

@@ -33,7 +33,7 @@ from audio_kit.vad import VadSegmenter, VadStream, VoiceActivityDetector, make_v
 from duplex_contract.audio import INPUT_RATE, input_ms
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
-from duplex_server.protocol.vad import VadEvent, VadPause, VadResume, VadStart, VadStop
+from duplex_server.protocol.vad_events import VadEvent, VadPause, VadResume, VadStart, VadStop
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from duplex_contract.voices import VoiceCatalog
 from duplex_server.ops.metrics import Metrics
 from duplex_server.ops.tracing import Tracing
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import SessionFatal
 from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.resume import new_resume_token, token_matches
+from duplex_server.protocol.session_config import EffectiveSession
 from duplex_server.session.attach import Attachment
 from duplex_server.session.engine_calls import EngineSessions
 from duplex_server.session.input_lane import InputScheduler

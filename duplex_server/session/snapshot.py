@@ -20,8 +20,8 @@ import dataclasses
 
 import msgspec
 
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.machine import SessionMachine
+from duplex_server.protocol.session_config import EffectiveSession
 
 VERSION = 1
 

@@ -30,9 +30,9 @@ from typing import Any, Protocol
 import msgspec
 
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.config import EffectiveSession, apply_patch
 from duplex_server.protocol.errors import CloseCode, ProtocolError
 from duplex_server.protocol.playout import Flushed, Played, PlayoutReport, Queued
+from duplex_server.protocol.session_config import EffectiveSession, apply_patch
 from duplex_server.session import handshake
 from duplex_server.session.attach import Outgoing
 from duplex_server.session.hub import Hub

@@ -24,7 +24,7 @@ from opentelemetry.trace import Tracer
 from duplex_contract.batch import BatchDone, BatchItem, BatchJob
 from duplex_contract.control import ControlCall, ControlResult, OpenCall
 from duplex_contract.errors import ControlError, EngineDeadError
-from duplex_contract.events import SessionEvent
+from duplex_contract.session_events import SessionEvent
 from engine.api.inbox import EngineInbox
 from engine.api.inprocess import InProcessLink
 from engine.config import EngineConfig

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Final
 
 from duplex_contract.errors import EngineDeadError
-from duplex_contract.events import SessionEvent, SessionLifecycle
+from duplex_contract.session_events import SessionEvent, SessionLifecycle
 from engine.messages import BatchOutput, SessionOutput
 
 

@@ -44,7 +44,7 @@ from opentelemetry.trace import Tracer
 
 from duplex_contract.control import ControlResult, OpenCall, ResumeCall
 from duplex_contract.errors import ConfigError, EngineDeadError, EngineError
-from duplex_contract.events import ErrorInfo, Msg
+from duplex_contract.session_events import ErrorInfo, Msg
 from engine.api.client import AsyncEngine
 from engine.api.remote_wire import (
     FRONT_DECODER,

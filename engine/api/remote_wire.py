@@ -10,7 +10,7 @@ import struct
 import msgspec
 
 from duplex_contract.control import ControlResult
-from duplex_contract.events import Msg
+from duplex_contract.session_events import Msg
 from engine.api.client import EngineStats
 from engine.config import EngineConfig
 from engine.messages import (

@@ -1,4 +1,5 @@
-"""What a control call asks the orchestrator to do (engine/duplex/control.py returns them)."""
+"""What a control call asks the orchestrator to do (engine/duplex/control_plane.py returns
+them)."""
 
 from __future__ import annotations
 

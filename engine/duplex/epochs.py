@@ -11,7 +11,7 @@ from duplex_contract.control import SignalCall
 from duplex_contract.errors import ControlError
 from duplex_contract.fence import Fence
 from engine.duplex.effects import Cancel, Effects
-from engine.duplex.fence import merge_forward
+from engine.duplex.fencing import merge_forward
 from engine.duplex.session import DuplexSession
 
 #: the signals that cancel, and the reason their epoch's work ends with

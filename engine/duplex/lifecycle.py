@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from duplex_contract.control import CloseCall, ControlResult, OpenCall, ResumeCall
 from duplex_contract.errors import ControlError
-from duplex_contract.events import SessionLifecycle
+from duplex_contract.session_events import SessionLifecycle
 from engine.config import DuplexRuntimeConfig
 from engine.duplex import replica
 from engine.duplex.effects import Effects
 from engine.duplex.epochs import begin_close
-from engine.duplex.fence import ROUTE_KEY, check_fresh, initial_fence, new_session_id
+from engine.duplex.fencing import ROUTE_KEY, check_fresh, initial_fence, new_session_id
 from engine.duplex.lease import Lease
 from engine.duplex.session import DuplexSession
 from engine.duplex.table import SessionTable

@@ -7,7 +7,7 @@ is in it and when it is sent). A front end asked to resume a session it does not
 client input seq the engine has, checks the client's resume token against the blob, and
 then resumes with that generation (the usual compare and swap: of two front ends racing,
 one wins). The engine never reads the blob. Pure functions of the control plane's session
-table, called by :class:`~engine.duplex.control.DuplexControl` and its
+table, called by :class:`~engine.duplex.control_plane.DuplexControl` and its
 :class:`~engine.duplex.lifecycle.Lifecycle` (on the orchestrator thread).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from duplex_contract.control import ControlResult, ReplicaCall
 from duplex_contract.errors import ControlError
-from engine.duplex.fence import check_lease
+from engine.duplex.fencing import check_lease
 from engine.duplex.session import DuplexSession
 from engine.duplex.table import SessionTable
 

@@ -2,7 +2,7 @@
 the table of those running (:class:`BatchJobs`).
 
 Each job takes its route: transcription -> ``transcribe``, speech -> ``speech``, chat ->
-``voice`` when audio is asked for, else ``text`` (engine/orchestration/graph.py).
+``voice`` when audio is asked for, else ``text`` (engine/pipeline/graph.py).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from duplex_contract.batch import (
     TranscriptOut,
 )
 from duplex_contract.errors import EngineError
-from duplex_contract.events import ErrorInfo
+from duplex_contract.session_events import ErrorInfo
 from engine.messages import BatchOutput, GenerateRequest, Priority
-from engine.orchestration.pipeline import Pipeline, SpokenChunk
+from engine.pipeline.pipeline import Pipeline, SpokenChunk
 
 log = logging.getLogger(__name__)
 

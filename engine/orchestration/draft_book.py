@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from duplex_contract.errors import StageError
 from duplex_contract.fence import Fence
 from duplex_contract.tools import ResponseOptions
-from engine.duplex.fence import draft_prefix
+from engine.duplex.fencing import draft_prefix
 from engine.orchestration.drafts import (
     Draft,
     ResponsePlan,
@@ -27,7 +27,7 @@ from engine.orchestration.drafts import (
     response_plan,
     start_response,
 )
-from engine.orchestration.pipeline import LlmResult
+from engine.pipeline.pipeline import LlmResult
 from engine.tasks import cancelling, reap
 
 if TYPE_CHECKING:
@@ -35,9 +35,9 @@ if TYPE_CHECKING:
     from engine.duplex.effects import Effects
     from engine.duplex.session import DuplexSession
     from engine.orchestration.counters import Counters
-    from engine.orchestration.pipeline import Pipeline
     from engine.orchestration.scheduling import Scheduler
     from engine.orchestration.speculation import SpeculativeAsr
+    from engine.pipeline.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from duplex_contract.batch import ChatMessage
 from duplex_contract.settings import Tool
 from duplex_contract.tools import ResponseOptions, active_tools, tools_prompt
 from engine.messages import Priority
-from engine.orchestration.pipeline import LlmResult, Pipeline, SpokenChunk
+from engine.pipeline.pipeline import LlmResult, Pipeline, SpokenChunk
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig

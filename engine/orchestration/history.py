@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from duplex_contract.batch import ChatMessage
-from duplex_contract.events import ResponseStatus
+from duplex_contract.session_events import ResponseStatus
 from duplex_contract.tools import (
     TOOL_ANSWER_HINT,
     ToolCall,

@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from duplex_contract.events import SessionEvent, UserTranscript
 from duplex_contract.languages import ENGLISH_ONLY
+from duplex_contract.session_events import SessionEvent, UserTranscript
 from engine.duplex.effects import Effects
 from engine.duplex.session import DuplexSession
 

@@ -32,9 +32,9 @@ from duplex_contract.control import (
     SignalCall,
 )
 from duplex_contract.errors import EngineDeadError
-from duplex_contract.events import ErrorInfo
+from duplex_contract.session_events import ErrorInfo
 from engine.config import EngineConfig
-from engine.duplex.control import DuplexControl
+from engine.duplex.control_plane import DuplexControl
 from engine.duplex.effects import Effects
 from engine.messages import (
     AbortRequest,
@@ -51,10 +51,8 @@ from engine.orchestration.background import BackgroundTasks
 from engine.orchestration.batch_jobs import BatchJobs
 from engine.orchestration.counters import Counters
 from engine.orchestration.draft_book import DraftBook
-from engine.orchestration.graph import Graph, build_graph
 from engine.orchestration.live_partials import LivePartials, OnPartial, PartialFeed
 from engine.orchestration.output_router import OutputRouter
-from engine.orchestration.pipeline import Pipeline
 from engine.orchestration.reaper import Reaper
 from engine.orchestration.responder import Responder
 from engine.orchestration.scheduling import (
@@ -68,6 +66,8 @@ from engine.orchestration.session_facts import SessionFacts
 from engine.orchestration.speculation import SpeculativeAsr
 from engine.orchestration.stage_aborts import StageAborts
 from engine.orchestration.turn_runner import Runners, TurnRunner
+from engine.pipeline.graph import Graph, build_graph
+from engine.pipeline.pipeline import Pipeline
 from engine.spans import EngineTracing
 from engine.stages.base import HealthSource, StageBackend
 from engine.stages.pool import StagePool

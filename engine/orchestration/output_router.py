@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from duplex_contract.events import SessionEvent, SessionLifecycle
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import SessionEvent, SessionLifecycle
 from engine.messages import EngineOutput, SessionOutput
 from engine.orchestration.counters import Counters
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from engine import heap
 from engine.config import DuplexRuntimeConfig
-from engine.duplex.control import DuplexControl
+from engine.duplex.control_plane import DuplexControl
 from engine.duplex.effects import Effects
 from engine.orchestration.counters import Counters
 from engine.orchestration.draft_book import DraftBook

@@ -10,14 +10,14 @@ import time
 from collections.abc import Callable
 
 from duplex_contract.errors import StageError
-from duplex_contract.events import (
+from duplex_contract.fence import Fence
+from duplex_contract.session_events import (
     AudioChunk,
     FunctionCallDelta,
     ResponseDone,
     SessionEvent,
     TextDelta,
 )
-from duplex_contract.fence import Fence
 from duplex_contract.tools import ResponseOptions, ToolCall
 from engine.config import EngineConfig
 from engine.duplex.session import DuplexSession, TurnJob
@@ -26,9 +26,9 @@ from engine.orchestration.draft_book import DraftBook
 from engine.orchestration.drafts import Draft, response_plan, start_response
 from engine.orchestration.history import ConversationHistory
 from engine.orchestration.output_router import Emit
-from engine.orchestration.pipeline import LlmResult, Pipeline, SpokenChunk
 from engine.orchestration.speculation import SpeculativeAsr
 from engine.orchestration.tool_calls import CallStream, finish_call
+from engine.pipeline.pipeline import LlmResult, Pipeline, SpokenChunk
 
 
 class ResponseStream:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engine.config import SchedulingConfig
-from engine.duplex.fence import is_draft_request
+from engine.duplex.fencing import is_draft_request
 from engine.messages import Priority, StageRequest
 from engine.orchestration.admission import BatchAdmission, batch_job
 from engine.stages.base import CapacitySource, StageBackend

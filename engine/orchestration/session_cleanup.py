@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
-from engine.duplex.fence import session_prefix
+from engine.duplex.fencing import session_prefix
 from engine.orchestration.draft_book import DraftBook
 from engine.orchestration.live_partials import LivePartials
 from engine.orchestration.speculation import SpeculativeAsr

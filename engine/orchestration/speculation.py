@@ -47,7 +47,7 @@ from audio_kit.pcm import quiet_after, quiet_level
 from duplex_contract.errors import StageError
 from duplex_contract.fence import Fence
 from engine.messages import Priority
-from engine.orchestration.pipeline import Pipeline
+from engine.pipeline.pipeline import Pipeline
 from engine.tasks import cancelling
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable
 
 from duplex_contract.errors import StageError
-from duplex_contract.events import FunctionCallDelta, FunctionCallDone, SessionEvent
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import FunctionCallDelta, FunctionCallDone, SessionEvent
 from duplex_contract.settings import Tool
 from duplex_contract.tools import ToolCall, ToolCallError, check_call
 

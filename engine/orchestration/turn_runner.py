@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from duplex_contract.errors import EngineError, StageError
-from duplex_contract.events import ErrorInfo, ResponseDone, ResponseStarted, UserTranscript
-from engine.duplex.control import DuplexControl
+from duplex_contract.session_events import ErrorInfo, ResponseDone, ResponseStarted, UserTranscript
+from engine.duplex.control_plane import DuplexControl
 from engine.duplex.effects import Cancel
-from engine.duplex.fence import epoch_prefix
+from engine.duplex.fencing import epoch_prefix
 from engine.duplex.session import DuplexSession, TurnJob
 from engine.orchestration.draft_book import DraftBook
 from engine.orchestration.output_router import Emit

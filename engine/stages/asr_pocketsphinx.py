@@ -24,7 +24,7 @@ from audio_kit.pcm import resample_pcm16
 from duplex_contract.batch import TranscriptOut
 from duplex_contract.errors import StageError
 from engine.messages import AsrRequest, StageDone, StageOutput, StageRequest
-from engine.orchestration.edges import Edge
+from engine.stages.edges import Edge
 from engine.stages.threaded import ThreadedRuntime
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from duplex_contract.batch import TranscriptOut
 from duplex_contract.errors import StageError
 from engine.messages import AsrRequest, StageDone, StageOutput, StageRequest
 from engine.models import whisper_base_dir
-from engine.orchestration.edges import Edge
 from engine.stages.batching import BatchingRuntime, BatchSlot
+from engine.stages.edges import Edge
 from engine.stages.whisper_decoder import ASR_RATE, Context, WhisperDecoder
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The stage interface: what the engine asks of every stage backend, and what it may ask.
 
 A backend declares what it consumes and emits (``consumes``/``emits``,
-engine/orchestration/edges.py) and implements four calls::
+engine/stages/edges.py) and implements four calls::
 
     await backend.start()                      # load models; raises on failure
     async for out in backend.submit(request):  # stream outputs of one request
@@ -9,8 +9,8 @@ engine/orchestration/edges.py) and implements four calls::
     await backend.close()
 
 :class:`StageBackend` is every member the engine uses on every replica;
-:class:`StageBackendClass` is what the registry reads from a backend's class before it
-builds a replica (engine/stages/registry.py). The rest is optional: a backend implements
+:class:`StageBackendClass` is what the backend table reads from a backend's class before it
+builds a replica (engine/stages/backends.py). The rest is optional: a backend implements
 a capability Protocol when it has that capability, and the engine asks with
 ``isinstance`` (never ``getattr``):
 
@@ -35,8 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from engine.messages import StageOutput, StageRequest
-from engine.orchestration.chunkers import Chunker
-from engine.orchestration.edges import Edge
+from engine.pipeline.chunkers import Chunker
+from engine.stages.edges import Edge
 
 
 @runtime_checkable
@@ -45,7 +45,7 @@ class StageBackend(Protocol):
 
     name: str  # the replica's name (the stage's, or ``<stage><i>`` with several)
     device: str  # its resolved placement: ``cpu``, ``cuda:N`` (or ``auto``: it places itself)
-    consumes: Edge  # what one request carries in (engine/orchestration/edges.py)
+    consumes: Edge  # what one request carries in (engine/stages/edges.py)
     emits: Edge  # what its outputs carry
 
     @property
@@ -64,7 +64,7 @@ class StageBackend(Protocol):
 
 @runtime_checkable
 class StageBackendClass(Protocol):
-    """A backend's class, as the registry uses it before any replica exists."""
+    """A backend's class, as the backend table uses it before any replica exists."""
 
     @property
     def Options(self) -> type[msgspec.Struct]:
@@ -102,7 +102,7 @@ class CapacitySource(Protocol):
 @runtime_checkable
 class ChunkerSource(Protocol):
     """The chunker that cuts this stage's input from the stage before it (None: the
-    default for the edge it consumes, engine/orchestration/chunkers.py)."""
+    default for the edge it consumes, engine/pipeline/chunkers.py)."""
 
     def make_chunker(self) -> Chunker | None: ...
 

@@ -5,7 +5,7 @@ the SNAC decoder, a forward pass on a GPU) implements :class:`BatchModel` (``loa
 ``prepare``, ``step``, ``unload``, all in the worker thread) and holds a
 :class:`BatchingRuntime`, which owns the worker thread (engine/stages/workers.py), the
 requests waiting and running, aborts, priorities, the compute mark of each step
-(engine/orchestration/compute.py) and the step figures.
+(engine/stages/compute.py) and the step figures.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from duplex_contract.errors import StageError
 from engine.messages import StageOutput, StageRequest
-from engine.orchestration import compute
+from engine.stages import compute
 from engine.stages.workers import Job, Worker, WorkerCrash
 
 log = logging.getLogger(__name__)

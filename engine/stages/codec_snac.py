@@ -43,10 +43,10 @@ from duplex_contract.batch import AudioOut
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, IntArray, get_layout
 from engine.messages import StageDone, StageOutput, StageRequest, TokensRequest
-from engine.orchestration.edges import Edge
 from engine.snac_model import EXACT_MARGIN_FRAMES, build_snac, decode_rows
 from engine.stages.batching import BatchingRuntime, BatchSlot
 from engine.stages.codec_windows import CodecChunker, Window, plan_calls, stream_key, window_of
+from engine.stages.edges import Edge
 
 log = logging.getLogger(__name__)
 

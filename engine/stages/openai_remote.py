@@ -39,7 +39,7 @@ from duplex_contract.batch import AudioOut, TextOut, TranscriptOut
 from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.voices import OPENAI_VOICES
 from engine.messages import AsrRequest, LlmRequest, StageDone, StageOutput, StageRequest, TtsRequest
-from engine.orchestration.edges import Edge
+from engine.stages.edges import Edge
 from engine.stages.openai_connection import Emit, OpenAIConnection, RemoteFailure, check
 
 log = logging.getLogger(__name__)

@@ -59,8 +59,8 @@ from engine.messages import (
     TokensRequest,
     TtsRequest,
 )
-from engine.orchestration.edges import Edge
 from engine.stages.codec_windows import CodecChunker
+from engine.stages.edges import Edge
 
 Role = Literal["asr", "llm", "talker", "codec"]
 ROLES: dict[str, tuple[Edge, Edge]] = {

@@ -40,7 +40,7 @@ import msgspec
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
 from engine.messages import StageDone, StageOutput, StageRequest, TokensOut, TtsRequest
-from engine.orchestration.edges import Edge
+from engine.stages.edges import Edge
 from engine.stages.openai_connection import Emit, OpenAIConnection, RemoteFailure
 from engine.stages.openai_remote import Kind, OpenAIOptions
 from engine.stages.talker_vllm import LOGITS_PROCESSOR, VoiceSampling

@@ -38,9 +38,9 @@ import msgspec
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
 from engine.messages import StageOutput, StageRequest, TokensOut, TtsRequest
-from engine.orchestration.edges import Edge
 from engine.stage_figures import StageEngineFigures
 from engine.stages import vllm_options as vo
+from engine.stages.edges import Edge
 from engine.stages.vllm_engine import VllmEngine, torch_cuda_devices
 from engine.stages.vllm_env import VllmPlacement
 from engine.stages.vllm_loop import RequestStream

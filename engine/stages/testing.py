@@ -37,8 +37,8 @@ from engine.messages import (
     TokensRequest,
     TtsRequest,
 )
-from engine.orchestration.chunkers import Chunker, WindowChunker, WindowOptions
-from engine.orchestration.edges import Edge
+from engine.pipeline.chunkers import Chunker, WindowChunker, WindowOptions
+from engine.stages.edges import Edge
 
 #: How many request ids the test stages keep for tests to read back (``submitted``,
 #: ``priorities``, ``batches``); beyond it the oldest half is dropped

@@ -4,7 +4,7 @@ A backend whose library takes one input at a time (llama.cpp, piper, espeak, poc
 implements :class:`RequestModel` (``load``, ``run``, ``unload``, all in the worker thread)
 and holds a :class:`ThreadedRuntime`, which owns the thread (engine/stages/workers.py), the
 queue (real-time requests before batch ones, then by arrival), aborts, and the compute marks
-of engine/orchestration/compute.py: every request is marked ``working`` while it runs, and
+of engine/stages/compute.py: every request is marked ``working`` while it runs, and
 a response's first clause in speech (``TtsRequest.first``) also ``urgent`` under its
 response's group.
 """
@@ -21,7 +21,7 @@ from typing import Protocol
 
 from duplex_contract.errors import StageError
 from engine.messages import StageOutput, StageRequest, TtsRequest
-from engine.orchestration import compute
+from engine.stages import compute
 from engine.stages.workers import Job, Worker, WorkerCrash
 
 log = logging.getLogger(__name__)

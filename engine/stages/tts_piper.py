@@ -27,7 +27,7 @@ from duplex_contract.batch import AudioOut
 from duplex_contract.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
 from engine.models import cache_dir, piper_voice
-from engine.orchestration.edges import Edge
+from engine.stages.edges import Edge
 from engine.stages.threaded import ThreadedRuntime
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ engine's process exists, or when the block ends, whichever comes first:
   (``OMP_NUM_THREADS`` and ``VLLM_ENABLE_V1_MULTIPROCESSING`` on the CPU build).
 
 While the lock is held this process's own ``os.environ`` shows the child's values; torch in
-this process has read ``CUDA_VISIBLE_DEVICES`` once, when CUDA initialised (the registry's
+this process has read ``CUDA_VISIBLE_DEVICES`` once, when CUDA initialised (the backend table's
 ``cuda_device_count`` does that before any stage starts), so its devices do not move.
 
 Also here: :class:`VllmPlacement` (a replica's GPUs and the variables its EngineCore gets),

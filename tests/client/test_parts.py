@@ -20,7 +20,7 @@ from duplex_client.stream import EventStream, ends_session
 from duplex_client.wire import decode_event, encode_event
 from websockets.asyncio.server import ServerConnection
 
-from duplex_server.protocol.config import EffectiveSession
+from duplex_server.protocol.session_config import EffectiveSession
 from tests.server.harness import UNIT
 
 CAPS = ev.Capabilities(

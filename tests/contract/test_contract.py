@@ -11,11 +11,11 @@ import pytest
 from duplex_contract.audio import INPUT_RATE, duration_ms, input_bytes, input_ms
 from duplex_contract.control import AppendCall, OpenCall, SignalCall
 from duplex_contract.errors import ControlError, EngineDeadError, StageError
-from duplex_contract.events import ErrorInfo
+from duplex_contract.session_events import ErrorInfo
 from duplex_contract.settings import PATCH_FIELDS, SessionSettings, SessionUpdate
 from duplex_contract.validation import explain
 from engine.config import DuplexRuntimeConfig
-from engine.duplex.control import DuplexControl
+from engine.duplex.control_plane import DuplexControl
 
 
 def test_input_format_durations() -> None:

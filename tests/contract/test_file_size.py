@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.class_size import KNOWN_OVER, LINES, measure, oversize_classes
+from tools.class_size import LINES, measure, oversize_classes
 from tools.file_size import EXEMPT, LIMIT, main, oversize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,16 +47,17 @@ def _methods(n: int, prefix: str = "m") -> str:
     return "".join(f"    def {prefix}{i}(self) -> None: ...\n" for i in range(n))
 
 
-def test_the_product_classes_are_within_the_limit_or_known() -> None:
+def test_the_product_classes_are_within_the_limit() -> None:
     assert oversize_classes(ROOT) == []
 
 
 def test_a_class_over_by_lines_is_named(tmp_path: Path) -> None:
     body = "    x = 1\n" * LINES  # the class statement makes it LINES + 1
     _write(tmp_path, "engine/big.py", f"class Big:\n{body}\n\nclass Small:\n    y = 2\n")
-    errors = oversize_classes(tmp_path, known=frozenset())
+    errors = oversize_classes(tmp_path)
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"engine/big.py: class Big: {LINES + 1} lines, 0 methods")
+    assert main(["file_size", str(tmp_path)]) == 1
 
 
 def test_methods_of_a_base_in_another_module_count(tmp_path: Path) -> None:
@@ -71,7 +72,7 @@ def test_methods_of_a_base_in_another_module_count(tmp_path: Path) -> None:
     sizes = {s.qualname: s for s in measure(tmp_path)}
     assert (sizes["engine.base.Base"].methods, sizes["engine.child.Child"].methods) == (20, 26)
     assert sizes["engine.child.Child"].bases == ("Base@engine/base.py",)
-    errors = oversize_classes(tmp_path, known=frozenset())
+    errors = oversize_classes(tmp_path)
     assert len(errors) == 1 and "engine/child.py: class Child:" in errors[0]
     assert "26 methods with its in-house bases" in errors[0]
 
@@ -104,20 +105,4 @@ def test_a_protocol_base_is_not_counted(tmp_path: Path) -> None:
     sizes = {s.qualname: s for s in measure(tmp_path)}
     assert "engine.port.Port" not in sizes  # an interface is not measured
     assert sizes["engine.impl.Impl"].methods == 6
-    assert oversize_classes(tmp_path, known=frozenset()) == []
-
-
-def test_known_classes_are_tolerated_and_a_stale_entry_fails(tmp_path: Path) -> None:
-    _write(tmp_path, "engine/big.py", f"class Big:\n{_methods(26)}")
-    _write(tmp_path, "engine/fine.py", f"class Fine:\n{_methods(3)}")
-    assert oversize_classes(tmp_path, known=frozenset({"engine.big.Big"})) == []
-    errors = oversize_classes(tmp_path, known=frozenset({"engine.big.Big", "engine.fine.Fine"}))
-    assert errors == [
-        "tools/class_size.py: KNOWN_OVER names engine.fine.Fine, which is within the limit "
-        "now (or gone): remove it"
-    ]
-
-
-def test_the_known_set_names_only_classes_over_the_limit() -> None:
-    over = {s.qualname for s in measure(ROOT) if s.over}
-    assert KNOWN_OVER <= over
+    assert oversize_classes(tmp_path) == []

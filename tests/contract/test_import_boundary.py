@@ -1,8 +1,9 @@
 """The layering rule: the protocol core and the SDK import no engine module, the audio kit
 imports neither side, the server reaches the engine only through its public API, and the
-stage backends import nothing of the control side; and the rooms' rules: the session
-runtime, the batch routes and operations import no transport, the orchestration no engine
-client, the control plane neither a client nor a stage, the engine no server module."""
+stage backends import nothing of the control side nor of the orchestration; and the rooms'
+rules: the session runtime, the batch routes and operations import no transport, the
+orchestration no engine client, the route machinery nothing of the orchestration, the
+control plane neither a client nor a stage, the engine no server module."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from duplex_contract.events import SessionEvent
+from duplex_contract.session_events import SessionEvent
 from tools.import_boundary import (
     ENGINE_PUBLIC,
     SESSION_EVENTS,
-    STAGE_ORCHESTRATION,
+    STAGE_PIPELINE,
     check,
     main,
 )
@@ -41,6 +42,11 @@ def _plant(root: Path, rel: str, code: str) -> None:
     target = root / rel
     body = "".join(f"    {line}\n" for line in code.splitlines())
     target.write_text(target.read_text() + f"\n\ndef _planted() -> None:\n{body}")
+
+
+def _reported(errors: str, rel: str, text: str) -> bool:
+    """Whether one line of ``errors`` is about ``rel`` and ends with ``text`` exactly."""
+    return any(rel in line.split(":")[0] and line.endswith(text) for line in errors.splitlines())
 
 
 def test_the_repository_keeps_the_rule() -> None:
@@ -109,22 +115,27 @@ def test_the_server_reaches_the_engine_only_through_its_public_api(tmp_path: Pat
         root, "duplex_server/transports/media.py", "from engine.orchestration import orchestrator"
     )
     _plant(root, "duplex_server/http/routes.py", "import engine.stages.sim")
-    _plant(root, "duplex_server/app.py", "from engine.orchestration.pipeline import Pipeline")
+    _plant(root, "duplex_server/app.py", "from engine.pipeline.pipeline import Pipeline")
+    _plant(root, "duplex_server/auth.py", "from engine.pipeline.chunkers import Chunk")
     # the public API is fine
     _plant(
         root, "duplex_server/session/output_audio.py", "from engine.api.client import AsyncEngine"
     )
     _plant(root, "duplex_server/session/hub.py", "from engine import voices")
+    _plant(root, "duplex_server/config.py", "from engine.pipeline.graph import build_graph")
     errors = "\n".join(check(root))
     assert (
         "duplex_server/session/input_lane.py" in errors
         and "server imports engine.messages" in errors
     )
-    assert "server imports engine.orchestration.orchestrator" in errors
+    # (no module of the orchestration is public now: its package is the first name refused)
+    assert _reported(errors, "transports/media.py", "server imports engine.orchestration")
     assert "server imports engine.stages.sim" in errors
-    assert "server imports engine.orchestration.pipeline" in errors
-    assert "output.py" not in errors and "hub.py" not in errors
-    assert len(errors.splitlines()) == 4
+    assert "server imports engine.pipeline.pipeline" in errors
+    assert "auth.py" in errors and "server imports engine.pipeline.chunkers" in errors
+    for fine in ("output_audio.py", "hub.py", "config.py"):
+        assert fine not in errors
+    assert len(errors.splitlines()) == 5
 
 
 def test_the_core_keeps_its_stricter_rule_inside_the_server(tmp_path: Path) -> None:
@@ -138,16 +149,18 @@ def test_the_core_keeps_its_stricter_rule_inside_the_server(tmp_path: Path) -> N
 def test_stage_backends_import_no_control_messages(tmp_path: Path) -> None:
     root = _copy_layers(tmp_path)
     _plant(root, "engine/stages/sim.py", "from duplex_contract.control import OpenCall")
-    _plant(root, "engine/stages/tts_piper.py", "from duplex_contract.events import AudioChunk")
+    _plant(
+        root, "engine/stages/tts_piper.py", "from duplex_contract.session_events import AudioChunk"
+    )
     _plant(root, "engine/stages/asr_whisper.py", "from engine.messages import ControlRequest")
-    _plant(root, "engine/stages/base.py", "from engine.duplex import control")
+    _plant(root, "engine/stages/base.py", "from engine.duplex import control_plane")
     # stage messages, errors in transit and batch items are fine
-    _plant(root, "engine/stages/testing.py", "from duplex_contract.events import ErrorInfo")
+    _plant(root, "engine/stages/testing.py", "from duplex_contract.session_events import ErrorInfo")
     _plant(root, "engine/stages/tts_espeak.py", "from engine.messages import StageDone")
     _plant(root, "engine/stages/codec_snac.py", "from duplex_contract.batch import AudioOut")
     errors = "\n".join(check(root))
     assert "stage backends imports duplex_contract.control" in errors
-    assert "stage backends imports duplex_contract.events.AudioChunk" in errors
+    assert "stage backends imports duplex_contract.session_events.AudioChunk" in errors
     assert "stage backends imports engine.messages.ControlRequest" in errors
     assert "stage backends imports engine.duplex" in errors
     for fine in ("testing.py", "tts_espeak.py", "codec_snac.py"):
@@ -156,8 +169,8 @@ def test_stage_backends_import_no_control_messages(tmp_path: Path) -> None:
 
 
 def test_the_session_events_the_rule_names_are_the_contracts() -> None:
-    members = {f"duplex_contract.events.{t.__name__}" for t in get_args(SessionEvent)}
-    assert set(SESSION_EVENTS) == members | {"duplex_contract.events.SessionEvent"}
+    members = {f"duplex_contract.session_events.{t.__name__}" for t in get_args(SessionEvent)}
+    assert set(SESSION_EVENTS) == members | {"duplex_contract.session_events.SessionEvent"}
 
 
 def test_the_public_engine_modules_exist_and_lint_runs_the_check() -> None:
@@ -204,34 +217,65 @@ def test_the_batch_routes_and_operations_import_no_transport(tmp_path: Path) -> 
 
 def test_the_orchestration_and_the_control_plane_call_no_engine_client(tmp_path: Path) -> None:
     root = _copy_layers(tmp_path)
-    _plant(root, "engine/orchestration/pipeline.py", "from engine.api.client import AsyncEngine")
-    _plant(root, "engine/duplex/control.py", "from engine.api import remote")
-    _plant(root, "engine/duplex/lease.py", "from engine.stages.registry import BACKENDS")
+    _plant(root, "engine/orchestration/responder.py", "from engine.api.client import AsyncEngine")
+    _plant(root, "engine/duplex/control_plane.py", "from engine.api import remote")
+    _plant(root, "engine/duplex/lease.py", "from engine.stages.backends import BACKENDS")
     _plant(root, "engine/startup.py", "from duplex_server import app")
-    _plant(root, "engine/orchestration/graph.py", "from engine.stages import registry")  # ok
+    _plant(root, "engine/pipeline/graph.py", "from engine.stages import backends")  # ok
     errors = "\n".join(check(root))
-    assert "the orchestration imports engine.api.client" in errors
-    assert "duplex/control.py" in errors and "the control plane imports engine.api" in errors
+    assert "responder.py" in errors and "the orchestration imports engine.api.client" in errors
+    assert "duplex/control_plane.py" in errors and "the control plane imports engine.api" in errors
     assert "duplex/lease.py" in errors and "the control plane imports engine.stages" in errors
     assert "engine/startup.py" in errors and "the engine imports duplex_server" in errors
     assert "graph.py" not in errors and len(errors.splitlines()) == 4
 
 
-def test_stage_backends_import_only_their_building_blocks_of_the_orchestration(
+def test_the_route_machinery_imports_nothing_of_the_orchestration(tmp_path: Path) -> None:
+    root = _copy_layers(tmp_path)
+    _plant(root, "engine/pipeline/pipeline.py", "from engine.orchestration import scheduling")
+    _plant(root, "engine/pipeline/graph.py", "from engine.api.client import AsyncEngine")
+    _plant(root, "engine/pipeline/chunkers.py", "from engine.duplex import lease")
+    _plant(
+        root, "engine/pipeline/segmenter.py", "from duplex_contract.session_events import TextDelta"
+    )
+    # the stages, stage messages and batch items are fine
+    _plant(root, "engine/pipeline/__init__.py", "from engine.stages import backends")
+    _plant(root, "engine/pipeline/pipeline.py", "from duplex_contract.batch import TextOut")
+    errors = check(root)
+    assert [e.split(":")[0] for e in errors] == [
+        "engine/pipeline/chunkers.py",
+        "engine/pipeline/graph.py",
+        "engine/pipeline/pipeline.py",
+        "engine/pipeline/segmenter.py",
+    ], errors
+    assert errors[0].endswith("the route machinery imports engine.duplex")
+    assert errors[1].endswith("the route machinery imports engine.api.client")
+    assert errors[2].endswith("the route machinery imports engine.orchestration")
+    assert errors[3].endswith(
+        "the route machinery imports duplex_contract.session_events.TextDelta"
+    )
+
+
+def test_stage_backends_import_no_orchestration_and_of_the_pipeline_only_chunkers(
     tmp_path: Path,
 ) -> None:
     root = _copy_layers(tmp_path)
     _plant(root, "engine/stages/sim.py", "from engine.orchestration import orchestrator")
-    _plant(root, "engine/stages/pool.py", "from engine.orchestration.pipeline import Pipeline")
-    # what a backend is built from is fine
-    _plant(root, "engine/stages/tts_piper.py", "from engine.orchestration import compute, edges")
-    _plant(root, "engine/stages/base.py", "from engine.orchestration.chunkers import Chunk")
+    _plant(root, "engine/stages/tts_espeak.py", "import engine.orchestration.scheduling")
+    _plant(root, "engine/stages/pool.py", "from engine.pipeline.pipeline import Pipeline")
+    _plant(root, "engine/stages/codec_snac.py", "from engine.pipeline import graph")
+    # the chunkers and the stages' own modules are fine
+    _plant(root, "engine/stages/tts_piper.py", "from engine.stages import compute, edges")
+    _plant(root, "engine/stages/base.py", "from engine.pipeline.chunkers import Chunk")
     errors = "\n".join(check(root))
+    assert _reported(errors, "stages/sim.py", "stage backends imports engine.orchestration")
     assert (
-        "sim.py" in errors and "stage backends imports engine.orchestration.orchestrator" in errors
+        "tts_espeak.py" in errors
+        and "stage backends imports engine.orchestration.scheduling" in errors
     )
-    assert "pool.py" in errors and "stage backends imports engine.orchestration.pipeline" in errors
+    assert "pool.py" in errors and "stage backends imports engine.pipeline.pipeline" in errors
+    assert "codec_snac.py" in errors and "stage backends imports engine.pipeline.graph" in errors
     assert "tts_piper.py" not in errors and "base.py" not in errors
-    assert len(errors.splitlines()) == 2
-    for name in STAGE_ORCHESTRATION:
+    assert len(errors.splitlines()) == 4
+    for name in STAGE_PIPELINE:
         assert (ROOT / (name.replace(".", "/") + ".py")).is_file(), name

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.import_cycles import KNOWN_CYCLES, check, cycles, describe, main
+from tools.import_cycles import check, cycles, describe, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def test_a_circle_under_type_checking_is_named_with_its_lines(tmp_path: Path) ->
             ),
         },
     )
-    assert check(root, known=frozenset()) == [
+    assert check(root) == [
         "import circle: engine.a -> engine.b (engine/a.py:1) -> engine.a (engine/b.py:4)"
     ]
     assert main(["import_cycles", str(root)]) == 1
@@ -66,7 +66,7 @@ def test_a_circle_closed_inside_a_function_is_reported_apart(tmp_path: Path) -> 
             "engine/b.py": "def later() -> None:\n    from engine import a\n",
         },
     )
-    assert check(root, known=frozenset()) == [] and cycles(root) == []
+    assert check(root) == [] and cycles(root) == []
     [circle] = cycles(root, deferred=True)
     assert [e.deferred for e in circle] == [False, True]
 
@@ -86,20 +86,6 @@ def test_a_package_that_imports_its_modules_is_no_circle(tmp_path: Path) -> None
     assert {e.source for e in cycles(root)[0]} == {"engine.x", "engine.x.b"}  # the shortest
 
 
-def test_known_circles_are_tolerated_and_a_gone_one_fails(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {"engine/a.py": "import engine.b\n", "engine/b.py": "import engine.a\n"})
-    pair = frozenset({"engine.a", "engine.b"})
-    assert check(root, known=frozenset({pair})) == []
-    (root / "engine/b.py").write_text("")
-    assert check(root, known=frozenset({pair})) == [
-        "tools/import_cycles.py: KNOWN_CYCLES names engine.a <-> engine.b, which is no circle "
-        "now: remove it"
-    ]
-
-
-def test_the_known_circles_are_modules_and_make_lint_runs_the_check() -> None:
-    for circle in KNOWN_CYCLES:
-        for module in circle:
-            assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), module
+def test_make_lint_runs_the_check() -> None:
     lint = (ROOT / "Makefile").read_text().split("\nlint:", 1)[1].split("\n\n", 1)[0]
     assert "-m tools.import_cycles" in lint

@@ -20,7 +20,7 @@ from duplex_client import DuplexClient
 from duplex_client import events as ev
 
 from bench.cluster import HAPROXY, Cluster, cluster, health
-from engine.duplex.fence import route_key_of
+from engine.duplex.fencing import route_key_of
 from tests.server.harness import UNIT, Client, text_item, write_config
 
 pytestmark = [

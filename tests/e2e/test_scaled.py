@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from duplex_server.ops.scale import haproxy_config
-from engine.duplex.fence import route_key_of
+from engine.duplex.fencing import route_key_of
 from tests.e2e.test_engine_process import _status, free_port, wait_for
 from tests.server.harness import REALTIME_TTS, ROOT, Client, http_text, text_item, write_config
 

@@ -25,7 +25,7 @@ from duplex_client import events as ev
 from bench.cluster import HAPROXY, health
 from bench.serverproc import free_port
 from duplex_server.ops.scale import haproxy_config
-from engine.duplex.fence import route_key_of
+from engine.duplex.fencing import route_key_of
 from tests.e2e.test_failover import ENGINE, _answer, _until
 from tests.server.harness import ROOT, UNIT, write_config
 

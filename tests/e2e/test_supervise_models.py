@@ -15,7 +15,7 @@ import pytest
 from duplex_client import DuplexClient
 from duplex_client import events as ev
 
-from engine.duplex.fence import route_key_of
+from engine.duplex.fencing import route_key_of
 from tests.e2e.test_failover import _until
 from tests.e2e.test_supervise import HAPROXY, workers
 from tests.server.harness import ROOT

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from duplex_contract.events import SessionEvent
+from duplex_contract.session_events import SessionEvent
 from engine.api.client import AsyncEngine
 from engine.api.remote import EngineServer
 from engine.api.remote_client import RemoteEngine

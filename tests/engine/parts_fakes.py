@@ -8,8 +8,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from duplex_contract.events import SessionEvent
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import SessionEvent
 from duplex_contract.settings import SessionSettings
 from engine.duplex.lease import Lease
 from engine.duplex.session import DuplexSession, TurnJob

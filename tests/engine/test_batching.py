@@ -12,7 +12,7 @@ import pytest
 from duplex_contract.batch import AudioOut, ChatMessage, TextOut
 from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.errors import StageError
-from duplex_contract.events import AudioChunk, ResponseDone
+from duplex_contract.session_events import AudioChunk, ResponseDone
 from duplex_contract.settings import SessionSettings
 from engine.config import engine_config
 from engine.messages import LlmRequest, Priority, StageDone, StageOutput, TtsRequest

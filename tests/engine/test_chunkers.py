@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from duplex_contract.batch import TextOut
 from engine.config import SegmenterConfig
 from engine.messages import TokensOut
-from engine.orchestration.chunkers import SegmentChunker, WindowChunker, WindowOptions
+from engine.pipeline.chunkers import SegmentChunker, WindowChunker, WindowOptions
 
 
 def test_windows_first_small_then_with_left_context() -> None:

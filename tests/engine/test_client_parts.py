@@ -10,8 +10,8 @@ import pytest
 from duplex_contract.batch import BatchDone
 from duplex_contract.control import ControlResult
 from duplex_contract.errors import EngineDeadError
-from duplex_contract.events import ErrorInfo, SessionLifecycle, TextDelta
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import ErrorInfo, SessionLifecycle, TextDelta
 from engine.api.client import EngineStats
 from engine.api.inbox import EngineInbox
 from engine.api.mailboxes import Mailboxes

@@ -1,4 +1,4 @@
-"""engine/orchestration/compute.py: which stage replicas compute now, as the stage runtimes mark
+"""engine/stages/compute.py: which stage replicas compute now, as the stage runtimes mark
 it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from duplex_contract.batch import TextOut
 from engine.messages import StageDone, StageOutput, StageRequest
-from engine.orchestration import compute
+from engine.stages import compute
 from engine.stages.batching import BatchingRuntime, BatchSlot
 from engine.stages.threaded import ThreadedRuntime
 

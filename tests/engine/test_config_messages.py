@@ -5,8 +5,8 @@ import pytest
 
 from duplex_contract.control import AppendCall
 from duplex_contract.errors import ConfigError, ControlError, EngineDeadError
-from duplex_contract.events import ErrorInfo
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import ErrorInfo
 from engine.config import load_engine_config
 from engine.messages import ControlRequest, decode_request, encode
 

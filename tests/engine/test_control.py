@@ -16,11 +16,11 @@ from duplex_contract.control import (
     SignalCall,
     TouchCall,
 )
-from duplex_contract.events import SessionLifecycle
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import SessionLifecycle
 from duplex_contract.settings import SessionUpdate
 from engine.config import DuplexRuntimeConfig
-from engine.duplex.control import DuplexControl
+from engine.duplex.control_plane import DuplexControl
 from engine.duplex.effects import Effects
 
 

@@ -18,14 +18,14 @@ from duplex_contract.control import (
     TouchCall,
 )
 from duplex_contract.errors import ControlError
-from duplex_contract.events import SessionLifecycle
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import SessionLifecycle
 from duplex_contract.settings import SessionSettings, SessionUpdate
 from duplex_contract.tools import ItemRef
 from engine.config import DuplexRuntimeConfig
 from engine.duplex import epochs, signals
 from engine.duplex.effects import Effects
-from engine.duplex.fence import check_fresh, check_lease
+from engine.duplex.fencing import check_fresh, check_lease
 from engine.duplex.lease import Lease
 from engine.duplex.lifecycle import Lifecycle
 from engine.duplex.operations import OperationCache, digest_of

@@ -24,7 +24,7 @@ from duplex_contract.control import (
 )
 from duplex_contract.fence import Fence
 from engine.config import DuplexRuntimeConfig
-from engine.duplex.control import DuplexControl
+from engine.duplex.control_plane import DuplexControl
 from engine.duplex.session import DuplexSession
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.errors import StageError
-from duplex_contract.events import AudioChunk, ResponseDone, SessionEvent
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import AudioChunk, ResponseDone, SessionEvent
 from duplex_contract.settings import SessionUpdate
 from engine.api.client import AsyncEngine
 from engine.orchestration.drafts import Draft

@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from duplex_contract.control import AppendCall, CommitCall, OpenCall
-from duplex_contract.events import (
+from duplex_contract.session_events import (
     AudioChunk,
     ResponseDone,
     ResponseStarted,

@@ -11,8 +11,8 @@ import yaml
 from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.errors import ConfigError, StageError
 from engine.config import engine_config, load_engine_config
-from engine.orchestration.edges import Edge
-from engine.orchestration.graph import build_graph
+from engine.pipeline.graph import build_graph
+from engine.stages.edges import Edge
 from engine.stages.testing import TestStage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,7 +209,7 @@ def test_work_on_a_missing_route_fails_clearly_and_the_session_goes_on() -> None
     import asyncio
 
     from duplex_contract.batch import SpeechJob
-    from duplex_contract.events import ResponseDone
+    from duplex_contract.session_events import ResponseDone
     from duplex_contract.settings import SessionSettings
     from tests.engine.conftest import collect, open_engine
 

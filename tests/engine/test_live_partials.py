@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from duplex_contract.events import UserTranscript
+from duplex_contract.session_events import UserTranscript
 from engine.duplex.effects import Effects
 from engine.orchestration.live_partials import LivePartials, OnPartial
 from tests.engine.conftest import run

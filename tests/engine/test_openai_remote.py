@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
-from duplex_contract.events import AudioChunk, ResponseDone, SessionEvent, TextDelta
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import AudioChunk, ResponseDone, SessionEvent, TextDelta
 from duplex_contract.settings import SessionSettings
 from engine.api.client import AsyncEngine
 from engine.config import engine_config

@@ -28,7 +28,8 @@ from duplex_contract.control import (
     TouchCall,
 )
 from duplex_contract.errors import ControlError, EngineDeadError, StageError
-from duplex_contract.events import (
+from duplex_contract.fence import Fence
+from duplex_contract.session_events import (
     AudioChunk,
     ResponseDone,
     ResponseStarted,
@@ -36,7 +37,6 @@ from duplex_contract.events import (
     SessionLifecycle,
     UserTranscript,
 )
-from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings
 from engine.api.client import AsyncEngine
 from engine.messages import AsrRequest, Priority

@@ -3,8 +3,8 @@ counted, a final done is not, events without a fence and raw outputs pass as the
 
 from __future__ import annotations
 
-from duplex_contract.events import ResponseDone, SessionLifecycle, TextDelta
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import ResponseDone, SessionLifecycle, TextDelta
 from engine.messages import EngineOutput, SessionOutput
 from engine.orchestration.counters import Counters
 from engine.orchestration.output_router import OutputRouter

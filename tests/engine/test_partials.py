@@ -11,7 +11,7 @@ import soundfile as sf
 import soxr
 
 from duplex_contract.control import AppendCall, CommitCall, OpenCall
-from duplex_contract.events import ResponseDone, UserTranscript
+from duplex_contract.session_events import ResponseDone, UserTranscript
 from engine.config import PartialsConfig
 from tests.engine.conftest import ROOT, UNIT, collect, make_config, open_engine, run, stages
 

@@ -17,8 +17,8 @@ from duplex_contract.errors import ConfigError
 from engine.config import StageConfig
 from engine.placement import child_visible_devices, replica_gpus, visible_entries
 from engine.stages import vllm_env
+from engine.stages.backends import build_replicas
 from engine.stages.llm_vllm import VllmLlm, VllmOptions
-from engine.stages.registry import build_replicas
 from engine.startup import start_devices
 from tests.engine.conftest import UNIT
 

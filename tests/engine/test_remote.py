@@ -12,7 +12,7 @@ import pytest
 
 from duplex_contract.control import AppendCall, CommitCall, OpenCall
 from duplex_contract.errors import ConfigError, EngineDeadError
-from duplex_contract.events import ResponseDone
+from duplex_contract.session_events import ResponseDone
 from duplex_contract.settings import SessionSettings
 from engine.api.remote import Address, EngineServer, parse_address
 from engine.api.remote_client import RemoteEngine
@@ -118,7 +118,7 @@ def test_refused_message_type_is_a_real_struct() -> None:
 
 def test_session_ids_carry_the_front_ends_route_key() -> None:
     from duplex_contract.errors import ControlError
-    from engine.duplex.fence import new_session_id, route_key_of
+    from engine.duplex.fencing import new_session_id, route_key_of
     from tests.engine.conftest import start_engine
 
     assert route_key_of(new_session_id("w2")) == "w2"

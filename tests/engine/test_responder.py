@@ -12,21 +12,21 @@ import pytest
 
 from duplex_contract.batch import AudioOut
 from duplex_contract.errors import StageError
-from duplex_contract.events import (
+from duplex_contract.fence import Fence
+from duplex_contract.session_events import (
     AudioChunk,
     FunctionCallDelta,
     FunctionCallDone,
     ResponseDone,
     TextDelta,
 )
-from duplex_contract.fence import Fence
 from duplex_contract.settings import Tool
 from duplex_contract.tools import ResponseOptions
 from engine.duplex.session import DuplexSession
 from engine.orchestration.counters import Counters
 from engine.orchestration.drafts import Draft, ResponsePlan
-from engine.orchestration.pipeline import LlmResult, SpokenChunk
 from engine.orchestration.responder import Responder
+from engine.pipeline.pipeline import LlmResult, SpokenChunk
 from tests.engine.conftest import make_config, run
 from tests.engine.parts_fakes import Calls, Emitted, job, session
 

@@ -13,7 +13,7 @@ import pytest
 from duplex_contract.batch import AudioOut, SpeechJob
 from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.errors import ConfigError
-from duplex_contract.events import AudioChunk, ResponseDone
+from duplex_contract.session_events import AudioChunk, ResponseDone
 from engine.api.client import AsyncEngine
 from engine.config import SchedulingConfig, engine_config, load_engine_config
 from engine.messages import AsrRequest, LlmRequest, Priority, TtsRequest

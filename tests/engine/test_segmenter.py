@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import SegmenterConfig
-from engine.orchestration.segmenter import Segmenter
+from engine.pipeline.segmenter import Segmenter
 
 CFG = SegmenterConfig()  # first_min_words=3, first_max_words=6, max_words=40
 

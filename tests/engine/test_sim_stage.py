@@ -12,7 +12,7 @@ from duplex_contract.batch import AudioOut, ChatMessage, TextOut
 from engine.codec_layout import ORPHEUS
 from engine.config import load_engine_config
 from engine.messages import AsrRequest, LlmRequest, StageDone, TokensOut, TokensRequest, TtsRequest
-from engine.orchestration.graph import build_graph
+from engine.pipeline.graph import build_graph
 from engine.stages.sim import SimOptions, SimStage, call_cost_ms, step_cost_ms
 from tests.engine.conftest import ROOT, run
 

@@ -13,8 +13,8 @@ import numpy as np
 
 from audio_kit.pcm import quiet_after
 from duplex_contract.fence import Fence
-from engine.orchestration.pipeline import Pipeline
 from engine.orchestration.speculation import SpeculativeAsr, Transcription
+from engine.pipeline.pipeline import Pipeline
 
 RATE = 16000
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from duplex_contract.errors import StageError
-from duplex_contract.events import ResponseDone, ResponseStarted, UserTranscript
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import ResponseDone, ResponseStarted, UserTranscript
 from engine.duplex.effects import Cancel
-from engine.duplex.fence import epoch_prefix
+from engine.duplex.fencing import epoch_prefix
 from engine.duplex.session import DuplexSession, TurnJob
 from engine.orchestration.turn_runner import Runners, TurnRunner
 from tests.engine.conftest import run

@@ -17,10 +17,10 @@ from duplex_server.protocol.commands import (
     SendStamped,
     Takeover,
 )
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import SessionFatal
 from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.resume import new_resume_token
+from duplex_server.protocol.session_config import EffectiveSession
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 

@@ -8,8 +8,8 @@ import base64
 
 import pytest
 
-from duplex_contract.events import ResponseStarted, UserTranscript
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import ResponseStarted, UserTranscript
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.client_input import ClientInput
 from duplex_server.protocol.commands import (
@@ -24,16 +24,16 @@ from duplex_server.protocol.commands import (
     Send,
     Update,
 )
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.input_seq import InputSequence
 from duplex_server.protocol.items import Conversation
 from duplex_server.protocol.playout import Playout
 from duplex_server.protocol.position import EnginePosition
 from duplex_server.protocol.response_tracker import ResponseTracker
+from duplex_server.protocol.session_config import EffectiveSession
 from duplex_server.protocol.timeline import TurnTimeline
 from duplex_server.protocol.usage import UsageMeter
-from duplex_server.protocol.vad import VadStart, VadStop
+from duplex_server.protocol.vad_events import VadStart, VadStop
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 CFG = EffectiveSession()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Append, Cancel, Commit
 from duplex_server.protocol.dtmf import DtmfPlan, dtmf_text, plan
-from duplex_server.protocol.vad import VadStart
+from duplex_server.protocol.vad_events import VadStart
 from tests.protocol.test_session import CHUNK, calls, core, sent, start_response, types
 
 NO_TD = ev.TurnDetection(interrupt_response=False)

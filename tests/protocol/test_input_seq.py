@@ -7,9 +7,9 @@ import base64
 
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Append, Call, ProcessAudio, Send
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.input_seq import InputSequence
 from duplex_server.protocol.machine import SessionMachine
+from duplex_server.protocol.session_config import EffectiveSession
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 FRAME_24K = b"\x01\x00" * 480  # 20 ms at 24 kHz (the session's input format)

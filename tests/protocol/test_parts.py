@@ -21,7 +21,7 @@ from duplex_server.protocol.input import (
 )
 from duplex_server.protocol.items import Conversation, user_text
 from duplex_server.protocol.responses import Response, Responses
-from duplex_server.protocol.vad import VadPause, VadResume, VadStart, VadStop
+from duplex_server.protocol.vad_events import VadPause, VadResume, VadStart, VadStop
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 MS20 = b"\x01\x00" * 320  # 20 ms at the engine input rate

@@ -6,7 +6,7 @@ decision."""
 
 from __future__ import annotations
 
-from duplex_contract.events import AudioChunk, ResponseDone
+from duplex_contract.session_events import AudioChunk, ResponseDone
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Action, Cancel, Touch
 from duplex_server.protocol.machine import SessionMachine

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from duplex_contract.events import AudioChunk, ResponseDone, ResponseStarted, TextDelta
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import AudioChunk, ResponseDone, ResponseStarted, TextDelta
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import (
     Action,
@@ -19,13 +19,13 @@ from duplex_server.protocol.commands import (
     SendAudio,
     Touch,
 )
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.items import Conversation
 from duplex_server.protocol.playout import Playout, Queued
 from duplex_server.protocol.position import EnginePosition
 from duplex_server.protocol.response_options import response_options
 from duplex_server.protocol.response_tracker import ResponseTracker
+from duplex_server.protocol.session_config import EffectiveSession
 from duplex_server.protocol.timeline import TurnTimeline
 from duplex_server.protocol.usage import UsageMeter
 

@@ -7,10 +7,10 @@ import pytest
 
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import ConfigureInput, Replay, Send, SendStamped, Takeover
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import SessionFatal
 from duplex_server.protocol.resume import new_resume_token
 from duplex_server.protocol.resumption import Resumption
+from duplex_server.protocol.session_config import EffectiveSession
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 CAPS = ev.Capabilities(True, True, ["pcm16"], ["pcm16"], ["server_vad"], "energy", 1, 1, 1.0)

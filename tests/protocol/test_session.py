@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from duplex_contract.errors import ControlError
-from duplex_contract.events import (
+from duplex_contract.fence import Fence
+from duplex_contract.session_events import (
     AudioChunk,
     ResponseDone,
     ResponseStarted,
@@ -13,7 +14,6 @@ from duplex_contract.events import (
     TextDelta,
     UserTranscript,
 )
-from duplex_contract.fence import Fence
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import (
     Action,
@@ -29,9 +29,9 @@ from duplex_server.protocol.commands import (
     Speculate,
     Touch,
 )
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.machine import SessionMachine
-from duplex_server.protocol.vad import VadPause, VadResume, VadStart, VadStop
+from duplex_server.protocol.session_config import EffectiveSession
+from duplex_server.protocol.vad_events import VadPause, VadResume, VadStart, VadStop
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 CHUNK = b"\x00\x01" * 320  # 20 ms at 16 kHz
@@ -341,7 +341,7 @@ def test_a_whole_utterance_in_one_batch_still_interrupts() -> None:
 
 
 def test_live_partials_are_deltas_of_the_speech_item() -> None:
-    from duplex_contract.events import UserTranscript
+    from duplex_contract.session_events import UserTranscript
 
     c = core()
     c.input.turns.speech_item = "item_live"  # speech in progress (as after a VAD onset)

@@ -4,12 +4,12 @@ still running instead of cutting it silently; the replica round-trips the config
 
 from __future__ import annotations
 
-from duplex_contract.events import ResponseStarted
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import ResponseStarted
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Call, Cancel, ConfigureInput, Send
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.machine import SessionMachine
+from duplex_server.protocol.session_config import EffectiveSession
 from duplex_server.session.snapshot import decode, encode
 
 SID = "sess_w1_0123456789abcdef0123456789abcdef"

@@ -3,12 +3,12 @@ used, a cancelled response's usage and the session's sum (docs/protocol.md §5.1
 
 from __future__ import annotations
 
-from duplex_contract.events import AudioChunk, ResponseDone, ResponseStarted
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import AudioChunk, ResponseDone, ResponseStarted
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import Commit
 from duplex_server.protocol.usage import audio_tokens, response_usage
-from duplex_server.protocol.vad import VadStart, VadStop
+from duplex_server.protocol.vad_events import VadStart, VadStop
 from tests.protocol.test_session import CHUNK, SID, _speak, calls, core, sent
 
 

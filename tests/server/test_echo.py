@@ -130,8 +130,8 @@ def test_echo_cancellation_session_field() -> None:
     import pytest
 
     from duplex_server.protocol.codec import decode_client_event
-    from duplex_server.protocol.config import EffectiveSession, apply_patch
     from duplex_server.protocol.errors import ProtocolError
+    from duplex_server.protocol.session_config import EffectiveSession, apply_patch
     from duplex_server.transports.media import check_session_patch
 
     update = {"type": "session.update", "session": {"audio": {"input": {}}}}

@@ -23,8 +23,8 @@ from duplex_contract.control import (
     SignalCall,
     TouchCall,
 )
-from duplex_contract.events import SessionEvent
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import SessionEvent
 from duplex_contract.settings import SessionSettings, SessionUpdate
 from duplex_contract.tools import ItemRef, ToolOutput
 from duplex_server.protocol.commands import (

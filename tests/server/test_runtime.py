@@ -22,14 +22,14 @@ from duplex_contract.control import (
     SignalCall,
     TouchCall,
 )
-from duplex_contract.events import (
+from duplex_contract.fence import Fence
+from duplex_contract.session_events import (
     AudioChunk,
     ResponseDone,
     ResponseStarted,
     SessionEvent,
     TextDelta,
 )
-from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings, SessionUpdate
 from duplex_server.ops.metrics import Metrics
 from duplex_server.protocol import events as ev

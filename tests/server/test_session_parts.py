@@ -20,8 +20,8 @@ import pytest
 from audio_kit.g711 import pcm16_to_g711
 from duplex_contract.control import ControlCall, ControlResult, ResumeCall
 from duplex_contract.errors import ControlError, EngineDeadError
-from duplex_contract.events import SessionEvent
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import SessionEvent
 from duplex_server.ops.metrics import Metrics
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import PCM16_24K, ULAW
@@ -33,11 +33,11 @@ from duplex_server.protocol.commands import (
     SendAudio,
     Touch,
 )
-from duplex_server.protocol.config import EffectiveSession
 from duplex_server.protocol.errors import ProtocolError, SessionFatal
 from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.playout import Flushed, Played, Queued
 from duplex_server.protocol.resume import new_resume_token
+from duplex_server.protocol.session_config import EffectiveSession
 from duplex_server.session import engine_tasks, snapshot
 from duplex_server.session.attach import Journal, Outgoing, Stamper
 from duplex_server.session.audio_input import AudioInput

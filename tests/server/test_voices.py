@@ -14,9 +14,9 @@ import yaml
 
 from duplex_contract.voices import OPENAI_VOICES, VoiceCatalog
 from duplex_server.config import load_app_config
-from duplex_server.protocol.config import EffectiveSession, apply_patch
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.events import SessionParam
+from duplex_server.protocol.session_config import EffectiveSession, apply_patch
 from engine.voices import voices_of
 from tests.server.harness import ROOT, TEST_YAML, UNIT, Client, running_server, write_config
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.config import load_engine_config, load_yaml
-from engine.orchestration.graph import build_graph
+from engine.pipeline.graph import build_graph
 from engine.stages.asr_whisper import WhisperAsr
-from engine.stages.registry import backend_class
+from engine.stages.backends import backend_class
 
 CPU_YAML = Path(__file__).resolve().parents[2] / "configs" / "cpu.yaml"
 

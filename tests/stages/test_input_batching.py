@@ -11,7 +11,7 @@ import pytest
 import audio_kit.vad as vad_mod
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
-from duplex_server.protocol.vad import VadEvent
+from duplex_server.protocol.vad_events import VadEvent
 from duplex_server.session.input_lane import InputLane, InputProcessor, InputScheduler
 
 FMT = AudioFormat("pcm16", 16000)

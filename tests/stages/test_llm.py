@@ -165,12 +165,12 @@ def test_auto_tools_plain_text_reply_is_not_constrained(llm: LlamaCppLlm) -> Non
 
 def test_decoding_pauses_while_its_own_first_clause_is_spoken(reference: Any) -> None:
     """``first_clause_pause_s``: between tokens the LLM waits while urgent work of its own
-    response runs (its first clause in the TTS, engine/orchestration/compute.py), not for another
+    response runs (its first clause in the TTS, engine/stages/compute.py), not for another
     response's; the reply is the same."""
     import threading
     import time
 
-    from engine.orchestration import compute
+    from engine.stages import compute
 
     llm = LlamaCppLlm(LlamaCppOptions(n_threads=1), "llm-pause")
     asyncio.run(llm.start())
@@ -200,9 +200,9 @@ def test_decoding_pauses_while_its_own_first_clause_is_spoken(reference: Any) ->
 
 def test_threads_alone_while_no_other_stage_computes(reference: Any) -> None:
     """``n_threads_alone``: the LLM decodes with more threads while no other stage of the
-    engine computes (engine/orchestration/compute.py), and with ``n_threads`` while one does,
+    engine computes (engine/stages/compute.py), and with ``n_threads`` while one does,
     switching between tokens; the greedy reply is the same either way."""
-    from engine.orchestration import compute
+    from engine.stages import compute
 
     llm = LlamaCppLlm(LlamaCppOptions(n_threads=1, n_threads_alone=2), "llm-alone")
     asyncio.run(llm.start())

@@ -1,11 +1,12 @@
-"""Every backend of the registry against the stage interface (engine/stages/base.py).
+"""Every backend of the backend table (engine/stages/backends.py) against the stage interface
+(engine/stages/base.py).
 
 Each ``BACKENDS`` entry is built the way a config builds it (``build_replicas``: options
 checked, device resolved, nothing loaded), once per role it plays, and checked: the class
-has what the registry reads, the replica every member the engine uses with the right kind,
+has what the table reads, the replica every member the engine uses with the right kind,
 its edges are edge types the graph accepts, and each optional capability it declares is
 consistent (a backend on the batching runtime exposes its ``max_batch`` as its capacity, ...).
-A backend added to the registry is checked here without editing this file; one that lacks a
+A backend added to the table is checked here without editing this file; one that lacks a
 member fails.
 """
 
@@ -21,8 +22,7 @@ import pytest
 
 from duplex_contract.errors import ConfigError
 from engine.config import StageConfig, engine_config
-from engine.orchestration.edges import Edge
-from engine.orchestration.graph import build_graph, stage_info
+from engine.pipeline.graph import build_graph, stage_info
 from engine.stage_figures import (
     DecodeSource,
     EngineFiguresSource,
@@ -30,7 +30,7 @@ from engine.stage_figures import (
     StageEngineFigures,
     StepSource,
 )
-from engine.stages import registry, sim, testing
+from engine.stages import backends, sim, testing
 from engine.stages.base import (
     BatchSizeSource,
     CapacitySource,
@@ -42,6 +42,7 @@ from engine.stages.base import (
     protocol_members,
 )
 from engine.stages.batching import BatchingRuntime
+from engine.stages.edges import Edge
 from engine.startup import PlacedBackend
 from engine.voices import Voiced
 
@@ -62,12 +63,12 @@ REQUIRED_OPTIONS: dict[str, dict[str, Any]] = {
 
 
 def _cases() -> list[tuple[str, str]]:
-    return [(b, stage) for b in sorted(registry.BACKENDS) for stage in ROLES.get(b, ("stage",))]
+    return [(b, stage) for b in sorted(backends.BACKENDS) for stage in ROLES.get(b, ("stage",))]
 
 
 def _class(backend: str) -> StageBackendClass:
     try:
-        return registry.backend_class(backend)
+        return backends.backend_class(backend)
     except ConfigError as exc:
         if "is not installed" in str(exc):  # its library is absent here (a GPU venv's)
             pytest.skip(f"{backend}: {exc}")
@@ -77,12 +78,12 @@ def _class(backend: str) -> StageBackendClass:
 def _build(backend: str, stage: str) -> StageBackend:
     _class(backend)
     config = StageConfig(backend=backend, options=REQUIRED_OPTIONS.get(backend, {}))
-    (replica,) = registry.build_replicas(stage, config)
+    (replica,) = backends.build_replicas(stage, config)
     return replica
 
 
-@pytest.mark.parametrize("backend", sorted(registry.BACKENDS))
-def test_backend_class_has_what_the_registry_reads(backend: str) -> None:
+@pytest.mark.parametrize("backend", sorted(backends.BACKENDS))
+def test_backend_class_has_what_the_table_reads(backend: str) -> None:
     cls = _class(backend)
     assert missing_members(cls, StageBackendClass) == []
     assert isinstance(cls, StageBackendClass)
@@ -116,7 +117,7 @@ def test_replica_implements_the_interface(backend: str, stage: str) -> None:
     else:
         assert replica.device.partition(":")[0] in cls.device_kinds
     assert isinstance(replica.restarts, int) and replica.restarts == 0
-    # edges: edge types (engine/orchestration/edges.py), accepted by the graph as declared
+    # edges: edge types (engine/stages/edges.py), accepted by the graph as declared
     assert isinstance(replica.consumes, Edge) and isinstance(replica.emits, Edge)
     info = stage_info(stage, backend, replica)
     assert (info.consumes, info.emits) == (replica.consumes, replica.emits)
@@ -204,17 +205,17 @@ class _NoOptions:
 
 def test_a_backend_missing_a_member_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     here = "tests.stages.test_stage_conformance"
-    monkeypatch.setitem(registry.BACKENDS, "broken", f"{here}:_NoOptions")
+    monkeypatch.setitem(backends.BACKENDS, "broken", f"{here}:_NoOptions")
     with pytest.raises(
         ConfigError, match=r"lacks Options, cuda_device_count, device_kinds"
     ) as info:
-        registry.backend_class("broken", where="engine.stages.llm")
+        backends.backend_class("broken", where="engine.stages.llm")
     assert "engine.stages.llm.backend: backend 'broken'" in str(info.value)
     # this very test file's conformance checks fail for such a backend
     with pytest.raises(ConfigError):
-        test_backend_class_has_what_the_registry_reads("broken")
+        test_backend_class_has_what_the_table_reads("broken")
 
-    monkeypatch.setitem(registry.BACKENDS, "forgetful", f"{here}:_NoRestarts")
+    monkeypatch.setitem(backends.BACKENDS, "forgetful", f"{here}:_NoRestarts")
     config = engine_config(
         {"stages": {"llm": {"backend": "forgetful"}}, "routes": {"text": ["llm"]}}
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from duplex_server.config import load_app_config
-from engine.orchestration.graph import build_graph
+from engine.pipeline.graph import build_graph
+from engine.stages.backends import build_replicas
 from engine.stages.llm_vllm import VllmLlm
-from engine.stages.registry import build_replicas
 from tests.server.harness import ROOT
 
 pytestmark = pytest.mark.vllm

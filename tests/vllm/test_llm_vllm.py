@@ -12,8 +12,8 @@ import pytest
 from duplex_contract.batch import ChatMessage, TextOut
 from duplex_contract.errors import ConfigError, StageError
 from engine.messages import LlmRequest, Priority, StageDone, TtsRequest
+from engine.stages.backends import backend_class
 from engine.stages.llm_vllm import VllmLlm, VllmOptions
-from engine.stages.registry import backend_class
 from tests.vllm.conftest import CPU_OPTIONS, Run, collect
 
 pytestmark = pytest.mark.vllm

@@ -10,7 +10,7 @@ import pytest
 
 from duplex_contract.batch import AudioOut, BatchDone, SpeechJob
 from duplex_contract.control import AppendCall, CommitCall, OpenCall
-from duplex_contract.events import AudioChunk, ResponseDone
+from duplex_contract.session_events import AudioChunk, ResponseDone
 from duplex_contract.settings import SessionSettings
 from engine.api.client import AsyncEngine
 from engine.config import engine_config

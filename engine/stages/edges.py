@@ -1,4 +1,5 @@
-"""Edge types: what flows between two stages of a route (see engine/orchestration/graph.py)."""
+"""Edge types: what a stage declares it consumes and emits, so the graph can fit stages into
+routes (engine/pipeline/graph.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which stage workers of this process are computing right now.
+"""Which stage replicas of this process are computing right now, as the stage runtimes mark it.
 
 On a small CPU machine the stages share the cores: one thread each keeps ASR, LLM and TTS
 from spin-waiting on each other's cores when they run at the same time (several sessions,
@@ -7,9 +7,9 @@ or the LLM decoding while the TTS speaks its first clause). But a stage that run
 backend that can change its thread count between steps (llama.cpp, per token) asks
 :func:`others_busy` before each step and uses more threads only when no other stage works.
 
-The stage runtimes (engine/stages/workers.py, engine/stages/batching.py) mark every unit of
-work with :func:`working`: a threaded request from its first output to its last, a batched
-step for its duration.
+The stage runtimes mark every unit of work with :func:`working`: the one-request-at-a-time
+runtime (engine/stages/threaded.py) a request for the whole of its ``run``, the batching
+runtime (engine/stages/batching.py) each step for its duration.
 
 *Urgent* work: a response's first clause in speech (``TtsRequest.first``) is what its first
 audio waits for, while the same response's LLM goes on decoding text that is needed only

@@ -38,9 +38,9 @@ from typing import Final
 
 from duplex_contract.errors import ConfigError, StageError
 from engine.config import EngineConfig
-from engine.orchestration.edges import Edge
+from engine.stages.backends import build_replicas
 from engine.stages.base import StageBackend, missing_members
-from engine.stages.registry import build_replicas
+from engine.stages.edges import Edge
 
 ROUTE_DUTIES: Final[dict[str, str]] = {
     "voice": "sessions with audio output and batch chat with audio",

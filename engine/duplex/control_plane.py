@@ -13,7 +13,7 @@ It holds its parts, each with one job: the session table (engine/duplex/table.py
 sessions' lifecycle (lifecycle.py: open, resume, close, expiry, detach), input sequencing
 (sequencer.py: append and commit); it uses the epoch rules (epochs.py: cancels and new epochs),
 the other calls (signals.py: touch, pause, resume, item.delete, session.update), the fence
-checks (fence.py), each session's operation-id cache (operations.py) and the replica
+checks (fencing.py), each session's operation-id cache (operations.py) and the replica
 (replica.py). Here: the dispatch, the fence and lease checks and the orchestrator's hooks.
 The orchestrator's effects are in engine/duplex/effects.py.
 """
@@ -35,12 +35,12 @@ from duplex_contract.control import (
     TouchCall,
 )
 from duplex_contract.errors import ControlError
-from duplex_contract.events import ErrorInfo
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import ErrorInfo
 from engine.config import DuplexRuntimeConfig
 from engine.duplex import epochs, replica, signals
 from engine.duplex.effects import Effects
-from engine.duplex.fence import check_fresh, check_lease
+from engine.duplex.fencing import check_fresh, check_lease
 from engine.duplex.lifecycle import Lifecycle
 from engine.duplex.operations import digest_of
 from engine.duplex.sequencer import InputSequencer

@@ -24,8 +24,8 @@ import msgspec
 from duplex_contract.batch import TextOut, TranscriptOut
 from engine.config import SegmenterConfig
 from engine.messages import StageOutput, TokensOut
-from engine.orchestration.edges import Edge
-from engine.orchestration.segmenter import Segmenter
+from engine.pipeline.segmenter import Segmenter
+from engine.stages.edges import Edge
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The table is flat: a backend is known by its name alone, whatever stage it serves; what it
 consumes and emits is its own declaration (``consumes`` / ``emits``), checked against the
-routes by :func:`engine.orchestration.graph.build_graph`. Adding a stage kind means adding its
+routes by :func:`engine.pipeline.graph.build_graph`. Adding a stage kind means adding its
 backend here and nothing else. GPU backends (vLLM) are only imported when a config names them, so
 nothing in the CPU default needs them installed.
 

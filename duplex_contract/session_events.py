@@ -1,4 +1,5 @@
-"""The session events the engine emits, and errors in transit.
+"""The session events the engine emits, and errors in transit (the protocol's wire events
+are duplex_server/protocol/events.py, the SDK's public ones clients/duplex_client/events.py).
 
 Every message is a msgspec struct with a ``type`` tag (:class:`Msg`); unknown fields are
 refused when decoded. Each session event carries the :class:`~duplex_contract.fence.Fence`

@@ -1,6 +1,6 @@
 """Runs work along a route of the stage graph, streaming between stages.
 
-A route (engine/orchestration/graph.py) is input stages (audio -> text), an optional responder
+A route (engine/pipeline/graph.py) is input stages (audio -> text), an optional responder
 (text -> text, the LLM) and output stages (text -> ... -> audio). The pipeline knows stages only by
 their edge types, never by name:
 
@@ -11,7 +11,7 @@ their edge types, never by name:
 
 The output stages run as a chain of tasks, one per stage: each consumes its input in order,
 one request per chunk (a segment of text, a window of codec frames; see
-engine/orchestration/chunkers.py),
+engine/pipeline/chunkers.py),
 and its outputs are cut into the next stage's chunks as they arrive. So the first audio does
 not wait for the whole reply, and every stage works on the next chunk while the stage after
 it handles the previous one.
@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 from duplex_contract.audio import duration_ms
 from duplex_contract.batch import AudioOut, ChatMessage, TextOut, TranscriptOut
@@ -42,14 +44,28 @@ from engine.messages import (
     TokensRequest,
     TtsRequest,
 )
-from engine.orchestration.chunkers import Chunk, Chunker, default_chunker
-from engine.orchestration.edges import Edge
-from engine.orchestration.graph import Graph, Route, StageInfo
-from engine.orchestration.scheduling import Scheduler, make_scheduler
+from engine.pipeline.chunkers import Chunk, Chunker, default_chunker
+from engine.pipeline.graph import Graph, Route, StageInfo
 from engine.stages.base import ChunkerSource
+from engine.stages.edges import Edge
 from engine.stages.pool import StagePool
 
-__all__ = ["LlmResult", "Pipeline", "SpokenChunk"]
+__all__ = ["LlmResult", "Pipeline", "SlotTicket", "Slots", "SpokenChunk"]
+
+
+class SlotTicket(Protocol):
+    """A request's place in a stage's load, told of each output the request yields."""
+
+    def output(self) -> None: ...
+
+
+class Slots(Protocol):
+    """When a request may use a stage: the orchestrator's scheduler
+    (engine/orchestration/scheduling.py) holds the request's place for the whole of it."""
+
+    def slot(
+        self, stage: str, request: StageRequest
+    ) -> AbstractAsyncContextManager[SlotTicket]: ...
 
 
 @dataclass(frozen=True)
@@ -88,13 +104,12 @@ class Pipeline:
         config: EngineConfig,
         graph: Graph,
         pools: dict[str, StagePool],
-        scheduler: Scheduler | None = None,
+        slots: Slots,
     ) -> None:
         self.config = config
         self.graph = graph
         self.pools = pools
-        # when work may use the stages beside real-time turns (engine/orchestration/scheduling.py)
-        self.scheduler = scheduler or make_scheduler(config.scheduling, pools, lambda _: False)
+        self.slots = slots  # when work may use the stages beside real-time turns
 
     def route(self, name: str) -> Route:
         return self.graph.route(name)
@@ -107,7 +122,7 @@ class Pipeline:
     async def _run(
         self, stage: StageInfo, req: StageRequest, priority: Priority
     ) -> AsyncIterator[StageOutput]:
-        async with self.scheduler.slot(stage.name, req) as ticket:
+        async with self.slots.slot(stage.name, req) as ticket:
             async for out in self.pools[stage.name].submit(req):
                 ticket.output()
                 yield out
