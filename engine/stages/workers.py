@@ -145,7 +145,12 @@ class Worker:
             target=self._main, name=f"stage-{self.name}", args=(ready,), daemon=True
         )
         self._thread.start()
-        await ready
+        try:
+            await ready
+        except StageError:
+            # the thread failed to load and is ending: a failed start leaves none running
+            await asyncio.to_thread(self._thread.join, 5.0)
+            raise
 
     def _signal_ready(self, fut: asyncio.Future[None], exc: BaseException | None) -> None:
         assert self._loop is not None
