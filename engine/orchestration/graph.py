@@ -39,6 +39,7 @@ from typing import Final
 from duplex_contract.errors import ConfigError, StageError
 from engine.config import EngineConfig
 from engine.orchestration.edges import Edge
+from engine.orchestration.scheduling import check_scheduling, replica_capacity
 from engine.stages.base import StageBackend, missing_members
 from engine.stages.registry import build_replicas
 
@@ -200,7 +201,8 @@ def build_graph(
     """Build every stage's replicas (no model is loaded) and validate the routes.
 
     ``overrides`` replaces the replicas of named stages (tests inject prepared backends).
-    Raises :class:`ConfigError` naming the route, the stage and the field.
+    Raises :class:`ConfigError` naming the route, the stage and the field (also a scheduling
+    reserve no stage slot is left beside, engine/orchestration/scheduling.py).
     """
     replicas: dict[str, list[StageBackend]] = {}
     infos: dict[str, StageInfo] = {}
@@ -211,6 +213,9 @@ def build_graph(
             built = build_replicas(name, stage)
         replicas[name] = built
         infos[name] = stage_info(name, stage.backend, built[0])
+    check_scheduling(
+        config.scheduling, {n: sum(replica_capacity(r) for r in rs) for n, rs in replicas.items()}
+    )
     routes: dict[str, Route] = {}
     for rname, names in config.routes.items():
         route = _split(rname, [infos[n] for n in names])

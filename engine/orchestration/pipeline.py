@@ -45,11 +45,12 @@ from engine.messages import (
 from engine.orchestration.chunkers import Chunk, Chunker, default_chunker
 from engine.orchestration.edges import Edge
 from engine.orchestration.graph import Graph, Route, StageInfo
-from engine.orchestration.scheduling import Scheduler, make_scheduler
+from engine.orchestration.policies import make_scheduler
+from engine.orchestration.scheduling import Scheduler
 from engine.stages.base import ChunkerSource
 from engine.stages.pool import StagePool
 
-__all__ = ["LlmResult", "Pipeline", "SpokenChunk"]
+__all__ = ["LlmResult", "Pipeline", "SpokenChunk", "Urgency", "urgency_of"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,17 @@ class Voice:
 
 _END = None
 
+#: The priority of the next stage request of a piece of work, asked for each one it makes:
+#: a draft's requests are ``DRAFT`` until its turn adopts it, then ``REALTIME``
+#: (engine/orchestration/drafts.py).
+Urgency = Callable[[], Priority]
+
+
+def urgency_of(priority: Priority | Urgency) -> Urgency:
+    if isinstance(priority, Priority):
+        return lambda: priority
+    return priority
+
 
 class Pipeline:
     def __init__(
@@ -104,12 +116,10 @@ class Pipeline:
         chunker = replica.make_chunker() if isinstance(replica, ChunkerSource) else None
         return chunker or default_chunker(stage.consumes, self.config.segmenter)
 
-    async def _run(
-        self, stage: StageInfo, req: StageRequest, priority: Priority
-    ) -> AsyncIterator[StageOutput]:
+    async def _run(self, stage: StageInfo, req: StageRequest) -> AsyncIterator[StageOutput]:
         async with self.scheduler.slot(stage.name, req) as ticket:
             async for out in self.pools[stage.name].submit(req):
-                ticket.output()
+                ticket.output(not isinstance(out, StageDone))
                 yield out
 
     # ------------------------------------------------------------------ input stages
@@ -149,7 +159,7 @@ class Pipeline:
             )
             pcm: list[bytes] = []
             parts: list[str] = []
-            async for out in self._run(stage, req, priority):
+            async for out in self._run(stage, req):
                 if isinstance(out, TranscriptOut) and out.final:
                     parts = [out.text]
                 elif isinstance(out, TextOut):
@@ -171,10 +181,11 @@ class Pipeline:
         rid: str,
         chunk: Chunk,
         voice: Voice,
-        meta: tuple[Priority, str | None],
+        meta: tuple[Urgency, str | None],
         first: bool = False,
     ) -> StageRequest:
-        priority, session_id = meta
+        urgency, session_id = meta
+        priority = urgency()
         if stage.consumes is Edge.TEXT:
             return TtsRequest(
                 request_id=rid,
@@ -203,7 +214,7 @@ class Pipeline:
         stages: Sequence[StageInfo],
         first: asyncio.Queue[tuple[Chunk, str] | None],
         voice: Voice,
-        meta: tuple[Priority, str | None],
+        meta: tuple[Urgency, str | None],
         on_chunk: Callable[[SpokenChunk], None],
         on_text: Callable[[str], None] | None = None,
     ) -> float:
@@ -228,7 +239,7 @@ class Pipeline:
                     n += 1
                     chunker = None if outq is None else self._chunker(stages[i + 1])
                     pending_mark = mark
-                    async for out in self._run(stage, req, meta[0]):
+                    async for out in self._run(stage, req):
                         if isinstance(out, StageDone):
                             if out.finish_reason == "aborted":
                                 raise StageError("aborted", code="aborted")
@@ -276,7 +287,7 @@ class Pipeline:
         speed: float,
         sample_rate: int,
         session_id: str | None,
-        priority: Priority,
+        priority: Priority | Urgency,
         on_chunk: Callable[[SpokenChunk], None],
     ) -> float:
         """Speak ``text`` along ``route``'s output stages; returns the audio duration (ms)."""
@@ -294,7 +305,7 @@ class Pipeline:
             stages,
             first,
             Voice(voice, speed, sample_rate),
-            (priority, session_id),
+            (urgency_of(priority), session_id),
             on_chunk,
         )
 
@@ -310,7 +321,7 @@ class Pipeline:
         voice: str | None,
         sample_rate: int,
         session_id: str | None,
-        priority: Priority,
+        priority: Priority | Urgency,
         on_text: Callable[[str], None],
         on_chunk: Callable[[SpokenChunk], None],
         tools: tuple[Tool, ...] = (),
@@ -326,6 +337,7 @@ class Pipeline:
         if r.responder is None:
             raise StageError(f"route {route!r} has no responder", code="route_unavailable")
         result = LlmResult()
+        urgency = urgency_of(priority)
         outputs = r.outputs
         first: asyncio.Queue[tuple[Chunk, str] | None] = asyncio.Queue()
         chunker = self._chunker(outputs[0]) if outputs else None
@@ -337,7 +349,7 @@ class Pipeline:
                     outputs,
                     first,
                     Voice(voice, 1.0, sample_rate),
-                    (priority, session_id),
+                    (urgency, session_id),
                     on_chunk,
                 ),
                 name=f"outputs:{prefix}",
@@ -348,7 +360,7 @@ class Pipeline:
             messages=messages,
             max_tokens=max_tokens,
             temperature=temperature,
-            priority=priority,
+            priority=urgency(),
             session_id=session_id,
             tools=tools,
             tool_required=tool_required,
@@ -362,7 +374,7 @@ class Pipeline:
         calling: bool | None = None if tools else False
         held = ""
         try:
-            async for out in self._run(r.responder, req, priority):
+            async for out in self._run(r.responder, req):
                 if isinstance(out, TextOut) and calling is None:
                     held += out.text
                     if not held.strip():
