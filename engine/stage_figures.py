@@ -48,6 +48,7 @@ class StageEngineFigures:
     prompt_tokens: int = 0  # cumulative
     generated_tokens: int = 0  # cumulative
     tokens_per_s: float = 0.0  # generated, over the last few seconds
+    busy_s: float = 0.0  # device time its calls and steps took (cumulative; the sim stage)
 
 
 @dataclass(frozen=True)
@@ -144,5 +145,6 @@ def stage_engine_figures(
             prompt_tokens=sum(f.prompt_tokens for f in figs),
             generated_tokens=sum(f.generated_tokens for f in figs),
             tokens_per_s=sum(f.tokens_per_s for f in figs),
+            busy_s=sum(f.busy_s for f in figs),
         )
     return out

@@ -75,6 +75,14 @@ def _stage_families(stats: EngineStats) -> Iterator[Metric]:
         for stage, fig in engines.items():
             family.add_metric([stage], float(getattr(fig, attr)))
         yield family
+    busy = CounterMetricFamily(
+        "duplex_stage_busy_seconds",
+        "Device time a stage's calls and steps took, all replicas (the simulated GPU's stages)",
+        labels=["stage"],
+    )
+    for stage, fig in engines.items():
+        busy.add_metric([stage], fig.busy_s)
+    yield busy
     tokens = CounterMetricFamily(
         "duplex_stage_tokens",
         "Tokens a stage's engine processed, by kind: prompt (prefilled), generated",
