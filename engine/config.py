@@ -98,6 +98,10 @@ class SchedulingConfig(_Frozen, frozen=True):
     # needs (its measured pace: the talker's tokens per second per stream) takes no batch work,
     # guesses or drafts, and its drafts leave for real-time requests
     realtime_margin: Annotated[float, msgspec.Meta(ge=1.0)] = 1.2
+    # capacity: no batch work, guess or draft starts on a stage while a real-time request
+    # there waits for its first output. false for GPU stages that batch: a request joining a
+    # batch costs the others little, and the slots and the real-time pace guard them
+    hold_for_first_output: bool = True
     # capacity: the minimum share of batch work: a batch stage request that waited this long
     # starts as soon as its stage has a free slot and runs no other batch request
     batch_age_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0

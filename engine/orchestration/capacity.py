@@ -27,7 +27,7 @@ work beside real-time turns by each stage's slots, live load and real-time budge
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 from engine.config import SchedulingConfig
@@ -145,8 +145,9 @@ class CapacityScheduler(Scheduler):
         capacities: Mapping[str, int],
         turn_running: Callable[[str], bool],
         paces: Mapping[str, Callable[[], Pace | None]] | None = None,
+        shared: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        super().__init__(config, capacities, turn_running, paces)
+        super().__init__(config, capacities, turn_running, paces, shared)
         self.admission = CapacityAdmission(config, self.loads)
 
     @property
@@ -177,17 +178,16 @@ class CapacityScheduler(Scheduler):
         drafts = st.by_kind["draft"]
         if not drafts or self.yield_drafts is None:
             return
-        over = st.load - self.loads.limit(stage)
-        n = min(drafts, max(over, 1 if self.loads.behind(stage) else 0))
+        n = min(drafts, st.load - self.loads.limit(stage))
         if n > 0:
             st.drafts_yielded += n
             asyncio.get_running_loop().call_soon(self.yield_drafts, stage, n)
 
     def may_guess(self, session_id: str, stages: Iterable[str]) -> bool:
-        return all(self.loads.spare(s) for s in stages)
+        return all(self.loads.spare(s, paced=False) for s in stages)
 
     def may_draft(self, session_id: str, stages: Iterable[str]) -> bool:
-        return all(self.loads.spare(s) for s in stages)
+        return all(self.loads.spare(s, paced=False) for s in stages)
 
     def turn_drops_drafts(self) -> bool:
         return False

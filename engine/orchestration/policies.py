@@ -14,6 +14,7 @@ from engine.orchestration.scheduling import (
     SerialScheduler,
     check_scheduling,
     replica_capacity,
+    shared_gpus,
     stage_paces,
 )
 
@@ -29,7 +30,7 @@ def make_scheduler(
     }
     check_scheduling(config, capacities)
     cls = CapacityScheduler if config.policy == "capacity" else SerialScheduler
-    return cls(config, capacities, turn_running, stage_paces(pools))
+    return cls(config, capacities, turn_running, stage_paces(pools), shared_gpus(pools))
 
 
 __all__ = ["make_scheduler"]

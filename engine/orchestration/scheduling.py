@@ -29,7 +29,7 @@ it was thrown away (``draft_wasted``): :meth:`Scheduler.figures` for ``/metrics`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -132,7 +132,8 @@ class Scheduler:
 
     Create and use on the orchestrator's loop. ``turn_running(besides)`` tells whether a
     real turn runs in a session other than ``besides`` (the serial rules need it);
-    ``paces`` gives a stage's pace (its slowest replica's, engine/stage_figures.py);
+    ``paces`` gives a stage's pace (its slowest replica's, engine/stage_figures.py) and
+    ``shared`` the stages on the same GPU as each (:func:`shared_gpus`);
     ``yield_drafts(stage, n)`` is called (soon, not inside a submit) when ``n`` draft
     requests should leave ``stage`` for a real-time request. ``loads`` holds every stage's
     load and budget, ``tally`` the work each kind of request got (the draft book tells it
@@ -147,9 +148,10 @@ class Scheduler:
         capacities: Mapping[str, int],
         turn_running: Callable[[str], bool],
         paces: Mapping[str, Callable[[], Pace | None]] | None = None,
+        shared: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.config = config
-        self.loads = Loads(config, capacities, paces or {})
+        self.loads = Loads(config, capacities, paces or {}, shared)
         self.stages = self.loads.stages
         self.tally = WorkTally(self.stages)
         self._turn_running = turn_running
@@ -249,8 +251,9 @@ class SerialScheduler(Scheduler):
         capacities: Mapping[str, int],
         turn_running: Callable[[str], bool],
         paces: Mapping[str, Callable[[], Pace | None]] | None = None,
+        shared: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        super().__init__(config, capacities, turn_running, paces)
+        super().__init__(config, capacities, turn_running, paces, shared)
         self.admission = BatchAdmission()
 
     @asynccontextmanager
@@ -307,6 +310,23 @@ def stage_paces(pools: Mapping[str, Any]) -> dict[str, Callable[[], Pace | None]
     return out
 
 
+def shared_gpus(pools: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Per stage, the stages with a replica on one of its GPUs (``cuda:N``), itself first
+    (``pools``: name -> StagePool)."""
+    gpus = {
+        name: {
+            r.device
+            for r in pool.replicas
+            if isinstance(r, StageBackend) and r.device.startswith("cuda")
+        }
+        for name, pool in pools.items()
+    }
+    return {
+        name: [name, *(o for o in gpus if o != name and gpus[o] & mine)]
+        for name, mine in gpus.items()
+    }
+
+
 def _slowest(sources: list[PaceSource]) -> Callable[[], Pace | None]:
     def pace() -> Pace | None:
         paces = [p for p in (s.pace() for s in sources) if p is not None]
@@ -324,5 +344,6 @@ __all__ = [
     "draft_of",
     "replica_capacity",
     "request_kind",
+    "shared_gpus",
     "stage_paces",
 ]

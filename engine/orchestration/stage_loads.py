@@ -7,9 +7,11 @@ request got out of it (:class:`WorkTally`).
   ``engine.scheduling.capacity``); its *limit* is fewer where its cost model says fewer
   streams keep real time (``Pace.limit``, engine/stage_figures.py). A stage that reports
   its pace (the talker: tokens per second per live stream against the 82 its audio needs)
-  is *behind* while that ratio is under ``realtime_margin``. *Spare* room: no real-time
-  request waits there for its first output, load + reserve is under the limit, and it is
-  not behind.
+  is *behind* while that ratio is under ``realtime_margin``, and so is every stage placed on
+  the same GPU (their calls and steps take turns on it: the other stages' work is what slows
+  the talker down). *Spare* room: load + reserve is under the limit, it is not behind, and
+  (``hold_for_first_output``, the default) no real-time request waits there for its first
+  output.
 * The work tally: every output a stage gives (a token, a frame, an audio chunk, a
   transcript) is counted by its use: ``realtime``, ``speculative``, ``batch``, and a
   draft's, held under the draft's request prefix until the draft book says whether its turn
@@ -19,7 +21,7 @@ request got out of it (:class:`WorkTally`).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -67,8 +69,11 @@ class Loads:
         config: SchedulingConfig,
         capacities: Mapping[str, int],
         paces: Mapping[str, Callable[[], Pace | None]],
+        shared: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.config = config
+        #: stage -> the stages whose GPU it shares (itself included)
+        self._shared = dict(shared or {})
         self.stages = {
             name: StageLoad(
                 capacity=config.capacity.get(name, cap),
@@ -88,16 +93,20 @@ class Loads:
         return max(1, min(cap, pace.limit)) if pace is not None and pace.limit else cap
 
     def behind(self, stage: str) -> bool:
-        pace = self.pace(stage)
-        return pace is not None and pace.streams > 0 and pace.ratio < self.config.realtime_margin
+        """Its live streams, or those of a stage on the same GPU (whose time they share),
+        get less than ``realtime_margin`` x what real time needs."""
+        margin = self.config.realtime_margin
+        for name in self._shared.get(stage, (stage,)):
+            pace = self.pace(name)
+            if pace is not None and pace.streams > 0 and pace.ratio < margin:
+                return True
+        return False
 
-    def spare(self, stage: str) -> bool:
+    def spare(self, stage: str, paced: bool = True) -> bool:
         st = self.stages[stage]
-        return (
-            st.realtime_waiting == 0
-            and st.load + st.reserve < self.limit(stage)
-            and not self.behind(stage)
-        )
+        if st.realtime_waiting and self.config.hold_for_first_output:
+            return False
+        return st.load + st.reserve < self.limit(stage) and not (paced and self.behind(stage))
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """Capacity and load per stage (tests, logs)."""
