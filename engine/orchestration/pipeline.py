@@ -24,8 +24,10 @@ the ``on_text``/``on_chunk`` callbacks, which drop anything whose fence is stale
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from duplex_contract.audio import duration_ms
 from duplex_contract.batch import AudioOut, ChatMessage, TextOut, TranscriptOut
@@ -81,6 +83,15 @@ class Voice:
 
 
 _END = None
+
+
+async def _drained(q: asyncio.Queue[Any]) -> AsyncIterator[StageOutput]:
+    """The outputs a request's pump put in ``q``, to its end (an error it met is raised)."""
+    while (item := await q.get()) is not _END:
+        if isinstance(item, Exception):
+            raise item
+        yield item
+
 
 #: The priority of the next stage request of a piece of work, asked for each one it makes:
 #: a draft's requests are ``DRAFT`` until its turn adopts it, then ``REALTIME``
@@ -230,36 +241,41 @@ class Pipeline:
             last = i == len(stages) - 1
             outq = None if last else queues[i + 1]
             n = 0
+
+            def make(chunk: Chunk) -> StageRequest:
+                nonlocal n
+                rid = f"{prefix}/{stage.name}{n}"
+                req = self._request(stage, rid, chunk, voice, meta, first=i == n == 0)
+                n += 1
+                return req
+
+            ahead = 1 if outq is not None and self.scheduler.stages[stage.name].capacity > 1 else 0
             try:
-                while (item := await inq.get()) is not _END:
-                    chunk, mark = item
-                    req = self._request(
-                        stage, f"{prefix}/{stage.name}{n}", chunk, voice, meta, first=i == n == 0
-                    )
-                    n += 1
-                    chunker = None if outq is None else self._chunker(stages[i + 1])
-                    pending_mark = mark
-                    async for out in self._run(stage, req):
-                        if isinstance(out, StageDone):
-                            if out.finish_reason == "aborted":
-                                raise StageError("aborted", code="aborted")
-                            continue
+                async with contextlib.aclosing(self._in_order(stage, inq, make, ahead)) as each:
+                    async for mark, outs in each:
+                        chunker = None if outq is None else self._chunker(stages[i + 1])
+                        pending_mark = mark
+                        async for out in outs:
+                            if isinstance(out, StageDone):
+                                if out.finish_reason == "aborted":
+                                    raise StageError("aborted", code="aborted")
+                                continue
+                            if outq is not None and chunker is not None:
+                                for c in chunker.push(out):
+                                    outq.put_nowait((c, pending_mark))
+                                    pending_mark = ""
+                            elif isinstance(out, AudioOut) and out.pcm:
+                                dur = duration_ms(len(out.pcm), out.sample_rate)
+                                spoken = out.text or pending_mark
+                                pending_mark = ""
+                                on_chunk(SpokenChunk(out, cursor, dur, spoken))
+                                cursor += dur
+                            elif isinstance(out, TextOut) and on_text is not None:
+                                on_text(out.text)
                         if outq is not None and chunker is not None:
-                            for c in chunker.push(out):
+                            for c in chunker.flush():
                                 outq.put_nowait((c, pending_mark))
                                 pending_mark = ""
-                        elif isinstance(out, AudioOut) and out.pcm:
-                            dur = duration_ms(len(out.pcm), out.sample_rate)
-                            spoken = out.text or pending_mark
-                            pending_mark = ""
-                            on_chunk(SpokenChunk(out, cursor, dur, spoken))
-                            cursor += dur
-                        elif isinstance(out, TextOut) and on_text is not None:
-                            on_text(out.text)
-                    if outq is not None and chunker is not None:
-                        for c in chunker.flush():
-                            outq.put_nowait((c, pending_mark))
-                            pending_mark = ""
             finally:
                 if outq is not None:
                     outq.put_nowait(_END)
@@ -276,6 +292,57 @@ class Pipeline:
                     t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         return cursor
+
+    async def _in_order(
+        self,
+        stage: StageInfo,
+        inq: asyncio.Queue[tuple[Chunk, str] | None],
+        make: Callable[[Chunk], StageRequest],
+        ahead: int,
+    ) -> AsyncGenerator[tuple[str, AsyncIterator[StageOutput]], None]:
+        """One ``(mark, outputs)`` per input chunk, in order. ``ahead``: how many later
+        chunks' requests run meanwhile (a talker starts the next segment while it still
+        samples this one: the next one's first frames are ready when this one ends, instead
+        of a gap of its prefill and first window). Their outputs wait their turn."""
+        if ahead == 0:
+            while (item := await inq.get()) is not _END:
+                yield item[1], self._run(stage, make(item[0]))
+            return
+        order: asyncio.Queue[tuple[str, asyncio.Queue[Any]] | None] = asyncio.Queue()
+        room = asyncio.Semaphore(1 + ahead)
+        pumps: set[asyncio.Task[None]] = set()
+
+        async def pump(req: StageRequest, q: asyncio.Queue[Any]) -> None:
+            try:
+                async for out in self._run(stage, req):
+                    q.put_nowait(out)
+                q.put_nowait(_END)
+            except Exception as exc:  # its turn raises it
+                q.put_nowait(exc)
+            finally:
+                room.release()
+
+        async def start() -> None:
+            try:
+                while (item := await inq.get()) is not _END:
+                    await room.acquire()
+                    q: asyncio.Queue[Any] = asyncio.Queue()
+                    task = asyncio.create_task(pump(make(item[0]), q), name=f"{stage.name}:ahead")
+                    pumps.add(task)
+                    task.add_done_callback(pumps.discard)
+                    order.put_nowait((item[1], q))
+            finally:
+                order.put_nowait(None)
+
+        starter = asyncio.create_task(start(), name=f"{stage.name}:start")
+        try:
+            while (entry := await order.get()) is not None:
+                yield entry[0], _drained(entry[1])
+            await starter
+        finally:
+            for task in (starter, *pumps):
+                task.cancel()
+            await asyncio.gather(starter, *pumps, return_exceptions=True)
 
     async def speak(
         self,
