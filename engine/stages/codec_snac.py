@@ -42,6 +42,7 @@ from audio_kit.pcm import StreamResampler, split_pcm
 from duplex_contract.batch import AudioOut
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, IntArray, get_layout
+from engine.gpu_memory import GpuMemory
 from engine.messages import StageDone, StageOutput, StageRequest, TokensRequest
 from engine.orchestration.edges import Edge
 from engine.snac_model import EXACT_MARGIN_FRAMES, build_snac, decode_rows
@@ -171,6 +172,11 @@ class SnacCodec:
     @property
     def capacity(self) -> int:
         return self.runtime.capacity
+
+    def gpu_memory(self) -> GpuMemory:
+        """What it takes on a GPU (engine/gpu_memory.py), an estimate: SNAC 24 kHz's weights
+        (~0.08 GiB in float32) and the activations of a batch of windows (~12 MiB each)."""
+        return GpuMemory(gib=0.2 + 0.0125 * self.runtime.max_batch)
 
     @property
     def on_step(self) -> Callable[[int], None] | None:

@@ -37,6 +37,7 @@ import msgspec
 
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
+from engine.gpu_memory import GpuMemory
 from engine.messages import StageOutput, StageRequest, TokensOut, TtsRequest
 from engine.orchestration.edges import Edge
 from engine.stage_figures import Pace, StageEngineFigures
@@ -122,6 +123,14 @@ class VllmTalker:
     def capacity(self) -> int:
         """Request slots (engine/orchestration/scheduling.py): sequences per batch."""
         return self.topts.max_num_seqs
+
+    def gpu_memory(self) -> GpuMemory:
+        """What it takes on its GPU (engine/gpu_memory.py): vLLM's share of the device, or
+        the KV cache it was given (then the weights beside it are not counted)."""
+        o = self.topts
+        if o.kv_cache_memory_gib is not None:
+            return GpuMemory(gib=o.kv_cache_memory_gib, process="own")
+        return GpuMemory(share=o.gpu_memory_utilization, process="own")
 
     def pace(self) -> Pace | None:
         """Codec tokens per second each running segment gets (vLLM's generation rate over
