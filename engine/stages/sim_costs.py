@@ -83,7 +83,8 @@ class StageCosts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     memory_gib: NonNeg | None = None  # other stages: what they hold on the device
 
     def options(self) -> dict[str, Any]:
-        """The sim options it sets."""
+        """The sim options it sets (not the host CPU cost: a bench asks for that apart,
+        ``bench/gpu_sim.py --host-cpu``)."""
         keys = (
             "call_ms",
             "item_ms",
@@ -92,7 +93,6 @@ class StageCosts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             "step_ms_per_seq",
             "prefill_ms_per_token",
             "kv_tokens",
-            "host_us_per_item",
         )
         raw = msgspec.structs.asdict(self)
         return {k: raw[k] for k in keys if raw[k] is not None}
