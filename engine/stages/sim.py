@@ -103,6 +103,7 @@ class SimOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     item_ms: NonNeg = 0.0
     call_ms_at: dict[Positive, NonNeg] = {}
     max_batch: Positive = 16
+    gather_ms: NonNeg = 0.0  # a call waits this long after its first request for others
     # continuous batching (llm, talker): step ms = step_ms + step_ms_per_seq x batch
     step_ms: NonNeg = 0.0
     step_ms_per_seq: NonNeg = 0.0
@@ -331,6 +332,11 @@ class SimStage:
                 await self._wake.wait()
                 ready = loop.time()
                 continue
+            if self.batched and self.options.gather_ms and len(self._running) < self.max_batch:
+                first = min(r.queued_at for r in self._running)
+                ready = max(ready, first + self.options.gather_ms / 1000)
+                await asyncio.sleep(max(0.0, ready - loop.time()))
+                self._admit()
             async with self.clock.turn():
                 self._admit()  # what came while it waited for the device joins too
                 batch = self._running if not self.batched else self._running[: self.max_batch]

@@ -52,6 +52,7 @@ ROLE_OF_BACKEND = {
 KEPT = (
     "max_num_seqs",
     "max_batch",
+    "gather_ms",
     "first_frames",
     "window_frames",
     "context_frames",

@@ -295,3 +295,25 @@ def test_a_sim_decode_stage_reports_its_pace() -> None:
             await stage.close()
 
     run(main())
+
+
+def test_a_sim_codec_gathers_windows_into_one_call() -> None:
+    async def main() -> None:
+        stage = await _started("codec", call_ms=3.0, gather_ms=40.0)
+        try:
+
+            def window(i: int) -> TokensRequest:
+                ids = tuple(range(7 * 5))
+                return TokensRequest(request_id=f"s{i}/codec0", ids=ids, context=0, final=True)
+
+            t0 = asyncio.get_running_loop().time()
+            first = asyncio.create_task(_timed(stage, window(0)))
+            await asyncio.sleep(0.01)
+            await asyncio.gather(first, _timed(stage, window(1)))
+            assert [n for n, _, _ in stage.calls] == [2]  # one call for both
+            _, start, _ = stage.calls[0]
+            assert start - t0 >= 0.04 - 0.005  # after the gather window
+        finally:
+            await stage.close()
+
+    run(main())
