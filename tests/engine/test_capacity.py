@@ -18,6 +18,7 @@ from engine.api.client import AsyncEngine
 from engine.config import SchedulingConfig, engine_config
 from engine.messages import AsrRequest, LlmRequest, Priority, TtsRequest
 from engine.orchestration.capacity import CapacityScheduler
+from engine.orchestration.drafts import Draft
 from engine.orchestration.graph import build_graph
 from engine.orchestration.policies import make_scheduler
 from engine.orchestration.scheduling import SerialScheduler
@@ -394,3 +395,11 @@ def test_serial_keeps_its_rules_for_drafts() -> None:
     serial = SerialScheduler(SchedulingConfig(), {"llm": 1}, lambda besides: besides != "x")
     assert serial.turn_drops_drafts()
     assert not serial.may_guess("sess_a", ["llm"]) and serial.may_guess("x", ["llm"])
+
+
+def test_a_drafts_requests_are_below_realtime_until_its_turn_adopts_it() -> None:
+    draft = Draft("sess_a", 0, "sess_a/e0/draft0")
+    assert draft.urgency() == Priority.DRAFT
+    draft.adopt(lambda _: None, lambda _: None, lambda _: None)
+    assert draft.urgency() == Priority.REALTIME  # its later requests are its turn's
+    assert Priority.REALTIME < Priority.DRAFT < Priority.SPECULATIVE < Priority.BATCH
