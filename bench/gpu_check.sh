@@ -7,10 +7,10 @@
 #   3. run bench/turn_latency.py on that config (time to first audio of spoken turns),
 #   4. run bench/realtime.py for 1, 8 and 32 sessions,
 #   5. print one table (and write $OUT/gpu_check.json),
-#   6. the talker route (docs/gpu.md): bench/talker.py with the codec on the GPU and the
-#      talker on vLLM (a config derived from configs/cpu-talker-test.yaml moved onto the GPU;
-#      TALKER_MODEL / SNAC_MODEL: real weights, else the tiny talker and random SNAC), if
-#      snac is installed (`pip install snac==1.2.1 einops`),
+#   6. the talker route (docs/gpu.md): bench/talker.py on the talker and codec stages of
+#      configs/gpu-talker.yaml as users deploy it (TALKER_MODEL / SNAC_MODEL: real weights,
+#      else the tiny talker and random SNAC), if snac is installed
+#      (`pip install snac==1.2.1 einops`),
 #   7. the talker's frame logits processor: bench/talker_logits.py --device cuda (per-row
 #      loop vs batched mask, ms and ops per step at 1/32/128/256 rows; needs only torch).
 #
@@ -115,20 +115,16 @@ PYEOF
 
 # 6. the talker route: codec on the GPU (batched vs serial), talker on vLLM (CUDA)
 if "$PY" -c "import snac, einops" 2>/dev/null; then
-  TCONFIG="$OUT/gpu-talker-small.yaml"
+  TCONFIG="$OUT/gpu-talker.yaml"
   "$PY" - "$TCONFIG" "${TALKER_MODEL:-}" "${SNAC_MODEL:-}" <<'PYEOF'
+# configs/gpu-talker.yaml as shipped (its devices, memory shares, caps, codec windows and
+# scheduling); only the weights change where none are given: the tiny talker, random SNAC
 import sys, yaml
 dest, talker_model, snac_model = sys.argv[1], sys.argv[2] or None, sys.argv[3] or None
-cfg = yaml.safe_load(open("configs/cpu-talker-test.yaml"))
+cfg = yaml.safe_load(open("configs/gpu-talker.yaml"))
 st = cfg["engine"]["stages"]
-st["talker"]["options"].update(model=talker_model, device="cuda", enforce_eager=False,
-                               gpu_memory_utilization=0.3, max_num_seqs=64, max_frames=64)
-for key in ("kv_cache_memory_gib", "cpu_threads"):
-    st["talker"]["options"].pop(key, None)
-st["talker"]["devices"] = ["cuda:0"]
-st["codec"]["devices"] = ["cuda:0"]
-st["codec"]["options"].update(model=snac_model, max_batch=64)
-st["codec"]["options"].pop("threads", None)
+st["talker"]["options"]["model"] = talker_model
+st["codec"]["options"]["model"] = snac_model
 yaml.safe_dump(cfg, open(dest, "w"), sort_keys=False)
 PYEOF
   "$PY" bench/talker.py --device cuda --config "$TCONFIG" "${quick[@]}" \

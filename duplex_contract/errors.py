@@ -35,10 +35,12 @@ CONTROL_CODES: Final = frozenset(
     }
 )
 #: codes a StageError carries.
-STAGE_CODES: Final = frozenset({"stage_failed", "worker_died", "aborted"})
+#: ``server_busy``: a batch request waited ``engine.scheduling.batch_wait_s`` for room beside
+#: the real-time work and did not start (retryable; HTTP 503)
+STAGE_CODES: Final = frozenset({"stage_failed", "worker_died", "aborted", "server_busy"})
 
 RETRYABLE_CODES: Final = frozenset(
-    {"resource_exhausted", "input_backpressure", "deadline_exceeded"}
+    {"resource_exhausted", "input_backpressure", "deadline_exceeded", "server_busy"}
 )
 
 

@@ -68,9 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     eng.add_argument("--log-level", default="info")
     check = sub.add_parser("check", help="validate a config and print its stage graph")
     check.add_argument("--config", default="configs/cpu.yaml")
+    check.add_argument(
+        "--no-devices",
+        action="store_true",
+        help="do not count this machine's GPUs (check a GPU config on a machine without one)",
+    )
     args = parser.parse_args(argv)
     if args.command == "check":
-        return _check(args.config)
+        return _check(args.config, devices=not args.no_devices)
     if args.command == "engine":
         return _engine(args.config, args.listen, args.log_level)
     if args.command == "haproxy-config":
@@ -209,13 +214,18 @@ def _engine(path: str, address: str, log_level: str) -> int:
     return 0
 
 
-def _check(path: str) -> int:
+def _check(path: str, *, devices: bool = True) -> int:
     try:
-        graph = build_graph(load_app_config(path).engine)
+        graph = build_graph(load_app_config(path).engine, check_devices=devices)
     except ConfigError as exc:
         print(f"duplex-server: bad config: {exc}", file=sys.stderr)
         return 2
     print(f"{path}: ok")
+    if not devices:
+        print(
+            "  (--no-devices: placement not checked against this machine's GPUs; GPU memory "
+            "shares checked against each other only)"
+        )
     print("stages:")
     for name, replicas in graph.replicas.items():
         info = graph.stages[name]
@@ -224,6 +234,10 @@ def _check(path: str) -> int:
     print("routes:")
     for name, route in graph.routes.items():
         print(f"  {name}: {route.describe()}")
+    if graph.gpu_memory:
+        print("GPU memory:")
+        for use in graph.gpu_memory:
+            print(f"  {use.describe(None)}")
     return 0
 
 

@@ -132,22 +132,31 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
                 await asyncio.to_thread(tracing.shutdown)
 
     async def health(request: Request) -> Response:
+        """200 ``ok``; 200 ``degraded`` naming the replicas down while each stage still has
+        a live one (the pool sends their work elsewhere); 503 when a stage has none
+        (``unavailable``), while draining, starting, or after a failed start."""
         engine = handle.engine
-        down = engine.stats().stages_down if engine is not None and engine.ready else {}
-        if down:
-            return JSONResponse({"status": "degraded", "stages_down": down}, status_code=503)
+        stats = engine.stats() if engine is not None and engine.ready else None
+        if stats is not None and stats.stages_down:
+            down = {
+                "status": "unavailable",
+                "stages_down": stats.stages_down,
+                "replicas_down": stats.replicas_down,
+            }
+            return JSONResponse(down, status_code=503)
         if hub.draining:  # a load balancer takes this front end out (duplex_server/ops/drain.py)
             body = {"status": "draining", "route_key": config.server.route_key}
             return JSONResponse(body, status_code=503)
-        if engine is not None and engine.ready:
-            return JSONResponse(
-                {
-                    "status": "ok",
-                    "sessions": len(hub.sessions),
-                    "sessions_by_state": hub.sessions.by_state(),
-                    "route_key": config.server.route_key,
-                }
+        if stats is not None:
+            ok: dict[str, object] = {"status": "degraded" if stats.replicas_down else "ok"}
+            if stats.replicas_down:
+                ok["replicas_down"] = stats.replicas_down
+            ok.update(
+                sessions=len(hub.sessions),
+                sessions_by_state=hub.sessions.by_state(),
+                route_key=config.server.route_key,
             )
+            return JSONResponse(ok)
         return JSONResponse(
             {"status": "starting" if handle.error is None else "failed", "error": handle.error},
             status_code=503,

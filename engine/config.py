@@ -79,17 +79,35 @@ class SchedulingConfig(_Frozen, frozen=True):
     """How batch requests, speculative transcripts and draft responses share the stages
     with real-time turns (engine/orchestration/scheduling.py; docs/engine.md, "Scheduling")."""
 
-    # serial: the CPU rules (one batch stage request at a time and none while a session
-    # waits for its first audio; no guess or draft while another session's turn runs).
-    # capacity: by each stage's capacity and live load (for GPU stages that batch).
+    # serial: the CPU rules (one batch job at a time and none of its stage requests while a
+    # session waits for its first audio; no guess or draft while another session's turn runs).
+    # capacity: by each stage's capacity, live load and real-time budget (GPU stages that batch).
     policy: Literal["serial", "capacity"] = "serial"
-    # capacity: request slots of each stage that batch work, guesses and drafts leave free
+    # capacity: request slots of each stage that batch work, guesses and drafts leave free;
+    # `reserves` per stage name overrides it. A reserve >= the stage's capacity is refused.
     reserve: NonNegInt = 1
-    # capacity: batch stage requests running at once, over all stages
+    reserves: dict[str, NonNegInt] = {}
+    # capacity: batch jobs running at once, over all stages (a job's chained stage requests,
+    # talker -> codec, share its place)
     batch_concurrency: PositiveInt = 8
     # capacity: request slots per stage, overriding what its backend declares (replicas x
-    # max_batch for batching stages, max_num_seqs for vLLM, 1 for one-at-a-time workers)
+    # max_batch for batching stages, max_num_seqs for vLLM, pool_size for a remote stage, 1
+    # for one-at-a-time workers)
     capacity: dict[str, PositiveInt] = {}
+    # capacity: a stage whose live streams get less than this many times the rate real time
+    # needs (its measured pace: the talker's tokens per second per stream) takes no batch work,
+    # guesses or drafts, and its drafts leave for real-time requests
+    realtime_margin: Annotated[float, msgspec.Meta(ge=1.0)] = 1.2
+    # capacity: no batch work, guess or draft starts on a stage while a real-time request
+    # there waits for its first output. false for GPU stages that batch: a request joining a
+    # batch costs the others little, and the slots and the real-time pace guard them
+    hold_for_first_output: bool = True
+    # capacity: the minimum share of batch work: a batch stage request that waited this long
+    # starts as soon as its stage has a free slot and runs no other batch request
+    batch_age_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
+    # both: the longest a batch stage request waits to start; past it the request fails with
+    # `server_busy` (HTTP 503, retryable) instead of waiting without bound
+    batch_wait_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
 
 
 class EngineConfig(_Frozen, frozen=True):
@@ -196,13 +214,15 @@ def engine_config(data: Any, where: str = "engine") -> EngineConfig:
                 )
         if len(set(names)) != len(names):
             raise ConfigError(f"{at}: a stage appears twice in one route")
-    for stage_name in cfg.scheduling.capacity:
-        if stage_name not in cfg.stages:
-            known = ", ".join(sorted(cfg.stages))
-            raise ConfigError(
-                f"{where}.scheduling.capacity.{stage_name}: no such stage in {where}.stages "
-                f"(defined: {known})"
-            )
+    sched = cfg.scheduling
+    for knob, named in (("capacity", sched.capacity), ("reserves", sched.reserves)):
+        for stage_name in named:
+            if stage_name not in cfg.stages:
+                known = ", ".join(sorted(cfg.stages))
+                raise ConfigError(
+                    f"{where}.scheduling.{knob}.{stage_name}: no such stage in {where}.stages "
+                    f"(defined: {known})"
+                )
     return cfg
 
 

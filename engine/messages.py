@@ -35,14 +35,20 @@ from duplex_contract.settings import Tool
 class Priority(IntEnum):
     """Lower runs first: real-time work is scheduled ahead of batch work.
 
+    ``DRAFT``: a session's answer to a pause, made before its turn commits and held
+    (engine/orchestration/drafts.py): behind every other session's real-time work, but ahead
+    of everything else, so a session's own draft is its most urgent work while no real-time
+    request waits. Once the turn adopts it, its later requests are ``REALTIME``.
+
     ``SPECULATIVE``: real-time work that may be thrown away (an ASR guess at a pause in the
     user's speech, engine/orchestration/speculation.py): it runs when no committed turn's work
     waits, so on a loaded stage the guesses never delay a turn (they are admitted like real-time
     work, not held back like batch requests)."""
 
     REALTIME = 0
-    SPECULATIVE = 1
-    BATCH = 2
+    DRAFT = 1
+    SPECULATIVE = 2
+    BATCH = 3
 
 
 # ----------------------------------------------------------------------------- stage I/O

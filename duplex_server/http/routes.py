@@ -155,7 +155,9 @@ class _Api:
             raise ApiError(503, exc.message, "server_error", code=exc.code) from None
         except EngineError as exc:
             log.warning("batch job failed: %s (%s)", exc.message, exc.code)
-            raise ApiError(500, exc.message, "server_error", code=exc.code) from None
+            # a retryable refusal (server_busy: no room beside the real-time work) is a 503
+            status = 503 if exc.retryable else 500
+            raise ApiError(status, exc.message, "server_error", code=exc.code) from None
 
     # ---------------------------------------------------------------- routes
     async def models(self, request: Request) -> Response:

@@ -10,7 +10,12 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -70,6 +75,14 @@ def _stage_families(stats: EngineStats) -> Iterator[Metric]:
         for stage, fig in engines.items():
             family.add_metric([stage], float(getattr(fig, attr)))
         yield family
+    busy = CounterMetricFamily(
+        "duplex_stage_busy_seconds",
+        "Device time a stage's calls and steps took, all replicas (the simulated GPU's stages)",
+        labels=["stage"],
+    )
+    for stage, fig in engines.items():
+        busy.add_metric([stage], fig.busy_s)
+    yield busy
     tokens = CounterMetricFamily(
         "duplex_stage_tokens",
         "Tokens a stage's engine processed, by kind: prompt (prefilled), generated",
@@ -79,6 +92,74 @@ def _stage_families(stats: EngineStats) -> Iterator[Metric]:
         tokens.add_metric([stage, "prompt"], fig.prompt_tokens)
         tokens.add_metric([stage, "generated"], fig.generated_tokens)
     yield tokens
+
+
+def _scheduling_families(stats: EngineStats) -> Iterator[Metric]:
+    """The scheduling policy per stage (engine/orchestration/scheduling.py)."""
+    sched = stats.scheduling
+    gauges = (
+        ("capacity", "Request slots of a stage (replicas x batch, or the config's)"),
+        ("limit", "Slots a stage admits to: its capacity, or fewer by its real-time budget"),
+        ("reserve", "Slots of a stage that batch work, guesses and drafts leave free"),
+        ("realtime_waiting", "Real-time requests of a stage before their first output"),
+        ("batch_waiting", "Batch requests waiting to be admitted to a stage"),
+        (
+            "pace",
+            "A stage's real-time budget: the rate its live streams get over the rate real "
+            "time needs, slowest replica (below 1: behind; 0: not known)",
+        ),
+    )
+    for attr, doc in gauges:
+        family = GaugeMetricFamily(f"duplex_scheduler_{attr}", doc, labels=["stage"])
+        for stage, fig in sched.items():
+            family.add_metric([stage], float(getattr(fig, attr)))  # (a field named above)
+        yield family
+    in_flight = GaugeMetricFamily(
+        "duplex_scheduler_in_flight",
+        "Requests in flight in a stage by kind: realtime, draft, speculative, batch",
+        labels=["stage", "kind"],
+    )
+    admissions = CounterMetricFamily(
+        "duplex_scheduler_batch_admissions",
+        "Batch requests of a stage by how they were admitted: waited (had to wait for "
+        "room), aged (let in by the minimum share after engine.scheduling.batch_age_s), "
+        "timed_out (refused with server_busy after batch_wait_s)",
+        labels=["stage", "outcome"],
+    )
+    yielded = CounterMetricFamily(
+        "duplex_scheduler_drafts_yielded",
+        "Drafts asked to leave a stage for a real-time request",
+        labels=["stage"],
+    )
+    outputs = CounterMetricFamily(
+        "duplex_stage_outputs",
+        "Outputs of a stage (tokens, frames, audio chunks, transcripts) by use: realtime, "
+        "draft_used (of drafts their turn adopted), draft_wasted (of drafts thrown away), "
+        "speculative (pause guesses), batch",
+        labels=["stage", "use"],
+    )
+    waits = HistogramMetricFamily(
+        "duplex_scheduler_batch_wait_seconds",
+        "How long a batch request waited to be admitted to a stage",
+        labels=["stage"],
+    )
+    for stage, fig in sched.items():
+        for kind, n in fig.in_flight.items():
+            in_flight.add_metric([stage, kind], n)
+        admissions.add_metric([stage, "waited"], fig.batch_waits)
+        admissions.add_metric([stage, "aged"], fig.batch_aged)
+        admissions.add_metric([stage, "timed_out"], fig.batch_timeouts)
+        yielded.add_metric([stage], fig.drafts_yielded)
+        for use, n in fig.outputs.items():
+            outputs.add_metric([stage, use], n)
+        if len(fig.wait_buckets) == len(fig.wait_bounds) + 1:
+            total, buckets = 0, []
+            bounds = (*map(str, fig.wait_bounds), "+Inf")
+            for bound, n in zip(bounds, fig.wait_buckets, strict=True):
+                total += n
+                buckets.append((bound, float(total)))
+            waits.add_metric([stage], buckets, fig.wait_sum_s)
+    yield from (in_flight, admissions, yielded, outputs, waits)
 
 
 class _EngineCollector(Collector):
@@ -116,6 +197,7 @@ class _EngineCollector(Collector):
             stats.speculative_transcripts,
         )
         yield from _stage_families(stats)
+        yield from _scheduling_families(stats)
         depth = GaugeMetricFamily("duplex_engine_queue_depth", "Engine queues", labels=["queue"])
         depth.add_metric(["request"], stats.request_queue_depth)
         depth.add_metric(["output"], stats.output_queue_depth)

@@ -38,7 +38,7 @@ from engine.messages import (
 from engine.orchestration.orchestrator import Orchestrator
 from engine.orchestration.speculation import SpeculativeAsr
 from engine.spans import EngineTracing
-from engine.stage_figures import StageEngineFigures, stage_engine_figures
+from engine.stage_figures import SchedulingFigures, StageEngineFigures, stage_engine_figures
 from engine.stages.base import StageBackend
 
 
@@ -51,8 +51,11 @@ class EngineStats:
     output_queue_depth: int
     pending_calls: int
     stage_restarts: dict[str, int]
-    # stages that report themselves down (a remote stage whose circuit is open): why
+    # stages with no live replica (each reports itself down: a remote stage whose circuit
+    # is open, a dead EngineCore): why
     stages_down: dict[str, str] = field(default_factory=dict)
+    # replicas down while their stage has a live one (/health: 200 degraded): why
+    replicas_down: dict[str, str] = field(default_factory=dict)
     # bytes the engine holds for its sessions, by part (engine_input, history, speculation)
     session_bytes: dict[str, int] = field(default_factory=dict)
     # speculative responses (engine/orchestration/drafts.py) by outcome: started, used, dropped
@@ -62,6 +65,8 @@ class EngineStats:
     speculative_transcripts: dict[str, int] = field(default_factory=dict)
     # what the stages' own engines report (vLLM: running/waiting, KV cache use, tokens)
     stage_engines: dict[str, StageEngineFigures] = field(default_factory=dict)
+    # the scheduling policy's state per stage (engine/orchestration/scheduling.py)
+    scheduling: dict[str, SchedulingFigures] = field(default_factory=dict)
 
 
 class EngineLink(Protocol):
@@ -269,10 +274,12 @@ class OrchestratorFigures:
                 name: sum(r.restarts for r in pool.replicas) for name, pool in orch.pools.items()
             },
             stages_down=orch.stages_down(),
+            replicas_down=orch.replicas_down(),
             session_bytes=dict(orch.counters.session_bytes),
             speculative_responses=dict(orch.counters.drafts),
             speculative_transcripts=_guesses(orch.speculation),
             stage_engines=stage_engine_figures({n: p.replicas for n, p in orch.pools.items()}),
+            scheduling=orch.scheduling_figures(),
         )
 
     def drain_stage_steps(self) -> list[tuple[str, int]]:

@@ -140,6 +140,7 @@ class DraftBook:
         draft.task.add_done_callback(reap)
         self.drafts[sid] = draft
         self.counters.drafts["started"] += 1
+        self.scheduler.tally.started(draft.prefix)
 
     async def _run(self, draft: Draft, asr: asyncio.Task[str]) -> LlmResult | None:
         try:
@@ -166,6 +167,7 @@ class DraftBook:
             on_text=draft.on_text,
             on_chunk=draft.on_chunk,
             on_call=draft.on_call,
+            urgency=draft.urgency,
         )
 
     def take(self, sid: str, plan: ResponsePlan, prefix: str) -> Draft | None:
@@ -178,6 +180,8 @@ class DraftBook:
                 log.info("speculative response for %s not used: %s", prefix, why)
             self.discard(draft)  # not started yet, or it answers something else
             draft = None
+        if draft is not None:
+            self.scheduler.tally.ended(draft.prefix, used=True)
         return draft
 
     def drop(self, sid: str) -> None:
@@ -208,6 +212,7 @@ class DraftBook:
         """Stop a draft that will not be adopted: nothing it held is ever sent."""
         draft.discard()
         self.counters.drafts["dropped"] += 1
+        self.scheduler.tally.ended(draft.prefix, used=False)
         if draft.task is not None:
             if not draft.task.done():
                 draft.task.cancel()

@@ -28,7 +28,7 @@ from duplex_contract.batch import ChatMessage
 from duplex_contract.settings import Tool
 from duplex_contract.tools import ResponseOptions, active_tools, tools_prompt
 from engine.messages import Priority
-from engine.pipeline.pipeline import LlmResult, Pipeline, SpokenChunk
+from engine.pipeline.pipeline import LlmResult, Pipeline, SpokenChunk, Urgency
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -68,6 +68,11 @@ class Draft:
     @property
     def adopted(self) -> bool:
         return self._sink is not None
+
+    def urgency(self) -> Priority:
+        """The priority of its next stage request: below every real-time request until a
+        turn adopts it, then real-time (engine/messages.py ``Priority.DRAFT``)."""
+        return Priority.REALTIME if self._sink is not None else Priority.DRAFT
 
     def _put(self, kind: _Kind, item: Any) -> None:
         if self._sink is not None:
@@ -154,9 +159,11 @@ async def start_response(
     on_text: Callable[[str], None],
     on_chunk: Callable[[SpokenChunk], None],
     on_call: Callable[[str], None],
+    urgency: Urgency | None = None,
 ) -> LlmResult:
-    """The stage work of ``plan`` under the request prefix ``prefix``, at real-time
-    priority, its outputs to the callbacks: a turn's own, or a draft's that hold them."""
+    """The stage work of ``plan`` under the request prefix ``prefix``, its outputs to the
+    callbacks: a turn's own, at real-time priority, or a draft's that hold them, at the
+    draft's ``urgency``."""
     return await pipeline.respond(
         prefix,
         plan.messages,
@@ -166,7 +173,7 @@ async def start_response(
         voice=plan.voice,
         sample_rate=plan.sample_rate,
         session_id=sid,
-        priority=Priority.REALTIME,
+        priority=urgency or Priority.REALTIME,
         on_text=on_text,
         on_chunk=on_chunk,
         tools=plan.tools,

@@ -49,18 +49,15 @@ from engine.messages import (
 from engine.orchestration.admission import BatchAdmission
 from engine.orchestration.background import BackgroundTasks
 from engine.orchestration.batch_jobs import BatchJobs
+from engine.orchestration.capacity import CapacityAdmission, CapacityScheduler
 from engine.orchestration.counters import Counters
 from engine.orchestration.draft_book import DraftBook
 from engine.orchestration.live_partials import LivePartials, OnPartial, PartialFeed
 from engine.orchestration.output_router import OutputRouter
+from engine.orchestration.policies import make_scheduler
 from engine.orchestration.reaper import Reaper
 from engine.orchestration.responder import Responder
-from engine.orchestration.scheduling import (
-    CapacityScheduler,
-    Scheduler,
-    SerialScheduler,
-    make_scheduler,
-)
+from engine.orchestration.scheduling import Scheduler, SerialScheduler
 from engine.orchestration.session_cleanup import SessionCleanup
 from engine.orchestration.session_facts import SessionFacts
 from engine.orchestration.speculation import SpeculativeAsr
@@ -69,7 +66,8 @@ from engine.orchestration.turn_runner import Runners, TurnRunner
 from engine.pipeline.graph import Graph, build_graph
 from engine.pipeline.pipeline import Pipeline
 from engine.spans import EngineTracing
-from engine.stages.base import HealthSource, StageBackend
+from engine.stage_figures import SchedulingFigures
+from engine.stages.base import StageBackend
 from engine.stages.pool import StagePool
 from engine.startup import start_pools
 
@@ -123,22 +121,39 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ figures
     def stages_down(self) -> dict[str, str]:
-        """Stages with a replica that reports itself down (``health()``), and why."""
+        """Stages with no live replica (every replica reports itself down: ``health()``), and
+        why (the first replica's reason)."""
         down: dict[str, str] = {}
         for name, pool in self.pools.items():
-            for replica in pool.replicas:
-                why = replica.health() if isinstance(replica, HealthSource) else None
-                if why:
-                    down[name] = why
+            if not pool.live():
+                down[name] = pool.down(0) or "down"
         return down
 
+    def replicas_down(self) -> dict[str, str]:
+        """Replicas that report themselves down while their stage still has a live one
+        (``/health`` answers 200 ``degraded`` naming them), and why."""
+        out: dict[str, str] = {}
+        for pool in self.pools.values():
+            live = pool.live()
+            if not live:
+                continue
+            for i, replica in enumerate(pool.replicas):
+                why = pool.down(i) if i not in live else None
+                if why:
+                    out[replica.name] = why
+        return out
+
+    def scheduling_figures(self) -> dict[str, SchedulingFigures]:
+        """The scheduling policy's state per stage (``/metrics``)."""
+        return self.scheduler.figures() if self.scheduler is not None else {}
+
     @property
-    def admission(self) -> BatchAdmission | CapacityScheduler | None:
+    def admission(self) -> BatchAdmission | CapacityAdmission | None:
         """Batch admission figures (``waits``, ``critical``) of the scheduling policy."""
         scheduler = self.scheduler
-        if isinstance(scheduler, SerialScheduler):
+        if isinstance(scheduler, SerialScheduler | CapacityScheduler):
             return scheduler.admission
-        return scheduler if isinstance(scheduler, CapacityScheduler) else None
+        return None
 
     # ------------------------------------------------------------------ thread main
     def run(self) -> None:

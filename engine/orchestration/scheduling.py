@@ -2,27 +2,28 @@
 use the stages beside real-time turns (``engine.scheduling`` in the config; docs/engine.md,
 "Scheduling").
 
-The orchestrator and the pipeline keep the mechanism (stage queues ordered real-time first,
-aborts, drafts held until adopted); this module decides. Every stage request the pipeline
-submits goes through :meth:`Scheduler.slot`, which counts each stage's live load (requests
-in flight: queued or running) by kind, and lets the policy hold batch requests back.
+The orchestrator and the pipeline keep the mechanism (stage queues ordered by priority:
+real-time, then drafts, then guesses, then batch; aborts; drafts held until adopted); the
+policy decides. Every stage request the pipeline submits goes through
+:meth:`Scheduler.slot`, which counts each stage's live load (requests in flight: queued or
+running) by kind, and lets the policy hold batch requests back.
 
 Two policies:
 
-* ``serial`` (the CPU default, ``configs/cpu.yaml``): the stages share two cores, so any
-  extra work delays a turn. Batch jobs run one at a time (a job's chained stage requests
-  share its slot), and none of their stage requests starts while a session waits for its
-  first audio (:class:`engine.orchestration.admission.BatchAdmission`); a pause is guessed (and
-  answered ahead) only while no other session's real turn runs, and a real turn drops
-  every other session's draft.
-* ``capacity`` (GPU stages that batch): each stage has a capacity (request slots: replicas x
-  ``max_batch``, vLLM's ``max_num_seqs``, 1 for a one-at-a-time worker, or
-  ``scheduling.capacity``) and a live load. Batch stage requests, guesses and drafts start
-  while every stage they need has a free slot beyond ``reserve`` and no real-time request
-  waits there for its first output; batch stage requests also wait for a free one of
-  ``batch_concurrency``. When a real-time request enters a stage that is full, drafts
-  holding that stage are dropped (newest first, as many as it is over), so a draft never
-  delays a real turn; other sessions' turns alone drop nothing.
+* ``serial`` (the CPU default, ``configs/cpu.yaml``; :class:`SerialScheduler` here): the
+  stages share two cores, so any extra work delays a turn. Batch jobs run one at a time (a
+  job's chained stage requests share its slot), and none of their stage requests starts
+  while a session waits for its first audio
+  (:class:`engine.orchestration.admission.BatchAdmission`); a pause is guessed (and answered
+  ahead) only while no other session's real turn runs, and a real turn drops every other
+  session's draft.
+* ``capacity`` (GPU stages that batch; engine/orchestration/capacity.py): by each stage's
+  capacity, live load and real-time budget.
+
+Both bound a batch request's wait to start (``batch_wait_s``: past it, ``server_busy``).
+Both count, per stage, the outputs of each kind of work; a draft's are held under its
+request prefix until the draft book says whether its turn adopted it (``draft_used``) or
+it was thrown away (``draft_wasted``): :meth:`Scheduler.figures` for ``/metrics``.
 """
 
 from __future__ import annotations
@@ -30,69 +31,70 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from duplex_contract.errors import StageError
 from engine.config import SchedulingConfig
 from engine.duplex.fencing import is_draft_request
 from engine.messages import Priority, StageRequest
 from engine.orchestration.admission import BatchAdmission, batch_job
-from engine.stages.base import CapacitySource, StageBackend
-
-Kind = Literal["realtime", "draft", "speculative", "batch"]
+from engine.orchestration.stage_loads import Kind, Loads, StageLoad, WorkTally
+from engine.stage_figures import Pace, PaceSource, SchedulingFigures
+from engine.stages.base import StageBackend
 
 
 def request_kind(request: StageRequest) -> Kind:
-    """What a stage request is for: a real turn, a draft answer, a guess, or batch work."""
-    if request.priority == Priority.BATCH:
+    """What a stage request is for: a real turn, a draft answer (``Priority.DRAFT``, or any
+    request under a draft's prefix), a guess, or batch work. (A draft its turn adopted does
+    real-time work: :meth:`Scheduler.slot` counts its requests so.)"""
+    p = request.priority
+    if p == Priority.BATCH:
         return "batch"
-    if request.priority == Priority.SPECULATIVE:
+    if p == Priority.SPECULATIVE:
         return "speculative"
-    return "draft" if is_draft_request(request.request_id) else "realtime"
+    if p == Priority.DRAFT or is_draft_request(request.request_id):
+        return "draft"
+    return "realtime"
 
 
-def replica_capacity(replica: StageBackend) -> int:
-    """Request slots of one replica: its ``capacity`` (engine/stages/base.py
-    ``CapacitySource``: a batch size, vLLM's ``max_num_seqs``), else 1 (a worker that runs
-    one request at a time)."""
-    cap = replica.capacity if isinstance(replica, CapacitySource) else 1
-    return cap if cap >= 1 else 1
-
-
-@dataclass
-class StageLoad:
-    """One stage's capacity and live load (requests submitted and not yet ended)."""
-
-    capacity: int
-    load: int = 0
-    by_kind: dict[Kind, int] = field(
-        default_factory=lambda: {"realtime": 0, "draft": 0, "speculative": 0, "batch": 0}
-    )
-    #: real-time requests (not drafts) that have not produced their first output yet
-    realtime_waiting: int = 0
-    #: request id -> kind, of the requests in flight (drafts are looked up here)
-    requests: dict[str, Kind] = field(default_factory=dict)
+def draft_of(request_id: str) -> str:
+    """The draft prefix of a draft's stage request (``sess_x/e3/draft7`` of
+    ``sess_x/e3/draft7/llm``)."""
+    return "/".join(request_id.split("/", 3)[:3])
 
 
 class Ticket:
-    """A request's place in a stage's load; the pipeline calls ``output()`` per output."""
+    """A request's place in a stage's load; the pipeline calls ``output(work)`` per output
+    (``work``: it carries tokens, frames, audio or text, not only the request's end)."""
 
-    __slots__ = ("_first", "_on_first", "_stage", "kind")
+    __slots__ = ("_count", "_first", "_on_first", "_stage", "kind")
 
-    def __init__(self, stage: StageLoad, kind: Kind, on_first: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        stage: StageLoad,
+        kind: Kind,
+        on_first: Callable[[], None],
+        count: Callable[[], None],
+    ) -> None:
         self._stage = stage
         self.kind = kind
         self._first = kind == "realtime"
         self._on_first = on_first
+        self._count = count
 
-    def output(self) -> None:
+    def output(self, work: bool = True) -> None:
+        if work:
+            self._count()
         if self._first:
             self._first = False
             self._stage.realtime_waiting -= 1
             self._on_first()
 
     def end(self) -> None:
-        self.output()
+        if self._first:
+            self._first = False
+            self._stage.realtime_waiting -= 1
+            self._on_first()
 
 
 class Scheduler:
@@ -100,8 +102,12 @@ class Scheduler:
 
     Create and use on the orchestrator's loop. ``turn_running(besides)`` tells whether a
     real turn runs in a session other than ``besides`` (the serial rules need it);
+    ``paces`` gives a stage's pace (its slowest replica's, engine/stage_figures.py) and
+    ``shared`` the stages on the same GPU as each (:func:`shared_gpus`);
     ``yield_drafts(stage, n)`` is called (soon, not inside a submit) when ``n`` draft
-    requests should leave ``stage`` for a real-time request.
+    requests should leave ``stage`` for a real-time request. ``loads`` holds every stage's
+    load and budget, ``tally`` the work each kind of request got (the draft book tells it
+    how each draft ended), both engine/orchestration/stage_loads.py.
     """
 
     policy: str = "base"
@@ -111,12 +117,13 @@ class Scheduler:
         config: SchedulingConfig,
         capacities: Mapping[str, int],
         turn_running: Callable[[str], bool],
+        paces: Mapping[str, Callable[[], Pace | None]] | None = None,
+        shared: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.config = config
-        self.stages = {
-            name: StageLoad(capacity=config.capacity.get(name, cap))
-            for name, cap in capacities.items()
-        }
+        self.loads = Loads(config, capacities, paces or {}, shared)
+        self.stages = self.loads.stages
+        self.tally = WorkTally(self.stages)
         self._turn_running = turn_running
         self.yield_drafts: Callable[[str, int], None] | None = None
 
@@ -124,24 +131,34 @@ class Scheduler:
     @asynccontextmanager
     async def slot(self, stage: str, request: StageRequest) -> AsyncIterator[Ticket]:
         """Hold ``request``'s place in ``stage`` for the whole of the request."""
+        rid = request.request_id
         kind = request_kind(request)
-        async with self._admit(stage, kind, request.request_id):
-            st = self.stages[stage]
+        draft: str | None = draft_of(rid) if kind == "draft" else None
+        if draft is not None and self.tally.adopted(draft):
+            kind, draft = "realtime", None  # an adopted draft's: its turn's real-time work
+        st = self.stages[stage]
+        async with self._admit(stage, st, kind, rid):
             st.load += 1
             st.by_kind[kind] += 1
-            st.requests[request.request_id] = kind
+            st.requests[rid] = kind
             if kind == "realtime":
                 st.realtime_waiting += 1
                 self._pressure(stage, st)
-            ticket = Ticket(st, kind, self._changed)
+            # (an adopted draft's later requests are real-time work the draft made)
+            use = "draft_used" if kind == "realtime" and is_draft_request(rid) else kind
+            ticket = Ticket(st, kind, self._changed, self.tally.counter(stage, use, draft))
             try:
                 yield ticket
             finally:
                 ticket.end()
                 st.load -= 1
                 st.by_kind[kind] -= 1
-                st.requests.pop(request.request_id, None)
+                st.requests.pop(rid, None)
                 self._changed()
+
+    def capacity_of(self, stage: str) -> int:
+        """The requests ``stage`` runs at once (its slots)."""
+        return self.stages[stage].capacity
 
     def draft_requests(self, stage: str) -> list[str]:
         """Request ids of the drafts in flight in ``stage``."""
@@ -149,19 +166,17 @@ class Scheduler:
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """Capacity and load per stage (tests, logs)."""
-        return {
-            name: {
-                "capacity": st.capacity,
-                "load": st.load,
-                "realtime_waiting": st.realtime_waiting,
-                **{str(k): v for k, v in st.by_kind.items()},
-            }
-            for name, st in self.stages.items()
-        }
+        return self.loads.snapshot()
+
+    def figures(self) -> dict[str, SchedulingFigures]:
+        """Every stage's state for ``/metrics``."""
+        return self.loads.figures()
 
     # ---------------------------------------------------------------- policy hooks
     @asynccontextmanager
-    async def _admit(self, stage: str, kind: Kind, request_id: str) -> AsyncIterator[None]:
+    async def _admit(
+        self, stage: str, st: StageLoad, kind: Kind, request_id: str
+    ) -> AsyncIterator[None]:
         yield
 
     def _pressure(self, stage: str, st: StageLoad) -> None:
@@ -189,6 +204,16 @@ class Scheduler:
         raise NotImplementedError
 
 
+def busy_error(config: SchedulingConfig, stage: str, st: StageLoad) -> StageError:
+    """A batch request waited ``batch_wait_s`` and did not start (counted in ``st``)."""
+    st.batch_timeouts += 1
+    return StageError(
+        f"stage {stage!r} is busy with real-time work: a batch request waited "
+        f"{config.batch_wait_s:g} s to start (engine.scheduling.batch_wait_s); try again later",
+        code="server_busy",
+    )
+
+
 class SerialScheduler(Scheduler):
     """Today's CPU rules (see the module docstring)."""
 
@@ -199,15 +224,38 @@ class SerialScheduler(Scheduler):
         config: SchedulingConfig,
         capacities: Mapping[str, int],
         turn_running: Callable[[str], bool],
+        paces: Mapping[str, Callable[[], Pace | None]] | None = None,
+        shared: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        super().__init__(config, capacities, turn_running)
+        super().__init__(config, capacities, turn_running, paces, shared)
         self.admission = BatchAdmission()
 
     @asynccontextmanager
-    async def _admit(self, stage: str, kind: Kind, request_id: str) -> AsyncIterator[None]:
-        priority = Priority.BATCH if kind == "batch" else Priority.REALTIME
-        async with self.admission.slot(priority, batch_job(request_id)):
+    async def _admit(
+        self, stage: str, st: StageLoad, kind: Kind, request_id: str
+    ) -> AsyncIterator[None]:
+        if kind != "batch":
             yield
+            return
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        held = self.admission.slot(Priority.BATCH, batch_job(request_id))
+        st.batch_waiting += 1
+        try:
+            async with asyncio.timeout(self.config.batch_wait_s):
+                await held.__aenter__()
+        except TimeoutError:
+            raise busy_error(self.config, stage, st) from None
+        finally:
+            st.batch_waiting -= 1
+        waited = loop.time() - t0
+        if waited > 0.001:
+            st.batch_waits += 1
+        st.waited(waited)
+        try:
+            yield
+        finally:
+            await held.__aexit__(None, None, None)
 
     def enter_critical(self, key: str) -> None:
         self.admission.enter_critical(key)
@@ -225,110 +273,49 @@ class SerialScheduler(Scheduler):
         return True
 
 
-class CapacityScheduler(Scheduler):
-    """Work beside real-time turns by each stage's free capacity (module docstring)."""
-
-    policy = "capacity"
-
-    def __init__(
-        self,
-        config: SchedulingConfig,
-        capacities: Mapping[str, int],
-        turn_running: Callable[[str], bool],
-    ) -> None:
-        super().__init__(config, capacities, turn_running)
-        self._waiters: list[asyncio.Future[None]] = []
-        self.batch_running = 0
-        self.waits = 0  # batch stage requests that had to wait for capacity
-        self._critical: set[str] = set()
-
-    @property
-    def critical(self) -> int:
-        return len(self._critical)
-
-    def enter_critical(self, key: str) -> None:
-        self._critical.add(key)
-
-    def leave_critical(self, key: str) -> None:
-        self._critical.discard(key)
-
-    def spare(self, stage: str) -> bool:
-        """``stage`` has a free slot beyond the reserve and no real-time request waits."""
-        st = self.stages[stage]
-        return st.realtime_waiting == 0 and st.load + self.config.reserve < st.capacity
-
-    def _batch_may_start(self, stage: str) -> bool:
-        return self.batch_running < self.config.batch_concurrency and self.spare(stage)
-
-    @asynccontextmanager
-    async def _admit(self, stage: str, kind: Kind, request_id: str) -> AsyncIterator[None]:
-        if kind != "batch":
-            yield
-            return
-        if not self._batch_may_start(stage):
-            self.waits += 1
-            while not self._batch_may_start(stage):
-                fut = asyncio.get_running_loop().create_future()
-                self._waiters.append(fut)
-                try:
-                    await fut
-                finally:
-                    if fut in self._waiters:
-                        self._waiters.remove(fut)
-        self.batch_running += 1
-        try:
-            yield
-        finally:
-            self.batch_running -= 1
-            self._changed()
-
-    def _changed(self) -> None:
-        """Wake the waiting batch requests to look again (a request left a stage)."""
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
-
-    def _pressure(self, stage: str, st: StageLoad) -> None:
-        over = st.load - st.capacity
-        drafts = st.by_kind["draft"]
-        if over > 0 and drafts > 0 and self.yield_drafts is not None:
-            asyncio.get_running_loop().call_soon(self.yield_drafts, stage, min(over, drafts))
-
-    def may_guess(self, session_id: str, stages: Iterable[str]) -> bool:
-        return all(self.spare(s) for s in stages)
-
-    def may_draft(self, session_id: str, stages: Iterable[str]) -> bool:
-        return all(self.spare(s) for s in stages)
-
-    def turn_drops_drafts(self) -> bool:
-        return False
+def stage_paces(pools: Mapping[str, Any]) -> dict[str, Callable[[], Pace | None]]:
+    """Per stage whose replicas report a pace: the slowest replica's (``pools``: name ->
+    StagePool)."""
+    out: dict[str, Callable[[], Pace | None]] = {}
+    for name, pool in pools.items():
+        sources = [r for r in pool.replicas if isinstance(r, PaceSource)]
+        if sources:
+            out[name] = _slowest(sources)
+    return out
 
 
-def make_scheduler(
-    config: SchedulingConfig,
-    pools: Mapping[str, Any],
-    turn_running: Callable[[str], bool],
-) -> Scheduler:
-    """The policy named in ``engine.scheduling``, over ``pools`` (name -> StagePool)."""
-    capacities = {
-        name: sum(replica_capacity(r) for r in pool.replicas) for name, pool in pools.items()
+def shared_gpus(pools: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Per stage, the stages with a replica on one of its GPUs (``cuda:N``), itself first
+    (``pools``: name -> StagePool)."""
+    gpus = {
+        name: {
+            r.device
+            for r in pool.replicas
+            if isinstance(r, StageBackend) and r.device.startswith("cuda")
+        }
+        for name, pool in pools.items()
     }
-    cls = CapacityScheduler if config.policy == "capacity" else SerialScheduler
-    return cls(config, capacities, turn_running)
+    return {
+        name: [name, *(o for o in gpus if o != name and gpus[o] & mine)]
+        for name, mine in gpus.items()
+    }
 
 
-def stage_names(stages: Sequence[Any]) -> list[str]:
-    return [s.name for s in stages]
+def _slowest(sources: list[PaceSource]) -> Callable[[], Pace | None]:
+    def pace() -> Pace | None:
+        paces = [p for p in (s.pace() for s in sources) if p is not None]
+        return min(paces, key=lambda p: p.ratio) if paces else None
+
+    return pace
 
 
 __all__ = [
-    "CapacityScheduler",
     "Scheduler",
     "SerialScheduler",
-    "StageLoad",
     "Ticket",
-    "make_scheduler",
-    "replica_capacity",
+    "busy_error",
+    "draft_of",
     "request_kind",
+    "shared_gpus",
+    "stage_paces",
 ]

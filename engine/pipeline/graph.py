@@ -38,6 +38,8 @@ from typing import Final
 
 from duplex_contract.errors import ConfigError, StageError
 from engine.config import EngineConfig
+from engine.gpu_memory import DeviceUse, check_gpu_memory, cuda_memory_gib
+from engine.pipeline.stage_slots import check_scheduling, replica_capacity
 from engine.stages.backends import build_replicas
 from engine.stages.base import StageBackend, missing_members
 from engine.stages.edges import Edge
@@ -95,6 +97,8 @@ class Graph:
     replicas: dict[str, list[StageBackend]]
     stages: dict[str, StageInfo]
     routes: dict[str, Route]
+    #: what the stages take of each GPU (engine/gpu_memory.py), checked
+    gpu_memory: tuple[DeviceUse, ...] = ()
 
     def route(self, name: str) -> Route:
         route = self.routes.get(name)
@@ -195,12 +199,19 @@ def _check_duty(route: Route) -> None:
 
 
 def build_graph(
-    config: EngineConfig, overrides: Mapping[str, Sequence[StageBackend]] | None = None
+    config: EngineConfig,
+    overrides: Mapping[str, Sequence[StageBackend]] | None = None,
+    *,
+    check_devices: bool = True,
 ) -> Graph:
     """Build every stage's replicas (no model is loaded) and validate the routes.
 
     ``overrides`` replaces the replicas of named stages (tests inject prepared backends).
-    Raises :class:`ConfigError` naming the route, the stage and the field.
+    ``check_devices=False``: the placement is not checked against this machine's GPUs, and
+    the memory shares per GPU only against each other (``duplex-server check
+    --no-devices``: a GPU config on a machine without one).
+    Raises :class:`ConfigError` naming the route, the stage and the field (also a scheduling
+    reserve no stage slot is left beside, engine/orchestration/scheduling.py).
     """
     replicas: dict[str, list[StageBackend]] = {}
     infos: dict[str, StageInfo] = {}
@@ -208,15 +219,19 @@ def build_graph(
         if overrides is not None and name in overrides:
             built = list(overrides[name])
         else:
-            built = build_replicas(name, stage)
+            built = build_replicas(name, stage, check_devices=check_devices)
         replicas[name] = built
         infos[name] = stage_info(name, stage.backend, built[0])
+    check_scheduling(
+        config.scheduling, {n: sum(replica_capacity(r) for r in rs) for n, rs in replicas.items()}
+    )
+    uses = check_gpu_memory(replicas, cuda_memory_gib if check_devices else lambda _: None)
     routes: dict[str, Route] = {}
     for rname, names in config.routes.items():
         route = _split(rname, [infos[n] for n in names])
         _check_duty(route)
         routes[rname] = route
-    return Graph(replicas=replicas, stages=infos, routes=routes)
+    return Graph(replicas=replicas, stages=infos, routes=routes, gpu_memory=tuple(uses))
 
 
 __all__ = ["ROUTE_DUTIES", "Edge", "Graph", "Route", "StageInfo", "build_graph"]

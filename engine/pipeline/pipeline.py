@@ -24,10 +24,11 @@ the ``on_text``/``on_chunk`` callbacks, which drop anything whose fence is stale
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from duplex_contract.audio import duration_ms
 from duplex_contract.batch import AudioOut, ChatMessage, TextOut, TranscriptOut
@@ -50,13 +51,14 @@ from engine.stages.base import ChunkerSource
 from engine.stages.edges import Edge
 from engine.stages.pool import StagePool
 
-__all__ = ["LlmResult", "Pipeline", "SlotTicket", "Slots", "SpokenChunk"]
+__all__ = ["LlmResult", "Pipeline", "SlotTicket", "Slots", "SpokenChunk", "Urgency", "urgency_of"]
 
 
 class SlotTicket(Protocol):
-    """A request's place in a stage's load, told of each output the request yields."""
+    """A request's place in a stage's load, told of each output the request yields
+    (``work``: it carries tokens, frames, audio or text, not only the request's end)."""
 
-    def output(self) -> None: ...
+    def output(self, work: bool) -> None: ...
 
 
 class Slots(Protocol):
@@ -66,6 +68,10 @@ class Slots(Protocol):
     def slot(
         self, stage: str, request: StageRequest
     ) -> AbstractAsyncContextManager[SlotTicket]: ...
+
+    def capacity_of(self, stage: str) -> int:
+        """The requests ``stage`` runs at once (its slots)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,26 @@ class Voice:
 _END = None
 
 
+async def _drained(q: asyncio.Queue[Any]) -> AsyncIterator[StageOutput]:
+    """The outputs a request's pump put in ``q``, to its end (an error it met is raised)."""
+    while (item := await q.get()) is not _END:
+        if isinstance(item, Exception):
+            raise item
+        yield item
+
+
+#: The priority of the next stage request of a piece of work, asked for each one it makes:
+#: a draft's requests are ``DRAFT`` until its turn adopts it, then ``REALTIME``
+#: (engine/orchestration/drafts.py).
+Urgency = Callable[[], Priority]
+
+
+def urgency_of(priority: Priority | Urgency) -> Urgency:
+    if isinstance(priority, Priority):
+        return lambda: priority
+    return priority
+
+
 class Pipeline:
     def __init__(
         self,
@@ -119,12 +145,10 @@ class Pipeline:
         chunker = replica.make_chunker() if isinstance(replica, ChunkerSource) else None
         return chunker or default_chunker(stage.consumes, self.config.segmenter)
 
-    async def _run(
-        self, stage: StageInfo, req: StageRequest, priority: Priority
-    ) -> AsyncIterator[StageOutput]:
+    async def _run(self, stage: StageInfo, req: StageRequest) -> AsyncIterator[StageOutput]:
         async with self.slots.slot(stage.name, req) as ticket:
             async for out in self.pools[stage.name].submit(req):
-                ticket.output()
+                ticket.output(not isinstance(out, StageDone))
                 yield out
 
     # ------------------------------------------------------------------ input stages
@@ -164,7 +188,7 @@ class Pipeline:
             )
             pcm: list[bytes] = []
             parts: list[str] = []
-            async for out in self._run(stage, req, priority):
+            async for out in self._run(stage, req):
                 if isinstance(out, TranscriptOut) and out.final:
                     parts = [out.text]
                 elif isinstance(out, TextOut):
@@ -186,10 +210,11 @@ class Pipeline:
         rid: str,
         chunk: Chunk,
         voice: Voice,
-        meta: tuple[Priority, str | None],
+        meta: tuple[Urgency, str | None],
         first: bool = False,
     ) -> StageRequest:
-        priority, session_id = meta
+        urgency, session_id = meta
+        priority = urgency()
         if stage.consumes is Edge.TEXT:
             return TtsRequest(
                 request_id=rid,
@@ -218,7 +243,7 @@ class Pipeline:
         stages: Sequence[StageInfo],
         first: asyncio.Queue[tuple[Chunk, str] | None],
         voice: Voice,
-        meta: tuple[Priority, str | None],
+        meta: tuple[Urgency, str | None],
         on_chunk: Callable[[SpokenChunk], None],
         on_text: Callable[[str], None] | None = None,
     ) -> float:
@@ -234,36 +259,41 @@ class Pipeline:
             last = i == len(stages) - 1
             outq = None if last else queues[i + 1]
             n = 0
+
+            def make(chunk: Chunk) -> StageRequest:
+                nonlocal n
+                rid = f"{prefix}/{stage.name}{n}"
+                req = self._request(stage, rid, chunk, voice, meta, first=i == n == 0)
+                n += 1
+                return req
+
+            ahead = 1 if outq is not None and self.slots.capacity_of(stage.name) > 1 else 0
             try:
-                while (item := await inq.get()) is not _END:
-                    chunk, mark = item
-                    req = self._request(
-                        stage, f"{prefix}/{stage.name}{n}", chunk, voice, meta, first=i == n == 0
-                    )
-                    n += 1
-                    chunker = None if outq is None else self._chunker(stages[i + 1])
-                    pending_mark = mark
-                    async for out in self._run(stage, req, meta[0]):
-                        if isinstance(out, StageDone):
-                            if out.finish_reason == "aborted":
-                                raise StageError("aborted", code="aborted")
-                            continue
+                async with contextlib.aclosing(self._in_order(stage, inq, make, ahead)) as each:
+                    async for mark, outs in each:
+                        chunker = None if outq is None else self._chunker(stages[i + 1])
+                        pending_mark = mark
+                        async for out in outs:
+                            if isinstance(out, StageDone):
+                                if out.finish_reason == "aborted":
+                                    raise StageError("aborted", code="aborted")
+                                continue
+                            if outq is not None and chunker is not None:
+                                for c in chunker.push(out):
+                                    outq.put_nowait((c, pending_mark))
+                                    pending_mark = ""
+                            elif isinstance(out, AudioOut) and out.pcm:
+                                dur = duration_ms(len(out.pcm), out.sample_rate)
+                                spoken = out.text or pending_mark
+                                pending_mark = ""
+                                on_chunk(SpokenChunk(out, cursor, dur, spoken))
+                                cursor += dur
+                            elif isinstance(out, TextOut) and on_text is not None:
+                                on_text(out.text)
                         if outq is not None and chunker is not None:
-                            for c in chunker.push(out):
+                            for c in chunker.flush():
                                 outq.put_nowait((c, pending_mark))
                                 pending_mark = ""
-                        elif isinstance(out, AudioOut) and out.pcm:
-                            dur = duration_ms(len(out.pcm), out.sample_rate)
-                            spoken = out.text or pending_mark
-                            pending_mark = ""
-                            on_chunk(SpokenChunk(out, cursor, dur, spoken))
-                            cursor += dur
-                        elif isinstance(out, TextOut) and on_text is not None:
-                            on_text(out.text)
-                    if outq is not None and chunker is not None:
-                        for c in chunker.flush():
-                            outq.put_nowait((c, pending_mark))
-                            pending_mark = ""
             finally:
                 if outq is not None:
                     outq.put_nowait(_END)
@@ -281,6 +311,57 @@ class Pipeline:
             await asyncio.gather(*tasks, return_exceptions=True)
         return cursor
 
+    async def _in_order(
+        self,
+        stage: StageInfo,
+        inq: asyncio.Queue[tuple[Chunk, str] | None],
+        make: Callable[[Chunk], StageRequest],
+        ahead: int,
+    ) -> AsyncGenerator[tuple[str, AsyncIterator[StageOutput]], None]:
+        """One ``(mark, outputs)`` per input chunk, in order. ``ahead``: how many later
+        chunks' requests run meanwhile (a talker starts the next segment while it still
+        samples this one: the next one's first frames are ready when this one ends, instead
+        of a gap of its prefill and first window). Their outputs wait their turn."""
+        if ahead == 0:
+            while (item := await inq.get()) is not _END:
+                yield item[1], self._run(stage, make(item[0]))
+            return
+        order: asyncio.Queue[tuple[str, asyncio.Queue[Any]] | None] = asyncio.Queue()
+        room = asyncio.Semaphore(1 + ahead)
+        pumps: set[asyncio.Task[None]] = set()
+
+        async def pump(req: StageRequest, q: asyncio.Queue[Any]) -> None:
+            try:
+                async for out in self._run(stage, req):
+                    q.put_nowait(out)
+                q.put_nowait(_END)
+            except Exception as exc:  # its turn raises it
+                q.put_nowait(exc)
+            finally:
+                room.release()
+
+        async def start() -> None:
+            try:
+                while (item := await inq.get()) is not _END:
+                    await room.acquire()
+                    q: asyncio.Queue[Any] = asyncio.Queue()
+                    task = asyncio.create_task(pump(make(item[0]), q), name=f"{stage.name}:ahead")
+                    pumps.add(task)
+                    task.add_done_callback(pumps.discard)
+                    order.put_nowait((item[1], q))
+            finally:
+                order.put_nowait(None)
+
+        starter = asyncio.create_task(start(), name=f"{stage.name}:start")
+        try:
+            while (entry := await order.get()) is not None:
+                yield entry[0], _drained(entry[1])
+            await starter
+        finally:
+            for task in (starter, *pumps):
+                task.cancel()
+            await asyncio.gather(starter, *pumps, return_exceptions=True)
+
     async def speak(
         self,
         prefix: str,
@@ -291,7 +372,7 @@ class Pipeline:
         speed: float,
         sample_rate: int,
         session_id: str | None,
-        priority: Priority,
+        priority: Priority | Urgency,
         on_chunk: Callable[[SpokenChunk], None],
     ) -> float:
         """Speak ``text`` along ``route``'s output stages; returns the audio duration (ms)."""
@@ -309,7 +390,7 @@ class Pipeline:
             stages,
             first,
             Voice(voice, speed, sample_rate),
-            (priority, session_id),
+            (urgency_of(priority), session_id),
             on_chunk,
         )
 
@@ -325,7 +406,7 @@ class Pipeline:
         voice: str | None,
         sample_rate: int,
         session_id: str | None,
-        priority: Priority,
+        priority: Priority | Urgency,
         on_text: Callable[[str], None],
         on_chunk: Callable[[SpokenChunk], None],
         tools: tuple[Tool, ...] = (),
@@ -341,6 +422,7 @@ class Pipeline:
         if r.responder is None:
             raise StageError(f"route {route!r} has no responder", code="route_unavailable")
         result = LlmResult()
+        urgency = urgency_of(priority)
         outputs = r.outputs
         first: asyncio.Queue[tuple[Chunk, str] | None] = asyncio.Queue()
         chunker = self._chunker(outputs[0]) if outputs else None
@@ -352,7 +434,7 @@ class Pipeline:
                     outputs,
                     first,
                     Voice(voice, 1.0, sample_rate),
-                    (priority, session_id),
+                    (urgency, session_id),
                     on_chunk,
                 ),
                 name=f"outputs:{prefix}",
@@ -363,7 +445,7 @@ class Pipeline:
             messages=messages,
             max_tokens=max_tokens,
             temperature=temperature,
-            priority=priority,
+            priority=urgency(),
             session_id=session_id,
             tools=tools,
             tool_required=tool_required,
@@ -377,7 +459,7 @@ class Pipeline:
         calling: bool | None = None if tools else False
         held = ""
         try:
-            async for out in self._run(r.responder, req, priority):
+            async for out in self._run(r.responder, req):
                 if isinstance(out, TextOut) and calling is None:
                     held += out.text
                     if not held.strip():

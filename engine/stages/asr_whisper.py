@@ -26,6 +26,7 @@ import numpy.typing as npt
 from audio_kit.pcm import edge_trim, pcm16_to_float32, resample
 from duplex_contract.batch import TranscriptOut
 from duplex_contract.errors import StageError
+from engine.gpu_memory import GpuMemory
 from engine.messages import AsrRequest, StageDone, StageOutput, StageRequest
 from engine.models import whisper_base_dir
 from engine.stages.batching import BatchingRuntime, BatchSlot
@@ -106,6 +107,12 @@ class WhisperAsr:
     @property
     def capacity(self) -> int:
         return self.runtime.capacity
+
+    def gpu_memory(self) -> GpuMemory:
+        """What it takes on a GPU (engine/gpu_memory.py), an estimate: Whisper-base's weights
+        (~0.15 GiB in int8_float16) and CTranslate2's workspace for a batch of 30 s windows
+        (0.6 GiB); 2 GiB for another model (up to large-v3 in int8_float16)."""
+        return GpuMemory(gib=0.6 if self.opts.model_dir is None else 2.0)
 
     @property
     def on_step(self) -> Callable[[int], None] | None:

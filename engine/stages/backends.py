@@ -70,8 +70,12 @@ def backend_class(backend: str, *, where: str = "engine.stages.?") -> StageBacke
     return backend_cls
 
 
-def resolve_device(cls: StageBackendClass, backend: str, device: str, where: str) -> str:
-    """``auto`` -> a concrete device; refuse what the backend or the machine can't do."""
+def resolve_device(
+    cls: StageBackendClass, backend: str, device: str, where: str, *, check_devices: bool = True
+) -> str:
+    """``auto`` -> a concrete device; refuse what the backend or the machine can't do
+    (``check_devices=False``: a ``cuda:N`` is taken as it is, without counting this
+    machine's GPUs: a GPU config checked on a machine without one)."""
     kinds = cls.device_kinds
     if device == "auto" and cls.keeps_auto:
         return device  # the backend places itself
@@ -85,6 +89,8 @@ def resolve_device(cls: StageBackendClass, backend: str, device: str, where: str
             f"{where}: backend {backend!r} cannot run on {device!r} "
             f"(it runs on: {', '.join(sorted(kinds))})"
         )
+    if kind == "cuda" and not check_devices:
+        return f"cuda:{int(index or 0)}"
     if kind == "cuda":
         count = cls.cuda_device_count()
         idx = int(index or 0)
@@ -97,8 +103,11 @@ def resolve_device(cls: StageBackendClass, backend: str, device: str, where: str
     return device
 
 
-def build_replicas(stage: str, config: StageConfig) -> list[StageBackend]:
-    """Validate ``options`` and ``devices`` against the backend and build the replicas.
+def build_replicas(
+    stage: str, config: StageConfig, *, check_devices: bool = True
+) -> list[StageBackend]:
+    """Validate ``options`` and ``devices`` against the backend and build the replicas
+    (``check_devices``: see :func:`resolve_device`).
 
     Nothing is loaded here: models load in ``start()``.
     """
@@ -107,7 +116,8 @@ def build_replicas(stage: str, config: StageConfig) -> list[StageBackend]:
     options = convert(config.options, cls.Options, where=f"{where}.options")
     replicas: list[StageBackend] = []
     for i, dev in enumerate(config.device_list()):
-        device = resolve_device(cls, config.backend, dev, f"{where}.devices[{i}]")
+        at = f"{where}.devices[{i}]"
+        device = resolve_device(cls, config.backend, dev, at, check_devices=check_devices)
         name = f"{stage}{i}" if config.replicas > 1 else stage
         replicas.append(cls(options, name, device=device, stage=stage))
     return replicas

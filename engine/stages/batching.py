@@ -5,7 +5,8 @@ the SNAC decoder, a forward pass on a GPU) implements :class:`BatchModel` (``loa
 ``prepare``, ``step``, ``unload``, all in the worker thread) and holds a
 :class:`BatchingRuntime`, which owns the worker thread (engine/stages/workers.py), the
 requests waiting and running, aborts, priorities, the compute mark of each step
-(engine/stages/compute.py) and the step figures.
+(engine/stages/compute.py) and the step figures. ``gather_s``: an idle runtime waits
+that long after a request arrives for others to join its first step (fewer, fuller steps).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
@@ -119,10 +121,14 @@ class BatchingRuntime:
     benchmarks). ``enqueue``, ``serve``, ``stop`` and ``dead_jobs`` are its worker's.
     """
 
-    def __init__(self, name: str, model: BatchModel, max_batch: int) -> None:
+    def __init__(
+        self, name: str, model: BatchModel, max_batch: int, *, gather_s: float = 0.0
+    ) -> None:
         self.name = name
         self._model = model
         self.max_batch = max_batch  # requests one step takes at most
+        #: an idle runtime waits this long after a request arrives for others to join it
+        self.gather_s = gather_s
         self._cond = threading.Condition()
         self._pending: list[tuple[int, int, Job]] = []
         self._seq = itertools.count()
@@ -195,6 +201,13 @@ class BatchingRuntime:
             with self._cond:
                 while not self._pending and not self._live and not self._stop:
                     self._cond.wait()
+                if self.gather_s > 0 and not self._live:
+                    deadline = time.monotonic() + self.gather_s
+                    while len(self._pending) < self.max_batch and not self._stop:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
                 if self._stop:
                     joined = [job for _, _, job in self._pending]
                     self._pending.clear()

@@ -42,6 +42,7 @@ from audio_kit.pcm import StreamResampler, split_pcm
 from duplex_contract.batch import AudioOut
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, IntArray, get_layout
+from engine.gpu_memory import GpuMemory
 from engine.messages import StageDone, StageOutput, StageRequest, TokensRequest
 from engine.snac_model import EXACT_MARGIN_FRAMES, build_snac, decode_rows
 from engine.stages.batching import BatchingRuntime, BatchSlot
@@ -66,6 +67,9 @@ class CodecSnacOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     context_frames: Annotated[int, msgspec.Meta(ge=0)] = EXACT_MARGIN_FRAMES
     lookahead_frames: Annotated[int, msgspec.Meta(ge=0)] = EXACT_MARGIN_FRAMES
     max_batch: Annotated[int, msgspec.Meta(ge=1)] = 16
+    # wait this long after a window arrives at an idle decoder for others to join its call
+    # (fewer, fuller calls: on a GPU other stages share, each call costs a fixed ~3 ms)
+    gather_ms: Annotated[float, msgspec.Meta(ge=0, le=200)] = 0.0
     chunk_ms: Annotated[float, msgspec.Meta(ge=10, le=2000)] = 100.0
     threads: Annotated[int, msgspec.Meta(ge=1)] | None = None  # torch CPU threads (None: torch's)
 
@@ -143,7 +147,9 @@ class SnacCodec:
         self._resamplers: OrderedDict[str, StreamResampler] = OrderedDict()
         # per step: decoder seconds and seconds of audio emitted (the pool wires it to /metrics)
         self.on_decode: Callable[[float, float], None] | None = None
-        self.runtime = BatchingRuntime(name, self, options.max_batch)
+        self.runtime = BatchingRuntime(
+            name, self, options.max_batch, gather_s=options.gather_ms / 1000
+        )
 
     @classmethod
     def cuda_device_count(cls) -> int:
@@ -171,6 +177,11 @@ class SnacCodec:
     @property
     def capacity(self) -> int:
         return self.runtime.capacity
+
+    def gpu_memory(self) -> GpuMemory:
+        """What it takes on a GPU (engine/gpu_memory.py), an estimate: SNAC 24 kHz's weights
+        (~0.08 GiB in float32) and the activations of a batch of windows (~12 MiB each)."""
+        return GpuMemory(gib=0.2 + 0.0125 * self.runtime.max_batch)
 
     @property
     def on_step(self) -> Callable[[int], None] | None:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 from duplex_contract.batch import ChatMessage, TextOut
 from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.tools import call_schema
+from engine.gpu_memory import GpuMemory
 from engine.messages import LlmRequest, StageOutput, StageRequest
 from engine.stage_figures import StageEngineFigures
 from engine.stages import vllm_options as vo
@@ -86,6 +87,14 @@ class VllmLlm:
     def capacity(self) -> int:
         """Request slots (engine/orchestration/scheduling.py): sequences per batch."""
         return self.options.max_num_seqs
+
+    def gpu_memory(self) -> GpuMemory:
+        """What it takes on its GPU (engine/gpu_memory.py): vLLM's share of the device, or
+        the KV cache it was given (then the weights beside it are not counted)."""
+        o = self.options
+        if o.kv_cache_memory_gib is not None:
+            return GpuMemory(gib=o.kv_cache_memory_gib, process="own")
+        return GpuMemory(share=o.gpu_memory_utilization, process="own")
 
     # ------------------------------------------------------------------ its engine's
     @property

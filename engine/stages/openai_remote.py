@@ -117,6 +117,12 @@ class OpenAIStage:
         return (self.options.voice, *OPENAI_VOICES)
 
     # ------------------------------------------------------------------ its connection's
+    @property
+    def capacity(self) -> int:
+        """Request slots (engine/orchestration/scheduling.py): the connections of its pool
+        (``pool_size``), the requests it has in flight at most."""
+        return self.options.pool_size
+
     def health(self) -> str | None:
         """Why this replica is down (its circuit is open), or None."""
         return self.connection.health()

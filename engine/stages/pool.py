@@ -1,4 +1,10 @@
-"""Replica pools: N replicas of one stage, sessions sticky to one, batch work round-robin."""
+"""Replica pools: N replicas of one stage, sessions sticky to one, batch work round-robin.
+
+Health-aware: a replica that reports itself down (:class:`engine.stages.base.HealthSource`:
+a dead vLLM EngineCore being restarted, a remote stage's open circuit) gets no new work
+while another replica is up. A session sticky to it moves to the least loaded live one
+(and stays there); batch work skips it. When every replica is down the work goes where it
+would have gone, and fails there with that replica's own error."""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from engine.messages import StageOutput, StageRequest
 from engine.spans import EngineTracing
 from engine.stage_figures import DecodeSource, QueueWaitSource, StepSource
-from engine.stages.base import BatchSizeSource, StageBackend
+from engine.stages.base import BatchSizeSource, HealthSource, StageBackend
 
 
 class StagePool:
@@ -48,14 +54,32 @@ class StagePool:
     async def start(self) -> None:
         await asyncio.gather(*(r.start() for r in self.replicas))
 
+    def down(self, idx: int) -> str | None:
+        """Why replica ``idx`` is down, or None."""
+        replica = self.replicas[idx]
+        return replica.health() if isinstance(replica, HealthSource) else None
+
+    def live(self) -> list[int]:
+        """The replicas that do not report themselves down."""
+        return [i for i in range(len(self.replicas)) if not self.down(i)]
+
     def _pick(self, request: StageRequest) -> int:
+        n = len(self.replicas)
+        live = self.live() if n > 1 else [0]
         sid = request.session_id
         if sid is None:
-            return next(self._rr) % len(self.replicas)
-        idx = self._sticky.get(sid)
-        if idx is None:
-            idx = min(range(len(self.replicas)), key=lambda i: (self._load[i], i))
-            self._sticky[sid] = idx
+            if not live:
+                return next(self._rr) % n
+            for _ in range(n):
+                idx = next(self._rr) % n
+                if idx in live:
+                    return idx
+            return live[0]
+        stuck = self._sticky.get(sid)
+        if stuck is not None and (stuck in live or not live):
+            return stuck
+        idx = min(live or range(n), key=lambda i: (self._load[i], i))
+        self._sticky[sid] = idx
         return idx
 
     async def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:

@@ -13,34 +13,47 @@
   (``kv_tokens``: its prompt plus all the tokens it will produce) has room, so the rest
   wait in the queue.
 
-One replica's work is serial, as on one GPU: one call or step at a time. Time is kept on
-the event loop's clock against a running deadline (each call or step ends its duration
-after the previous one ended, or after it began when the stage was idle), so a late wakeup
-of the loop does not slow the simulated device down. Nothing burns CPU: waits are
-``asyncio`` sleeps on the orchestrator's loop.
+The costs may come from a cost file (``cost_file``, its entry ``cost_key``;
+engine/stages/sim_costs.py): a cost there applies where these options keep their default.
 
-Outputs, so that the server, protocol and clients run unchanged: the ASR's ``transcript``;
-the LLM's ``reply`` one word per token; the talker's Orpheus-layout codes
+The device (engine/stages/sim_device.py): a replica on ``cuda:N`` shares that simulated
+device with every other sim replica placed there, so a call or step of one stage occupies
+it and the others wait (one GPU carrying the whole route); a replica on ``cpu`` has a
+device of its own (every stage in parallel, as on separate GPUs). Waits are ``asyncio``
+sleeps on the orchestrator's loop against the device's running deadline, so a late wakeup
+of the loop does not slow the simulated device down. Nothing burns CPU, except the
+optional host cost per item (``host_us_per_item``: per token, window or utterance), burned
+for real in a worker thread of this process before the step's outputs are delivered (the
+output handling a real engine process does beside the device).
+
+Outputs, so that the server, protocol and clients run unchanged: the ASR's transcript (the
+``transcript`` option, or with ``transcript: null`` words that depend on the audio it got,
+engine/stages/sim_plans.py); the LLM's reply one word per token (``reply``, or with
+``reply: null`` a reply that depends on the prompt); the talker's Orpheus-layout codes
 (engine/codec_layout.py), one frame of 7 codes per 7 tokens, as many frames as the segment
-takes to say at ``ms_per_word``; the codec's silence (or a tone) of the frames each window
-emits (85.3 ms each), cut by the same windowing as the real SNAC stage
-(:class:`engine.stages.codec_windows.CodecChunker`).
+takes to say at ``ms_per_word`` (at most ``max_frames``); the codec's silence (or a tone) of
+the frames each window emits (85.3 ms each), cut by the same windowing as the real SNAC
+stage (:class:`engine.stages.codec_windows.CodecChunker`).
 
-Figures (tests, benchmarks): ``calls`` records ``(batch size, start, end)`` of each call or
-step on the loop clock (the last 4096).
+Figures (tests, benchmarks, the scheduler): ``calls`` records ``(batch size, start, end)``
+of each call or step on the loop clock (the last 4096); a decode stage reports its ``pace``
+(engine/stage_figures.py: tokens per second each running request gets, against the rate
+its output plays at: the talker's frames, the LLM's words at ``ms_per_word``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import heapq
 import itertools
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 import numpy as np
@@ -50,17 +63,19 @@ from duplex_contract.batch import AudioOut, TextOut, TranscriptOut
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import ORPHEUS
 from engine.messages import (
-    AsrRequest,
     LlmRequest,
     StageDone,
     StageOutput,
     StageRequest,
     TokensOut,
     TokensRequest,
-    TtsRequest,
 )
+from engine.stage_figures import Pace, StageEngineFigures
 from engine.stages.codec_windows import CodecChunker
 from engine.stages.edges import Edge
+from engine.stages.sim_costs import load_costs
+from engine.stages.sim_device import SimDevice, burn, device_for
+from engine.stages.sim_plans import SimQueue, SimRequest, make_plan
 
 Role = Literal["asr", "llm", "talker", "codec"]
 ROLES: dict[str, tuple[Edge, Edge]] = {
@@ -72,29 +87,41 @@ ROLES: dict[str, tuple[Edge, Edge]] = {
 NonNeg = Annotated[float, msgspec.Meta(ge=0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 _KEEP = 4096
+SIM_GPUS = 8  # simulated devices a config may place sim replicas on (cuda:0 .. cuda:7)
+_PACE_STEPS = 24  # the pace is measured over the last steps ...
+_IDLE_GAP_S = 0.2  # ... leaving out the gaps where the stage had nothing to run
 
 
 class SimOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     role: Role | None = None  # None: the stage's name
+    # costs from a cost file (engine/stages/sim_costs.py), entry cost_key (None: the role)
+    cost_file: str | None = None
+    cost_key: str | None = None
     # batched calls (asr, codec): call ms = call_ms + item_ms x items, or the curve through
     # call_ms_at {items: ms} when given
     call_ms: NonNeg = 0.0
     item_ms: NonNeg = 0.0
     call_ms_at: dict[Positive, NonNeg] = {}
     max_batch: Positive = 16
+    gather_ms: NonNeg = 0.0  # a call waits this long after its first request for others
     # continuous batching (llm, talker): step ms = step_ms + step_ms_per_seq x batch
     step_ms: NonNeg = 0.0
     step_ms_per_seq: NonNeg = 0.0
     prefill_ms_per_token: NonNeg = 0.0
     max_num_seqs: Positive = 64
     kv_tokens: Positive = 1_000_000
-    # what it says
-    transcript: str = "what is the weather like today"
-    reply: str = (
+    # host CPU per token (llm, talker), window (codec) or utterance (asr), burned for real
+    host_us_per_item: NonNeg = 0.0
+    # what it says: a fixed transcript / reply, or (null) one that depends on its input
+    transcript: str | None = "what is the weather like today"
+    words_per_s: Annotated[float, msgspec.Meta(gt=0)] = 2.5  # transcript: null
+    reply: str | None = (
         "Today looks mild and mostly sunny, with a light breeze in the afternoon. "
         "Take a jacket if you go out after dark."
     )
+    reply_words: tuple[Positive, Positive] = (12, 28)  # reply: null
     ms_per_word: Annotated[float, msgspec.Meta(gt=0)] = 330.0  # talker: speech per word
+    max_frames: Positive | None = None  # talker: per segment
     audio: Literal["silence", "tone"] = "silence"  # codec output
     chunk_ms: Annotated[float, msgspec.Meta(ge=10)] = 100.0
     # codec windowing (as the real SNAC stage's options)
@@ -102,6 +129,23 @@ class SimOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     window_frames: Positive = 8
     context_frames: Annotated[int, msgspec.Meta(ge=0)] = 3
     lookahead_frames: Annotated[int, msgspec.Meta(ge=0)] = 3
+
+
+def with_costs(options: SimOptions, role: str, where: str) -> SimOptions:
+    """``options`` with the costs of its cost file applied where it keeps the default."""
+    if options.cost_file is None:
+        return options
+    costs = load_costs(options.cost_file, where=f"{where}.options.cost_file")
+    key = options.cost_key or role
+    entry = costs.stages.get(key)
+    if entry is None:
+        raise ConfigError(
+            f"{where}.options.cost_key: {options.cost_file} has no stage {key!r} "
+            f"(it has: {', '.join(costs.stages)})"
+        )
+    mine, default = msgspec.structs.asdict(options), msgspec.structs.asdict(SimOptions())
+    keep = {k: v for k, v in entry.options().items() if mine[k] == default[k]}
+    return msgspec.structs.replace(options, **keep)
 
 
 def call_cost_ms(o: SimOptions, n: int) -> float:
@@ -126,44 +170,17 @@ def step_cost_ms(o: SimOptions, batch: int, prefill_tokens: int = 0) -> float:
     return o.step_ms + o.step_ms_per_seq * batch + o.prefill_ms_per_token * prefill_tokens
 
 
-@dataclass(eq=False)
-class _Req:
-    request: StageRequest
-    out: asyncio.Queue[StageOutput | None]
-    plan: list[Any]  # what it still has to emit, one entry per token / one per call
-    prompt: int = 0
-    cost: int = 0  # KV tokens it holds while it runs
-    started: bool = False
-    aborted: bool = False
-    tokens: int = 0
-    queued_at: float = 0.0  # loop clock
-
-
-@dataclass
-class _Queue:
-    heap: list[tuple[int, int, _Req]] = field(default_factory=list)
-    seq: itertools.count[int] = field(default_factory=itertools.count)
-
-    def push(self, r: _Req) -> None:
-        heapq.heappush(self.heap, (int(r.request.priority), next(self.seq), r))
-
-
-def _words(text: str) -> int:
-    return max(1, len(text.split()))
-
-
 class SimStage:
     """Implements the StageBackend protocol (see the module docstring)."""
 
     Options: ClassVar[type[SimOptions]] = SimOptions
-    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
     keeps_auto: ClassVar[bool] = False
     restarts: int = 0  # nothing to restart: it is a cost model on the loop
 
     def __init__(
         self, options: SimOptions, name: str, *, device: str = "cpu", stage: str | None = None
     ) -> None:
-        self.options = options
         self.name = name
         self.device = device
         role = options.role or stage or name
@@ -173,16 +190,21 @@ class SimStage:
                 f"({', '.join(ROLES)}) when the stage is not named after one"
             )
         self.role: Role = role  # type: ignore[assignment]
+        self.options = options = with_costs(options, role, f"engine.stages.{stage or name}")
         self.consumes, self.emits = ROLES[self.role]
         self.max_batch = options.max_batch if self.batched else options.max_num_seqs
         self.layout = ORPHEUS
-        self._waiting = _Queue()
-        self._running: list[_Req] = []
-        self._by_id: dict[str, _Req] = {}
+        self._waiting = SimQueue()
+        self._running: list[SimRequest] = []
+        self._by_id: dict[str, SimRequest] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        self._deadline = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.clock: SimDevice | None = None  # its device, from start()
+        self._host: concurrent.futures.ThreadPoolExecutor | None = None
         self.kv_used = 0
+        self.busy_s = 0.0  # device time of its calls and steps
+        self.prompt_tokens = self.generated_tokens = 0
         self.calls: deque[tuple[int, float, float]] = deque(maxlen=_KEEP)
         # figures for /metrics (wired by the stage pool): batch size of each call or step,
         # and each request's wait in the queue before its first one
@@ -202,7 +224,7 @@ class SimStage:
 
     @classmethod
     def cuda_device_count(cls) -> int:
-        return 0
+        return SIM_GPUS  # simulated devices: no CUDA needed
 
     def make_chunker(self) -> CodecChunker | None:
         if self.role != "codec":
@@ -216,8 +238,45 @@ class SimStage:
             o.lookahead_frames,
         )
 
+    def pace(self) -> Pace | None:
+        """Tokens per second each running request gets (the mean step period over the last
+        steps, idle gaps left out) against the rate its output plays at; ``limit``: the most
+        requests a step serves within that period by the cost model, alone on a device."""
+        if self.batched or not self._running or len(self.calls) < 3:
+            return None
+        o = self.options
+        if self.role == "talker":
+            need = 1000.0 / self.layout.frame_ms * self.layout.frame_size
+        else:
+            need = 1000.0 / o.ms_per_word  # one word per token
+        recent = list(itertools.islice(reversed(self.calls), _PACE_STEPS))
+        gaps = [a[1] - b[1] for a, b in itertools.pairwise(recent)]
+        busy = [g for g in gaps if 0 < g < _IDLE_GAP_S]
+        if not busy:
+            return None
+        rate = 1.0 / statistics.fmean(busy)
+        limit = 0
+        if o.step_ms_per_seq > 0:
+            limit = max(1, int((1000.0 / need - o.step_ms) / o.step_ms_per_seq))
+        return Pace(streams=len(self._running), rate=rate, need=need, limit=limit)
+
+    def engine_figures(self) -> StageEngineFigures:
+        """For ``/metrics``: its queue and running set, KV use, tokens, device time."""
+        return StageEngineFigures(
+            running=len(self._running),
+            waiting=len(self._waiting.heap),
+            kv_cache_usage=self.kv_used / self.options.kv_tokens,
+            prompt_tokens=self.prompt_tokens,
+            generated_tokens=self.generated_tokens,
+            busy_s=self.busy_s,
+        )
+
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.clock = device_for(self.device, self.name)
+        if self.options.host_us_per_item > 0:
+            self._host = concurrent.futures.ThreadPoolExecutor(1, f"sim-host-{self.name}")
         self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._serve(), name=f"sim:{self.name}")
 
@@ -226,6 +285,9 @@ class SimStage:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._host is not None:
+            self._host.shutdown(wait=True, cancel_futures=True)
+            self._host = None
         for r in [*self._by_id.values()]:
             self._end(r, aborted=True)
 
@@ -252,68 +314,62 @@ class SimStage:
                 r.aborted = True  # the consumer went away: leave at the next step
                 self._end(r, aborted=True)
 
-    # ------------------------------------------------------------------ what a request makes
-    def _plan(self, request: StageRequest) -> _Req:
-        o = self.options
-        q: asyncio.Queue[StageOutput | None] = asyncio.Queue()
-        if self.role == "asr":
-            if not isinstance(request, AsrRequest):
-                raise StageError(f"{self.name}: expected an AsrRequest")
-            return _Req(request, q, [o.transcript])
-        if self.role == "codec":
-            if not isinstance(request, TokensRequest):
-                raise StageError(f"{self.name}: expected a TokensRequest")
-            f = self.layout.frame_size
-            frames = len(request.ids) // f
-            emit_from = request.context // f
-            emit_to = frames if request.final else max(emit_from, frames - o.lookahead_frames)
-            return _Req(request, q, [emit_to - emit_from])
-        if self.role == "llm":
-            if not isinstance(request, LlmRequest):
-                raise StageError(f"{self.name}: expected an LlmRequest")
-            words = o.reply.split(" ")[: request.max_tokens]
-            plan: list[Any] = [w if i == 0 else " " + w for i, w in enumerate(words)]
-            prompt = sum(math.ceil(len(m.content) / 4) + 4 for m in request.messages)
-            return _Req(request, q, plan, prompt=prompt, cost=prompt + len(plan))
-        if not isinstance(request, TtsRequest):
-            raise StageError(f"{self.name}: expected a TtsRequest")
-        frames = max(1, round(_words(request.text) * o.ms_per_word / self.layout.frame_ms))
-        f = self.layout.frame_size
-        tokens = frames * f
-        prompt = math.ceil(len(request.text) / 4) + 8
-        codes = [(i // f * 37 + i % f * 11) % self.layout.codebook_size for i in range(tokens)]
-        return _Req(request, q, codes, prompt=prompt, cost=prompt + tokens)
+    def _plan(self, request: StageRequest) -> SimRequest:
+        try:
+            return make_plan(self.role, self.options, self.layout, request)
+        except TypeError as exc:
+            raise StageError(f"{self.name}: {exc}") from None
 
     # ------------------------------------------------------------------ the device
     async def _serve(self) -> None:
-        assert self._wake is not None
+        assert self._wake is not None and self.clock is not None
         loop = asyncio.get_running_loop()
+        ready = loop.time()  # when its next call or step could start (loop clock)
         while True:
             self._admit()
             if not self._running:
                 self._wake.clear()
                 await self._wake.wait()
+                ready = loop.time()
                 continue
-            batch = self._running if not self.batched else self._running[: self.max_batch]
-            joined = [r for r in batch if not r.started]
-            now = loop.time()
-            for r in joined:
-                r.started = True
-                if self.on_wait is not None:
-                    self.on_wait(max(0.0, max(now, self._deadline) - r.queued_at))
-            if self.batched:
-                ms = call_cost_ms(self.options, len(batch))
-            else:
-                ms = step_cost_ms(self.options, len(batch), sum(r.prompt for r in joined))
-            start = max(loop.time(), self._deadline)
-            self._deadline = start + ms / 1000
-            await asyncio.sleep(max(0.0, self._deadline - loop.time()))
-            self.calls.append((len(batch), start, self._deadline))
+            if self.batched and self.options.gather_ms and len(self._running) < self.max_batch:
+                first = min(r.queued_at for r in self._running)
+                ready = max(ready, first + self.options.gather_ms / 1000)
+                await asyncio.sleep(max(0.0, ready - loop.time()))
+                self._admit()
+            async with self.clock.turn():
+                self._admit()  # what came while it waited for the device joins too
+                batch = self._running if not self.batched else self._running[: self.max_batch]
+                if not batch:
+                    continue
+                joined = [r for r in batch if not r.started]
+                if self.batched:
+                    ms = call_cost_ms(self.options, len(batch))
+                else:
+                    ms = step_cost_ms(self.options, len(batch), sum(r.prompt for r in joined))
+                start = max(ready, self.clock.free_at)
+                for r in joined:
+                    r.started = True
+                    if self.on_wait is not None:
+                        self.on_wait(max(0.0, start - r.queued_at))
+                start, ready = await self.clock.occupy(self.name, ready, ms)
+            self.calls.append((len(batch), start, ready))
+            self.busy_s += ready - start
+            if not self.batched:
+                self.generated_tokens += len(batch)
+                self.prompt_tokens += sum(r.prompt for r in joined)
             if self.on_step is not None:
                 self.on_step(len(batch))
+            out: list[tuple[SimRequest, StageOutput | None]] = []
             for r in list(batch):
                 if not r.aborted:
-                    self._advance(r)
+                    self._advance(r, out)
+            if self._host is not None:
+                seconds = self.options.host_us_per_item * len(batch) / 1e6
+                done = loop.run_in_executor(self._host, burn, seconds)
+                done.add_done_callback(functools.partial(_delivered, out))
+            else:
+                _deliver(out)
 
     def _admit(self) -> None:
         """Move waiting requests in (real-time first) while there is room."""
@@ -335,29 +391,32 @@ class SimStage:
             self.kv_used += r.cost
             self._running.append(r)
 
-    def _advance(self, r: _Req) -> None:
+    def _advance(self, r: SimRequest, out: list[tuple[SimRequest, StageOutput | None]]) -> None:
+        """One call or step of ``r``: its outputs into ``out`` (delivered in order)."""
         rid = r.request.request_id
         if self.role == "asr":
-            r.out.put_nowait(TranscriptOut(request_id=rid, text=r.plan[0], final=True))
-            self._end(r)
+            out.append((r, TranscriptOut(request_id=rid, text=r.plan[0], final=True)))
+            self._finish(r, out)
         elif self.role == "codec":
-            self._emit_audio(r, r.plan[0])
-            self._end(r)
+            self._emit_audio(r, r.plan[0], out)
+            self._finish(r, out)
         elif self.role == "llm":
-            r.out.put_nowait(TextOut(request_id=rid, text=r.plan[r.tokens]))
+            out.append((r, TextOut(request_id=rid, text=r.plan[r.tokens])))
             r.tokens += 1
             if r.tokens >= len(r.plan):
-                self._end(r)
+                self._finish(r, out)
         else:  # talker: one token a step; a frame's codes go out when it is whole
             r.tokens += 1
             f = self.layout.frame_size
             if r.tokens % f == 0:
                 codes = tuple(r.plan[r.tokens - f : r.tokens])
-                r.out.put_nowait(TokensOut(request_id=rid, ids=codes))
+                out.append((r, TokensOut(request_id=rid, ids=codes)))
             if r.tokens >= len(r.plan):
-                self._end(r)
+                self._finish(r, out)
 
-    def _emit_audio(self, r: _Req, frames: int) -> None:
+    def _emit_audio(
+        self, r: SimRequest, frames: int, out: list[tuple[SimRequest, StageOutput | None]]
+    ) -> None:
         req = r.request
         assert isinstance(req, TokensRequest)
         rate = req.sample_rate
@@ -371,32 +430,49 @@ class SimStage:
             pcm = self._zeros[: 2 * n]
         t_ns = time.monotonic_ns()
         for piece in split_pcm(pcm, rate, self.options.chunk_ms) if pcm else []:
-            r.out.put_nowait(
-                AudioOut(request_id=req.request_id, pcm=piece, sample_rate=rate, t_ns=t_ns)
+            out.append(
+                (r, AudioOut(request_id=req.request_id, pcm=piece, sample_rate=rate, t_ns=t_ns))
             )
 
-    def _end(self, r: _Req, aborted: bool = False) -> None:
+    def _leave(self, r: SimRequest) -> bool:
+        """Take ``r`` off the stage (its KV freed); False if it had left already."""
         if self._by_id.pop(r.request.request_id, None) is None:
-            return
+            return False
         if r in self._running:
             self._running.remove(r)
             self.kv_used -= r.cost
-        rid = r.request.request_id
-        if aborted:
-            r.out.put_nowait(StageDone(request_id=rid, finish_reason="aborted"))
-        elif isinstance(r.request, LlmRequest):
-            words = len(self.options.reply.split(" "))
-            reason: Literal["stop", "length"] = "length" if words > r.request.max_tokens else "stop"
-            r.out.put_nowait(
-                StageDone(
-                    request_id=rid, finish_reason=reason, tokens=r.tokens, prompt_tokens=r.prompt
-                )
-            )
-        else:
-            r.out.put_nowait(StageDone(request_id=rid, tokens=r.tokens, prompt_tokens=r.prompt))
-        r.out.put_nowait(None)
         if self._wake is not None:
             self._wake.set()
+        return True
+
+    def _finish(self, r: SimRequest, out: list[tuple[SimRequest, StageOutput | None]]) -> None:
+        """``r`` made its last output: it leaves now; its end goes out after its outputs."""
+        if not self._leave(r):
+            return
+        rid = r.request.request_id
+        if isinstance(r.request, LlmRequest):
+            reason: Literal["stop", "length"] = "length" if r.cut else "stop"
+            done = StageDone(
+                request_id=rid, finish_reason=reason, tokens=r.tokens, prompt_tokens=r.prompt
+            )
+        else:
+            done = StageDone(request_id=rid, tokens=r.tokens, prompt_tokens=r.prompt)
+        out.extend(((r, done), (r, None)))
+
+    def _end(self, r: SimRequest, aborted: bool = False) -> None:
+        """``r`` is aborted (or the stage closes): it ends now."""
+        if self._leave(r):
+            r.out.put_nowait(StageDone(request_id=r.request.request_id, finish_reason="aborted"))
+            r.out.put_nowait(None)
 
 
-__all__ = ["SimOptions", "SimStage", "call_cost_ms", "step_cost_ms"]
+def _deliver(out: list[tuple[SimRequest, StageOutput | None]]) -> None:
+    for r, item in out:
+        r.out.put_nowait(item)
+
+
+def _delivered(out: list[tuple[SimRequest, StageOutput | None]], _: object) -> None:
+    _deliver(out)
+
+
+__all__ = ["SIM_GPUS", "SimOptions", "SimStage", "call_cost_ms", "step_cost_ms", "with_costs"]

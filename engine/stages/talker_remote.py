@@ -116,6 +116,12 @@ class RemoteTalker:
         return tuple(dict.fromkeys((default, *self.layout.voices, *self.topts.voices)))
 
     # ------------------------------------------------------------------ its connection's
+    @property
+    def capacity(self) -> int:
+        """Request slots (engine/orchestration/scheduling.py): the connections of its pool
+        (``pool_size``), the requests it has in flight at most."""
+        return self.topts.pool_size
+
     def health(self) -> str | None:
         """Why this replica is down (its circuit is open), or None."""
         return self.connection.health()

@@ -37,8 +37,9 @@ import msgspec
 
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
+from engine.gpu_memory import GpuMemory
 from engine.messages import StageOutput, StageRequest, TokensOut, TtsRequest
-from engine.stage_figures import StageEngineFigures
+from engine.stage_figures import Pace, StageEngineFigures
 from engine.stages import vllm_options as vo
 from engine.stages.edges import Edge
 from engine.stages.vllm_engine import VllmEngine, torch_cuda_devices
@@ -122,6 +123,24 @@ class VllmTalker:
     def capacity(self) -> int:
         """Request slots (engine/orchestration/scheduling.py): sequences per batch."""
         return self.topts.max_num_seqs
+
+    def gpu_memory(self) -> GpuMemory:
+        """What it takes on its GPU (engine/gpu_memory.py): vLLM's share of the device, or
+        the KV cache it was given (then the weights beside it are not counted)."""
+        o = self.topts
+        if o.kv_cache_memory_gib is not None:
+            return GpuMemory(gib=o.kv_cache_memory_gib, process="own")
+        return GpuMemory(share=o.gpu_memory_utilization, process="own")
+
+    def pace(self) -> Pace | None:
+        """Codec tokens per second each running segment gets (vLLM's generation rate over
+        the last seconds, shared by the running requests) against the rate its audio plays
+        at (engine/stage_figures.py; the scheduling policy's real-time budget)."""
+        figs = self.engine.figures.snapshot()
+        if figs.running <= 0:
+            return None
+        need = 1000.0 / self.layout.frame_ms * self.layout.frame_size
+        return Pace(streams=figs.running, rate=figs.tokens_per_s / figs.running, need=need)
 
     def voices(self) -> tuple[str, ...]:
         """The default voice, the layout's voices and those with sampling presets."""

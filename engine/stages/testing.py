@@ -103,6 +103,8 @@ class TestStageOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     crash_on: str | None = None  # ... or kills the "worker" (worker_died)
     hang_on: str | None = None  # ... or never finishes (until aborted)
     load_delay_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    # replicas (by name: llm0, llm1, ...) that report themselves down (health(); /health)
+    down_replicas: tuple[str, ...] = ()
     role: Role | None = None  # None: the stage's name (asr, llm, tts, talker or codec)
     frame_size: Annotated[int, msgspec.Meta(ge=1)] = 7  # talker/codec: ids per codec frame
     ms_per_frame: Annotated[float, msgspec.Meta(gt=0)] = 80.0  # codec: audio per frame
@@ -171,6 +173,7 @@ class TestStage:
         self.requests: deque[StageRequest] = deque(maxlen=64)  # they carry their audio
         self.priorities: dict[str, int] = {}  # request id -> its Priority, the last KEEP_IDS
         self._rng = np.random.default_rng(1234)
+        self.down: str | None = None  # why health() reports it down (tests set it)
         self._tones: dict[tuple[int, float], bytes] = {}
 
     @classmethod
@@ -182,6 +185,12 @@ class TestStage:
         """Request slots the scheduler counts (engine/orchestration/scheduling.py):
         ``max_batch``."""
         return self.options.max_batch
+
+    def health(self) -> str | None:
+        """Down when ``down`` is set (tests) or its name is in ``down_replicas``."""
+        if self.down is None and self.name in self.options.down_replicas:
+            return "test: replica configured down"
+        return self.down
 
     def voices(self) -> tuple[str, ...]:
         return tuple(self.options.voices)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -188,7 +189,10 @@ class VllmEngine:
         vo.check_engine_args(kwargs, accepted, str(vllm.__version__), self.field)
         loggers = [stat_logger_factory(self.figures)] if opts.log_stats else None
         try:
-            with engine_env(vo.cpu_env(opts, platform), self.placement.env(platform)):
+            # read under the start lock: another replica's spawn changes this process's
+            # CUDA_VISIBLE_DEVICES while it holds it (engine/stages/vllm_env.py)
+            pinned = functools.partial(self.placement.env, platform)
+            with engine_env(vo.cpu_env(opts, platform), pinned):
                 args = AsyncEngineArgs(**kwargs)
                 self.llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         except ConfigError:

@@ -10,7 +10,11 @@ engine's process exists, or when the block ends, whichever comes first:
   own ``CUDA_VISIBLE_DEVICES`` (one waits for the other's spawn, not for its whole start-up);
 * ``pinned`` variables are always set for the child (the caller has checked them against a
   preset value, engine/placement.py); ``defaults`` only when the environment lacks them
-  (``OMP_NUM_THREADS`` and ``VLLM_ENABLE_V1_MULTIPROCESSING`` on the CPU build).
+  (``OMP_NUM_THREADS`` and ``VLLM_ENABLE_V1_MULTIPROCESSING`` on the CPU build);
+* ``pinned`` may be a function, called **under the lock**: the replica's
+  ``CUDA_VISIBLE_DEVICES`` is derived from this process's own value, which another replica's
+  spawn replaces while it holds the lock (read before it, a replica pinned to ``cuda:0``
+  could take the other replica's ``cuda:1``; :meth:`VllmPlacement.env` is passed so).
 
 While the lock is held this process's own ``os.environ`` shows the child's values; torch in
 this process has read ``CUDA_VISIBLE_DEVICES`` once, when CUDA initialised (the backend table's
@@ -28,7 +32,7 @@ import logging
 import multiprocessing
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from duplex_contract.errors import ConfigError
@@ -87,7 +91,7 @@ def engine_spawned(before: set[int]) -> Callable[[], bool]:
 class _Scope:
     """The variables one engine's spawn needs, set until :meth:`release` (once)."""
 
-    def __init__(self, defaults: dict[str, str], pinned: dict[str, str]) -> None:
+    def __init__(self, defaults: Mapping[str, str], pinned: Mapping[str, str]) -> None:
         self._once = threading.Lock()
         self._released = False
         self._saved = {key: os.environ.get(key) for key in pinned}
@@ -118,19 +122,20 @@ class _Scope:
 
 @contextlib.contextmanager
 def engine_env(
-    defaults: dict[str, str],
-    pinned: dict[str, str],
+    defaults: Mapping[str, str],
+    pinned: Mapping[str, str] | Callable[[], Mapping[str, str]],
     *,
     spawned: Callable[[], bool] | None = None,
     poll_s: float = 0.02,
 ) -> Iterator[None]:
     """Run the block with the environment an engine process must inherit (see the module
-    docstring). ``spawned`` tells when the engine's process exists (default: a new
+    docstring). ``pinned``: the variables, or a function that gives them, called once the
+    lock is held. ``spawned`` tells when the engine's process exists (default: a new
     ``EngineCore*`` child of this process); the lock and the variables are released then,
     or at the end of the block."""
     START_LOCK.acquire()
     try:
-        scope = _Scope(defaults, pinned)
+        scope = _Scope(defaults, pinned() if callable(pinned) else pinned)
     except BaseException:
         START_LOCK.release()
         raise

@@ -11,6 +11,7 @@ from duplex_contract.tools import ResponseOptions
 from engine.orchestration.counters import Counters
 from engine.orchestration.draft_book import DraftBook
 from engine.orchestration.drafts import Draft, response_plan
+from engine.orchestration.stage_loads import WorkTally
 from tests.engine.conftest import make_config
 from tests.engine.parts_fakes import session
 
@@ -22,7 +23,8 @@ def _book() -> tuple[DraftBook, Counters, list[tuple[str, str]]]:
     book = DraftBook(
         make_config(),
         SimpleNamespace(),  # type: ignore[arg-type]  # the pipeline: not used by take
-        SimpleNamespace(),  # type: ignore[arg-type]  # the scheduler gets yield_drafts
+        # the scheduler gets yield_drafts, and its tally hears how each draft ended
+        SimpleNamespace(tally=WorkTally({})),  # type: ignore[arg-type]
         SimpleNamespace(),  # type: ignore[arg-type]
         {SID: session(SID)},
         counters,

@@ -5,6 +5,7 @@ fake."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import threading
@@ -195,3 +196,40 @@ def test_options_validate_restart_knobs() -> None:
         convert({"max_restarts": -1}, VllmOptions, where="llm.options")
     opts = VllmOptions()
     assert (opts.max_restarts, opts.restart_backoff_s, opts.log_stats) == (3, 1.0, True)
+
+
+def test_a_replica_reads_its_placement_under_the_start_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replica b's CUDA_VISIBLE_DEVICES is derived from this process's own value, which
+    replica a's spawn replaces while it holds the start lock. Read before the lock (as the
+    stage once did), b pinned to cuda:1 saw a's "7" and was refused (or, pinned to cuda:0,
+    took a's GPU); read under it, b gets the parent's entry for cuda:1."""
+    monkeypatch.setenv(CVD, "5,7")
+    opts = VllmOptions()
+    a = vllm_env.VllmPlacement(opts, name="llm0", stage="llm", device="cuda:0", cuda_count=2)
+    b = vllm_env.VllmPlacement(opts, name="llm1", stage="llm", device="cuda:1", cuda_count=2)
+    a_spawned, a_holds, checked = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, str | None] = {}
+
+    def start_a() -> None:
+        with vllm_env.engine_env({}, functools.partial(a.env, "cuda"), spawned=a_spawned.is_set):
+            seen["a"] = os.environ.get(CVD)
+            a_holds.set()
+            checked.wait(5 * UNIT)
+            time.sleep(0.05)  # b asks for its placement now: it waits for the lock
+            a_spawned.set()
+            time.sleep(0.05)
+
+    ta = threading.Thread(target=start_a)
+    ta.start()
+    assert a_holds.wait(5 * UNIT)
+    assert os.environ[CVD] == "5"  # a's child's value, while a holds the lock
+    with pytest.raises(ConfigError, match="replica llm1 is pinned to cuda:1"):
+        b.env("cuda")  # what a read outside the lock got
+    checked.set()
+    with vllm_env.engine_env({}, functools.partial(b.env, "cuda"), spawned=lambda: False):
+        seen["b"] = os.environ.get(CVD)
+    ta.join(5 * UNIT)
+    assert seen == {"a": "5", "b": "7"}
+    assert os.environ[CVD] == "5,7" and not vllm_env.START_LOCK.locked()

@@ -17,15 +17,12 @@ from duplex_contract.session_events import AudioChunk, ResponseDone
 from engine.api.client import AsyncEngine
 from engine.config import SchedulingConfig, engine_config, load_engine_config
 from engine.messages import AsrRequest, LlmRequest, Priority, TtsRequest
+from engine.orchestration.capacity import CapacityScheduler
 from engine.orchestration.drafts import Draft
 from engine.orchestration.orchestrator import Orchestrator
-from engine.orchestration.scheduling import (
-    CapacityScheduler,
-    SerialScheduler,
-    make_scheduler,
-    replica_capacity,
-    request_kind,
-)
+from engine.orchestration.policies import make_scheduler
+from engine.orchestration.scheduling import SerialScheduler, request_kind
+from engine.pipeline.stage_slots import replica_capacity
 from engine.stages.testing import TestStageOptions
 from engine.stages.testing_batch import BatchTestStage
 from tests.engine.conftest import ROOT, UNIT, collect, make_config, open_engine, run, stages
@@ -96,7 +93,13 @@ def test_capacity_comes_from_the_backend_unless_the_config_says() -> None:
             self.replicas = list(replicas)
 
     pools = {"llm": Pool(batching, batching), "asr": Pool(OneAtATime())}
-    sched = make_scheduler(SchedulingConfig(policy="capacity"), pools, lambda _: False)
+    # a one-slot stage under the default reserve of 1 could never run anything beside
+    # real-time work: refused, naming the knob (issue 38)
+    refused = r"^engine\.scheduling\.reserve: 1 slot\(s\) .*'asr' has 1"
+    with pytest.raises(ConfigError, match=refused):
+        make_scheduler(SchedulingConfig(policy="capacity"), pools, lambda _: False)
+    one = SchedulingConfig(policy="capacity", reserves={"asr": 0})
+    sched = make_scheduler(one, pools, lambda _: False)
     assert isinstance(sched, CapacityScheduler)
     assert {n: s["capacity"] for n, s in sched.snapshot().items()} == {"llm": 12, "asr": 1}
     sched = make_scheduler(

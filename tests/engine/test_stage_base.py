@@ -16,6 +16,7 @@ from duplex_contract.batch import TextOut
 from duplex_contract.errors import StageError
 from engine.messages import LlmRequest, Priority, StageDone, StageOutput, StageRequest, TtsRequest
 from engine.stages.pool import StagePool
+from engine.stages.testing import TestStage, TestStageOptions
 from engine.stages.threaded import ThreadedRuntime
 from engine.stages.workers import WorkerCrash
 from tests.engine.conftest import run
@@ -188,6 +189,47 @@ def test_pool_sticky_sessions_and_round_robin_batch() -> None:
             assert sorted(len(r.order) for r in replicas) == [2, 2, 6]
             pool.release_session("s")
             assert pool.replica_of("s") is None
+        finally:
+            await pool.close()
+
+    run(main())
+
+
+def test_pool_sends_no_new_work_to_a_replica_that_is_down() -> None:
+    """Health-aware choice (issue 38): a session sticky to a replica that goes down moves
+    to the least loaded live one and stays there; batch work skips it; with every replica
+    down the work goes where it would have gone (and fails there with its own error)."""
+
+    async def main() -> None:
+        opts = TestStageOptions(role="llm", reply="a b")
+        replicas = [TestStage(opts, f"llm{i}") for i in range(3)]
+        pool = StagePool("llm", replicas)
+        await pool.start()
+        try:
+            await drain(pool, llm("s/0", session="s"))
+            first = pool.replica_of("s")
+            assert first is not None
+            replicas[first].down = "test: down"
+            await drain(pool, llm("s/1", session="s"))
+            moved = pool.replica_of("s")
+            assert moved is not None and moved != first
+            replicas[first].down = None  # back up: the session stays where it went
+            await drain(pool, llm("s/2", session="s"))
+            assert pool.replica_of("s") == moved
+            assert [r.submitted for r in replicas][moved] == ["s/1", "s/2"]
+            replicas[1].down = "test: down"
+            for i in range(4):
+                await drain(pool, llm(f"batch/{i}", priority=Priority.BATCH))
+            assert not [r for r in replicas[1].submitted if r.startswith("batch/")]
+            assert (
+                sum(len([r for r in x.submitted if r.startswith("batch/")]) for x in replicas) == 4
+            )
+            assert pool.live() == [0, 2]
+            for r in replicas:
+                r.down = "test: all down"
+            assert pool.live() == []
+            await drain(pool, llm("s/3", session="s"))  # still served somewhere
+            assert pool.replica_of("s") == moved
         finally:
             await pool.close()
 

@@ -156,7 +156,9 @@ def test_one_trace_per_session_with_turns_timeline_engine_spans_and_a_barge_in(
         assert span.attrs["duplex.stage"] == span.name.removeprefix("engine.")
         assert span.attrs["duplex.replica"] == 0
         assert span.attrs["duplex.session_id"] == voice
-        assert span.attrs["duplex.priority"] in {"realtime", "speculative"}
+        assert span.attrs["duplex.priority"] in {"realtime", "draft", "speculative"}
+        if span.attrs["duplex.priority"] == "draft":  # below real-time: a draft's own requests
+            assert "/draft" in span.attrs["duplex.request_id"], span.attrs
         assert "first_output" in span.events and not span.error
     assert not any(s.attrs["duplex.cancelled"] for s in children(engine, last))
     # the interrupted answer's speech was stopped in the engine
