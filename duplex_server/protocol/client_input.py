@@ -22,6 +22,7 @@ from duplex_contract.settings import SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.protocol import dtmf
 from duplex_server.protocol import events as ev
+from duplex_server.protocol.barge_in import BargeIn
 from duplex_server.protocol.codec import decode_audio_b64
 from duplex_server.protocol.commands import (
     Action,
@@ -29,6 +30,7 @@ from duplex_server.protocol.commands import (
     Call,
     Commit,
     DeleteItem,
+    Discard,
     ProcessAudio,
     Send,
     Speculate,
@@ -89,6 +91,9 @@ class ClientInput:
         self.usage = usage
         self.timeline = timeline
         self.responses = responses
+        #: the speech over an answer and the interruption decision
+        self.barge = BargeIn(responses, responses.playout)
+        self._guessed = False  # an input.pause was sent for the speech in progress
         # not a lambda over self: a reference cycle would keep a closed session until the
         # cyclic GC ran
         self.turns = InputTurns(functools.partial(items.new_id, "item"))
@@ -151,6 +156,7 @@ class ClientInput:
                 "input_audio_buffer_commit_empty", "the input audio buffer is empty"
             )
         out = self._steps(self.turns.flush(), config, 0.0)
+        self.barge.forget()
         item_id = self.turns.take_speech_item() or self.items.new_id("item")
         out += self._commit_user_audio(item_id, respond=False, event_id=event_id)
         return out
@@ -168,6 +174,7 @@ class ClientInput:
     def _clear(self, event_id: str | None, now_ms: float) -> list[Action]:
         out: list[Action] = []
         self.turns.reset()
+        self.barge.forget()
         if self.turns.uncommitted_ms > 0 or self.turns.uncommitted_text:
             # The engine's input.cancel also drops the work of the current epoch.
             out += self.responses.cancel("input.cancel", "input_cancelled", event_id, now_ms)
@@ -277,13 +284,16 @@ class ClientInput:
         return out
 
     # ------------------------------------------------------------------ transcripts
-    def on_transcript(self, event: UserTranscript, now_ms: float) -> list[Action]:
+    def on_transcript(
+        self, event: UserTranscript, now_ms: float, *, td: ev.TurnDetection | None = None
+    ) -> list[Action]:
         """The engine's transcript of a user turn (final), or a live hypothesis of the
-        speech in progress (a transcription delta of the speech item)."""
+        speech in progress (a transcription delta of the speech item, and the words the
+        interruption decision reads)."""
         if event.final:
             self.timeline.transcript_ready(now_ms)
         if not event.final and event.fence.turn_id >= self.position.turn_id:
-            return self._live_partial(event.text)
+            return self._live_partial(event.text) + self.barge.words(td, event.text, now_ms)
         return self.items.transcript(event.fence.turn_id, event.text, event.final)
 
     def _live_partial(self, text: str) -> list[Action]:
@@ -346,23 +356,43 @@ class ClientInput:
                 out.append(Call(Append(epoch, audio=step.pcm, stream_ms=step.stream_ms, seq=seq)))
             elif isinstance(step, SpeechBegan):
                 self.timeline.silence_broken()  # the user speaks: no idle timeout now
+                self._guessed = False
                 start = int(step.audio_start_ms)
                 out.append(Send(ev.SpeechStarted(audio_start_ms=start, item_id=step.item_id)))
+                out += self.barge.onset(td, now_ms)
             elif isinstance(step, Speaking):
-                out += self.responses.barge_in(td, step.speech_ms, now_ms)
+                out += self.barge.speaking(td, step.speech_ms, now_ms)
             elif isinstance(step, SpeechEnded):
-                # the moment the last voiced audio arrived: the input clock runs
-                # input_ms - audio_end_ms ahead of it
-                last = now_ms - max(0.0, self.turns.input_ms - step.audio_end_ms)
-                self.timeline.speech_ended(last, now_ms)
-                out += self.responses.barge_in(td, step.speech_ms, now_ms)
-                end = int(step.audio_end_ms)
-                out.append(Send(ev.SpeechStopped(audio_end_ms=end, item_id=step.item_id)))
-                respond = config.create_response
-                out += self._commit_user_audio(step.item_id, respond=respond, event_id=None)
+                out += self._speech_ended(step, config, now_ms)
             elif isinstance(step, Paused):
-                respond = config.create_response
-                out.append(Call(Speculate(self.position.epoch, "input.pause", respond=respond)))
+                out += self.barge.quiet(td, True, now_ms)
+                if not self.barge.holding:  # (a speech over the answer is not guessed)
+                    self._guessed = True
+                    respond = config.create_response
+                    epoch = self.position.epoch
+                    out.append(Call(Speculate(epoch, "input.pause", respond=respond)))
             elif isinstance(step, Resumed):
-                out.append(Call(Speculate(self.position.epoch, "input.resume")))
+                out += self.barge.quiet(td, False, now_ms)
+                if self._guessed:
+                    self._guessed = False
+                    out.append(Call(Speculate(self.position.epoch, "input.resume")))
         return out
+
+    def _speech_ended(
+        self, step: SpeechEnded, config: EffectiveSession, now_ms: float
+    ) -> list[Action]:
+        """The turn ends: committed, or dropped if the speech was taken back (a listener's
+        backchannel over the answer: the engine drops its audio, ``input.discard``)."""
+        # the moment the last voiced audio arrived: the input clock runs
+        # input_ms - audio_end_ms ahead of it
+        last = now_ms - max(0.0, self.turns.input_ms - step.audio_end_ms)
+        out, commit = self.barge.ended(config.turn_detection, step.speech_ms, now_ms)
+        end = int(step.audio_end_ms)
+        out.append(Send(ev.SpeechStopped(audio_end_ms=end, item_id=step.item_id)))
+        if not commit:
+            self.turns.committed()
+            self.usage.cleared()
+            return [*out, Call(Discard(self.position.epoch))]
+        self.timeline.speech_ended(last, now_ms)
+        respond = config.create_response
+        return out + self._commit_user_audio(step.item_id, respond=respond, event_id=None)
