@@ -135,6 +135,7 @@ class _Item:
     cut: bool = False  # a pause's flush dropped audio of it the far end had not played
     flushing: bool = False  # a pause's flush has not been reported yet
     resuming: bool = False  # resumed before that flush was reported: emit it after
+    gone: bool = False  # its response was cancelled: it is heard no more
 
 
 class Playout:
@@ -171,7 +172,9 @@ class Playout:
                 if other_id != audio.item_id and not other.paused:
                     other.pcm = bytearray()
             item.pcm += audio.pcm
-        return [] if item.paused else [audio]
+            if item.paused:
+                return []  # held: a resume emits it from where the far end stopped
+        return [audio]
 
     # ------------------------------------------------------------------ the far end's side
     def report(self, report: Queued | Played) -> None:
@@ -259,6 +262,7 @@ class Playout:
         for item in self._items.values():
             item.paused = item.resuming = False
             item.pcm = bytearray()
+            item.gone = True
         self._resumed.clear()
 
     def resume_position(self, item_id: str) -> float | None:
@@ -267,8 +271,9 @@ class Playout:
         return item.played_ms if item is not None and self.far_end else None
 
     def alive(self, item_id: str) -> bool:
-        """Is ``item_id`` still known (not flushed, not trimmed)?"""
-        return item_id in self._items
+        """May ``item_id`` still be heard (not cancelled, flushed or trimmed)?"""
+        item = self._items.get(item_id)
+        return item is not None and not item.gone
 
     # ------------------------------------------------------------------ decisions
     def playing(self) -> str | None:
@@ -286,13 +291,13 @@ class Playout:
         if self.far_end:
             far = self._far
             held = None if far is None else self._items.get(far)
-            if far is not None and held is not None and (held.held or held.cut):
+            if far is not None and held is not None and not held.gone and (held.held or held.cut):
                 return held.response_id, far
             return None
         if not self._items:
             return None
         last_id, last = next(reversed(self._items.items()))
-        if last.first_ms is None:
+        if last.first_ms is None or last.gone:
             return None
         until = last.first_ms + last.emitted_ms + last.paused_ms + _CLIENT_SLACK_MS
         return (last.response_id, last_id) if now_ms < until else None
