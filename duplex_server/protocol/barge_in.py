@@ -19,6 +19,19 @@ actions the verdicts call for:
   from its last played position). The fence and epoch do not change before a stop, and the
   engine goes on producing the answer meanwhile.
 
+The words. When the speech falls quiet (the VAD's pause inside it) while it is being judged,
+its audio so far is transcribed (:class:`TranscribeSpeech`: the runtime runs the engine's ASR
+stage on it, the words come back to :meth:`BargeIn.words`); the rule waits up to
+``words_wait_ms`` for them. Whisper hears a short "wait" or "no, stop" as such, where the
+live partials (pocketsphinx) guessed "you" or "if" for them and "and i'm a champ" for an
+"mm-hm" (docs/protocol.md §6.1): the partials are shown to the client, the decision reads
+this transcript. A session whose words do not come in time is judged on its acoustics.
+
+A speech that ends taken back on its acoustics while its words are on their way (a loaded
+ASR stage) waits for them, up to ``SETTLE_MS`` (client_input.py): words that are not
+backchannels then stop the answer after all and the speech becomes the turn it was; else it
+is dropped. So a slow transcription costs a resumed answer cut late, never the user's words.
+
 A speech taken back never becomes a turn: at its end the session does not commit it and
 the engine drops its audio (``input.discard``), so a listener's "mm-hm" is not answered
 and history is untouched. While a speech is being judged, its pauses are not transcribed
@@ -29,11 +42,20 @@ rule applies: speech then is the user going on, not talking over an answer.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.commands import Action, Send
+from duplex_server.protocol.commands import Action, Send, TranscribeSpeech
 from duplex_server.protocol.interruption import Rule, Speech, Verdict, decide
 from duplex_server.protocol.playout import Playout
 from duplex_server.protocol.response_tracker import ResponseTracker
+
+#: what becomes of a speech judged over an answer when it ends
+Fate = Literal["commit", "discard", "settle"]
+
+#: the audio of one speech kept for its words: 4 s at 16 kHz (a speech that long is judged
+#: by its length, not its words)
+MAX_AUDIO_BYTES = 4 * 32000
 
 
 class BargeIn:
@@ -45,6 +67,10 @@ class BargeIn:
         self.speech: Speech | None = None  # the speech being judged (confirm mode)
         #: (response id, item id) of the answer it is judged against
         self.target: tuple[str, str] | None = None
+        self.number = 0  # of the speech judged (its words come back with it)
+        self._audio = bytearray()  # its audio so far (engine input rate)
+        #: a speech that ended taken back while its words were on their way
+        self.settling: Speech | None = None
         #: verdicts so far (for tests and metrics): pause, stop, resume
         self.counts = {"pause": 0, "stop": 0, "resume": 0}
 
@@ -68,7 +94,14 @@ class BargeIn:
         if target is None:
             return []  # nothing heard yet: the immediate rule applies
         self.speech, self.target = Speech(), target
+        self.number += 1
+        self._audio = bytearray()
         return self._judge(rule, now_ms)
+
+    def audio(self, pcm: bytes) -> None:
+        """Audio of the speech (what is appended to the engine for it), kept for its words."""
+        if self.speech is not None and len(self._audio) < MAX_AUDIO_BYTES:
+            self._audio += pcm
 
     def speaking(
         self, td: ev.TurnDetection | None, speech_ms: float, now_ms: float
@@ -81,39 +114,79 @@ class BargeIn:
         return self._judge(rule, now_ms)
 
     def quiet(self, td: ev.TurnDetection | None, quiet: bool, now_ms: float) -> list[Action]:
-        """The VAD hears a pause inside the speech (``quiet``) or the voice back."""
+        """The VAD hears a pause inside the speech (``quiet``: its words are asked for, its
+        audio so far transcribed) or the voice back."""
         speech, rule = self.speech, self.rule(td)
         if speech is None or rule is None:
             return []
         speech.quiet = quiet
-        return self._judge(rule, now_ms)
+        ask = quiet and speech.state == "paused" and bool(self._audio)
+        ask = ask and speech.speech_ms >= rule.min_speech_ms
+        if ask:
+            speech.asked_ms, speech.words = now_ms, ""
+        out = self._judge(rule, now_ms)
+        if ask and speech.state == "paused":  # still to be judged: by its words
+            out.append(TranscribeSpeech(self.number, bytes(self._audio)))
+        return out
 
-    def words(self, td: ev.TurnDetection | None, text: str, now_ms: float) -> list[Action]:
-        """The latest live transcript of the speech."""
+    def words(
+        self, td: ev.TurnDetection | None, number: int, text: str, now_ms: float
+    ) -> list[Action]:
+        """The transcript of speech ``number`` (late words of an older one are dropped)."""
         speech, rule = self.speech, self.rule(td)
-        if speech is None or rule is None:
+        if speech is None or rule is None or number != self.number:
             return []
-        speech.words = text
+        speech.words, speech.asked_ms = text, None
         return self._judge(rule, now_ms)
 
     def ended(
         self, td: ev.TurnDetection | None, speech_ms: float, now_ms: float
-    ) -> tuple[list[Action], bool]:
-        """The speech ended (``speech_ms`` long): the actions, and whether it is to be
-        committed as a turn (False: it was taken back)."""
+    ) -> tuple[list[Action], Fate]:
+        """The speech ended (``speech_ms`` long): the actions, and its fate as a turn:
+        ``commit``, ``discard`` (it was taken back) or ``settle`` (taken back on its
+        acoustics while its words were on their way: they decide, :meth:`settle`)."""
         speech, rule = self.speech, self.rule(td)
         self.speech = None
+        self._audio = bytearray()
         if speech is None or rule is None:
-            return self.responses.barge_in(td, speech_ms, now_ms), True
+            return self.responses.barge_in(td, speech_ms, now_ms), "commit"
         speech.speech_ms = speech_ms
         speech.quiet = True
+        waiting = speech.asked_ms is not None
+        speech.asked_ms = None  # its end: judged with what is known
         out = self._judge(rule, now_ms, speech)
-        return out, speech.state != "taken_back"
+        if speech.state != "taken_back":
+            return out, "commit"
+        if waiting:
+            self.settling = speech
+            return out, "settle"
+        return out, "discard"
+
+    def settle(
+        self, td: ev.TurnDetection | None, number: int, text: str, now_ms: float
+    ) -> tuple[list[Action], Fate] | None:
+        """The words of a speech that ended while they were on their way (None: not that
+        speech's): words stop the answer after all and the speech is a turn; none, or
+        backchannels only, and it is dropped."""
+        speech, rule = self.settling, self.rule(td)
+        if speech is None or number != self.number:
+            return None
+        self.settling = None
+        if rule is None:
+            return [], "discard"
+        speech.words = text
+        out = self._judge(rule, now_ms, speech)
+        return out, "commit" if speech.state == "stopped" else "discard"
+
+    def unsettle(self) -> None:
+        """Its words did not come in time (or another speech began): it stays dropped."""
+        self.settling = None
 
     def forget(self) -> None:
         """The speech in progress is no longer judged (its turn was committed by hand, or
         the input cleared)."""
         self.speech, self.target = None, None
+        self._audio = bytearray()
 
     # ------------------------------------------------------------------ verdicts
     def _judge(self, rule: Rule, now_ms: float, speech: Speech | None = None) -> list[Action]:
@@ -125,7 +198,8 @@ class BargeIn:
             speech.state = "stopped"  # its answer was cancelled or flushed meanwhile
             return []
         started = self._started(target[0])
-        verdict: Verdict = decide(rule, speech, window_open=rule.window_open(started, now_ms))
+        window = rule.window_open(started, now_ms)
+        verdict: Verdict = decide(rule, speech, window_open=window, now_ms=now_ms)
         if verdict == "go_on":
             return []
         self.counts[verdict] += 1

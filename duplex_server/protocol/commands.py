@@ -219,6 +219,17 @@ def configure_input(config: EffectiveSession) -> ConfigureInput:
 
 
 @dataclass(frozen=True, slots=True)
+class TranscribeSpeech:
+    """Transcribe the user's speech over an answer (PCM16 at the engine's input rate) and
+    give its words to ``BargeIn.words`` with ``speech``: the interruption decision reads
+    them (protocol/barge_in.py). Best effort: words that come late, or
+    never, leave the decision to the acoustics."""
+
+    speech: int
+    pcm: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class PurgeAudio:
     """Drop queued audio deltas whose epoch is below ``epoch`` (barge-in)."""
 
@@ -276,6 +287,7 @@ Action = (
     | Call
     | ProcessAudio
     | ConfigureInput
+    | TranscribeSpeech
     | PurgeAudio
     | AckJournal
     | CloseSocket

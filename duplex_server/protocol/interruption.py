@@ -14,27 +14,31 @@ Modes (``turn_detection.interrupt_mode``):
   answer (not within ``uninterruptible_ms`` of its start), and a cut is final.
 * ``confirm``: the answer **pauses** at the speech onset (the user hears it stop at once),
   then the speech is judged. It **stops** the answer (as ``immediate`` would) when it says a
-  word that is not a backchannel by the time it falls quiet, or when it lasts
+  word that is not a backchannel by the time it falls quiet, or when its voice lasts to
   ``confirm_window_ms`` from its onset. It **resumes** the answer from where it paused when
   it falls quiet (the VAD's pause inside speech, ~64-96 ms of silence) sooner, having said
   nothing but backchannels ("mm-hm", "yeah", "okay", "right": ``backchannels``) or no word
   at all (a cough, a laugh, a door, a breath), or less than ``min_interrupt_speech_ms``.
-  Words heard after the resume, while the speech's turn is still open, still stop it;
+  Words that come after the wait, while the speech's turn is still open, still stop it;
   voice that comes back pauses it again.
 * ``auto`` (the default): ``confirm`` where the server plays the answer (its far end reports
   playout: WebRTC, Twilio, a server-paced wire), ``immediate`` on a WebSocket, whose client
   plays the audio and opts in to ``confirm`` (it then pauses and resumes its player on
   ``output_audio_buffer.paused`` / ``.resumed``).
 
-The evidence and its path. The VAD (the input lane, off the loop) gives the onset, the pauses
-and the end; ``speech_ms`` counts from the onset. Words come from the engine's live partial
-transcripts (pocketsphinx, a bounded number of streams on the CPU default; fed with the
-speech as it is appended, ~50-150 ms behind it) as non-final ``UserTranscript`` events:
-only the latest hypothesis counts. Budget: the pause at the onset (~100 ms after it, the
-VAD's), the verdict when the speech falls quiet (its length plus ~100 ms) or at
-``confirm_window_ms``. A session without partials (none configured, or beyond the engine's
-``max_streams``) is judged on the acoustic evidence alone: short speech that falls quiet is
-taken back, long speech stops the answer, so a lone short "wait" is then taken back too.
+The evidence and its path. The VAD (the input lane, off the loop) gives the onset, the
+pauses and the end; ``speech_ms`` counts from the onset. The words: when the speech falls
+quiet while it is judged, its audio so far is transcribed by the engine's ASR stage
+(Whisper on the CPU default, ~0.15-0.3 s for a short speech there; a batch job of the
+session runtime) and the verdict waits up to ``words_wait_ms`` (:data:`WORDS_WAIT_MS`) for
+them. The live partials (pocketsphinx, a bounded number of streams) come too late and too
+wrong for this (measured: first words 0.4-1.4 s after the onset on a loaded machine, and
+"you", "if", "the" for "wait", "try again", "yeah"; "and i'm a champ" for "mm-hm"): they are
+shown to the client, not judged. Budget: the pause at the onset (~100 ms after it, the
+VAD's), the verdict when the speech falls quiet (its length, ~100 ms of silence, then its
+words: ~0.2-0.6 s) or at ``confirm_window_ms``. Speech whose words do not come in time (a
+loaded ASR stage) is judged on the acoustic evidence alone: short speech that falls quiet
+is taken back, long speech stops the answer, so a lone short "wait" is then taken back too.
 
 How words are read (:func:`heard`): lower-cased, hyphens as spaces; a phrase of the
 backchannel list counts as a backchannel; single letters and the few function words a
@@ -72,6 +76,9 @@ FILLERS = frozenset(
 )
 
 _WORD = re.compile(r"[a-z']+")
+#: a speech that fell quiet waits this long for its transcript (the engine's ASR on its
+#: audio so far, ~0.15-0.3 s on the CPU default); then it is judged on acoustics alone
+WORDS_WAIT_MS = 600.0
 
 
 def words_of(text: str) -> tuple[str, ...]:
@@ -116,6 +123,8 @@ class Rule:
     uninterruptible_ms: float
     confirm_ms: float
     backchannels: frozenset[tuple[str, ...]]
+    #: how long a quiet speech waits for its words before it is judged without them
+    words_wait_ms: float = WORDS_WAIT_MS
 
     @staticmethod
     def of(td: TurnDetection | None, *, server_playout: bool) -> Rule | None:
@@ -150,13 +159,16 @@ class Speech:
 
     speech_ms: float = 0.0  # from its onset (pauses inside it included)
     quiet: bool = False  # the VAD hears a pause in it, or it ended
-    words: str = ""  # the latest live transcript of it
+    words: str = ""  # its transcript, once known
     state: State = "heard"
+    #: when its words were asked for (None: not asked, or they came)
+    asked_ms: float | None = None
 
 
-def decide(rule: Rule, speech: Speech, *, window_open: bool) -> Verdict:
+def decide(rule: Rule, speech: Speech, *, window_open: bool, now_ms: float = 0.0) -> Verdict:
     """The one rule: what ``speech`` does to the answer now (``window_open``: the answer
-    is past its uninterruptible window)."""
+    is past its uninterruptible window; ``now_ms``: the session's clock, for the wait for
+    the speech's words)."""
     if speech.state == "stopped" or not window_open:
         return "go_on"
     if rule.mode == "immediate":
@@ -169,8 +181,12 @@ def decide(rule: Rule, speech: Speech, *, window_open: bool) -> Verdict:
         if not speech.quiet:
             return "pause"  # the voice came back
         return "stop" if said else "go_on"  # words heard late still stop it
-    if speech.speech_ms >= rule.confirm_ms:
-        return "stop"  # longer than a listener's backchannel
-    if not speech.quiet:
-        return "go_on"
-    return "stop" if said else "resume"
+    if not speech.quiet:  # (quiet, it waits for its words: that is not speech)
+        return "stop" if speech.speech_ms >= rule.confirm_ms else "go_on"
+    if said:
+        return "stop"
+    asked = speech.asked_ms
+    if asked is not None and speech.speech_ms >= rule.min_speech_ms:
+        if now_ms - asked < rule.words_wait_ms:
+            return "go_on"  # its words are on their way
+    return "resume"

@@ -198,8 +198,7 @@ class SessionMachine:
         if self.closed or event.fence.epoch < self.epoch:
             return []  # stale: a cancelled epoch's output never becomes an event
         if isinstance(event, UserTranscript):
-            td = self.config.turn_detection
-            return self.input.on_transcript(event, now_ms, td=td)
+            return self.input.on_transcript(event, now_ms)
         return self.responses.on_engine_event(event, self.config, now_ms)
 
     def cut_for_handover(self) -> list[Action]:

@@ -6,16 +6,18 @@ byte); a backchannel never becomes a turn; immediate mode is as it always was.""
 from __future__ import annotations
 
 from duplex_contract.fence import Fence
-from duplex_contract.session_events import AudioChunk, ResponseDone, UserTranscript
+from duplex_contract.session_events import AudioChunk, ResponseDone
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.commands import (
     Action,
+    Append,
     Cancel,
     Commit,
     Discard,
     SendAudio,
     Speculate,
     Touch,
+    TranscribeSpeech,
 )
 from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.playout import FarEnd, Flushed, Played, Queued
@@ -78,11 +80,13 @@ def _quiet(c: SessionMachine, now: float) -> list[Action]:
 
 
 def _end(c: SessionMachine, now: float) -> list[Action]:
-    return c.on_input_audio(CHUNK, [VadStop(audio_end_ms=c.input.input_ms - 500)], now)
+    """The speech ended where the last 20 ms began (its silence window: the test's time)."""
+    return c.on_input_audio(CHUNK, [VadStop(audio_end_ms=c.input.input_ms - 20)], now)
 
 
 def _words(c: SessionMachine, text: str, now: float) -> list[Action]:
-    return c.on_engine_event(UserTranscript(fence=c.position.fence, text=text, final=False), now)
+    """The transcript of the speech being judged comes back."""
+    return c.barge.words(c.config.turn_detection, c.barge.number, text, now)
 
 
 def _kinds(out: list[Action]) -> list[type]:
@@ -99,8 +103,12 @@ def test_a_backchannel_pauses_then_resumes_and_never_becomes_a_turn() -> None:
     out = _voice(c, 300, 1300) + a.chunk(1300)  # the engine goes on meanwhile
     assert _audio(out)  # over a WebSocket the client holds what it is sent
     assert not [x for x in calls(out) if isinstance(x, Cancel)]
-    out = _words(c, "yeah", 1310) + _quiet(c, 1400)
+    out = _quiet(c, 1400)
     assert not [x for x in calls(out) if isinstance(x, Speculate)]  # no guess of "yeah"
+    (ask,) = [x for x in out if isinstance(x, TranscribeSpeech)]  # its words are asked for
+    assert ask.speech == c.barge.number and len(ask.pcm) >= 2 * 16 * 300  # onset on
+    assert ev.OutputAudioResumed not in _kinds(out)  # ... and waited for
+    out = _words(c, "Yeah.", 1600)
     (resumed,) = [e for e in sent(out) if isinstance(e, ev.OutputAudioResumed)]
     assert resumed == ev.OutputAudioResumed(response_id=a.id, item_id=a.item)
     out = _end(c, 1900)
@@ -116,9 +124,9 @@ def test_words_stop_the_answer_as_the_immediate_rule_would_and_the_speech_is_a_t
     a = Answer(c)
     a.chunk(10)
     _onset(c, 1000)
-    out = _voice(c, 300, 1300) + _words(c, "wait what", 1310)
-    assert not [x for x in calls(out) if isinstance(x, Cancel)]  # judged once it is quiet
-    out = _quiet(c, 1400)
+    out = _voice(c, 300, 1300) + _quiet(c, 1400)
+    assert not [x for x in calls(out) if isinstance(x, Cancel)]  # judged by its words
+    out = _words(c, "Wait, what?", 1600)
     assert Cancel(0, "barge_in") in calls(out)
     done = next(e for e in sent(out) if isinstance(e, ev.ResponseDone))
     assert done.response.status == "cancelled"
@@ -143,8 +151,10 @@ def test_late_words_after_a_resume_stop_it() -> None:
     a.chunk(10)
     _onset(c, 1000)
     _voice(c, 300, 1300)
-    assert ev.OutputAudioResumed in _kinds(_quiet(c, 1400))
-    out = _words(c, "stop", 1450)
+    assert ev.OutputAudioResumed not in _kinds(_quiet(c, 1400))
+    assert ev.OutputAudioResumed not in _kinds(_voice(c, 20, 1990))
+    assert ev.OutputAudioResumed in _kinds(_voice(c, 20, 2000))  # no words in 600 ms
+    out = _words(c, "Stop.", 2100)
     assert Cancel(0, "barge_in") in calls(out)
     out = _end(c, 1900)
     assert [x for x in calls(out) if isinstance(x, Commit)]
@@ -156,7 +166,8 @@ def test_voice_that_comes_back_pauses_again_and_past_the_window_stops() -> None:
     a.chunk(10)
     _onset(c, 1000)
     _voice(c, 300, 1300)
-    _quiet(c, 1400)  # taken back
+    _quiet(c, 1400)
+    assert ev.OutputAudioResumed in _kinds(_words(c, "", 1500))  # no word: taken back
     _voice(c, 200, 1500)  # silence, still inside the speech's turn: nothing
     back = c.on_input_audio(CHUNK, [VadResume(at_ms=c.input.input_ms)], 1600)
     assert ev.OutputAudioPaused in _kinds(back)
@@ -179,7 +190,7 @@ def test_a_websocket_client_is_believed_to_play_an_answer_until_its_audio_has_pl
         a.chunk(100)
     a.done(200)
     assert ev.OutputAudioPaused in _kinds(_onset(c, 1500))  # it still plays
-    out = _voice(c, 300, 1800) + _words(c, "what", 1800) + _quiet(c, 1900)
+    out = _voice(c, 300, 1800) + _quiet(c, 1900) + _words(c, "What?", 2000)
     assert sent(out)[-1] == ev.OutputAudioCleared(response_id=a.id)  # it ended: a clear
     assert c.epoch == 0
     c2 = core(turn_detection=CONFIRM)
@@ -223,7 +234,7 @@ def test_a_paused_answer_resumes_from_its_last_played_sample_with_nothing_lost()
     assert _audio(held) == []
     assert c.on_playout(Flushed(), 1010) == []  # the pause's flush: no truncation
     _voice(c, 300, 1300)
-    out = _quiet(c, 1400)
+    out = _quiet(c, 1400) + _words(c, "Mm-hmm.", 1500)
     (resumed,) = [e for e in sent(out) if isinstance(e, ev.OutputAudioResumed)]
     again = _audio(out)
     assert resumed.audio_start_ms == again[0].audio_start_ms
@@ -248,7 +259,7 @@ def test_a_stop_after_a_pause_truncates_to_what_was_heard_and_emits_nothing_held
     _onset(c, 1000)
     c.on_playout(Flushed(), 1010)
     a.chunk(1100)
-    out = _voice(c, 300, 1300) + _words(c, "hold on", 1300) + _quiet(c, 1400)
+    out = _voice(c, 300, 1300) + _quiet(c, 1400) + _words(c, "Hold on.", 1500)
     assert Cancel(0, "barge_in") in calls(out) and _audio(out) == []
     assert ev.OutputAudioCleared(response_id=a.id) in sent(out)
     out = c.on_playout(Flushed(), 1410)  # the stop's flush
@@ -267,7 +278,7 @@ def test_a_resume_decided_before_the_pause_was_flushed_waits_for_the_flush() -> 
     _played(c, a, 60.0, 1000)
     _onset(c, 1000)
     _voice(c, 100, 1100)
-    out = _quiet(c, 1150)  # resumed, but the far end has not said it flushed yet
+    out = _quiet(c, 1150) + _words(c, "Yeah.", 1155)  # the far end has not flushed yet
     assert ev.OutputAudioResumed in _kinds(out) and _audio(out) == []
     c.on_playout(Played(a.item, 80.0, 120.0), 1160)  # it played on until the flush
     out = c.on_playout(Flushed(), 1170)
@@ -317,3 +328,69 @@ def test_a_media_session_pinned_to_immediate_cancels_as_before() -> None:
     _played(c, a, 50.0, 1000)
     assert ev.OutputAudioPaused not in _kinds(_onset(c, 1000))
     assert Cancel(0, "barge_in") in calls(_voice(c, 120, 1200))
+
+
+def test_speech_too_short_is_taken_back_at_once_and_old_words_are_dropped() -> None:
+    c = core(turn_detection=ev.TurnDetection(interrupt_mode="confirm", min_interrupt_speech_ms=200))
+    a = Answer(c)
+    a.chunk(10)
+    _onset(c, 1000)
+    _voice(c, 60, 1060)
+    out = _quiet(c, 1100)  # 80 ms: no words needed
+    assert ev.OutputAudioResumed in _kinds(out)
+    assert not [x for x in out if isinstance(x, TranscribeSpeech)]
+    _end(c, 1600)
+    number = c.barge.number
+    _onset(c, 2000)
+    _voice(c, 300, 2300)
+    _quiet(c, 2400)
+    td = c.config.turn_detection
+    assert c.barge.words(td, number, "Stop!", 2450) == []  # the words of the speech before
+    assert Cancel(0, "barge_in") in calls(_words(c, "Stop!", 2500))
+
+
+def test_a_speech_whose_words_come_after_its_end_is_settled_by_them() -> None:
+    """A loaded ASR stage: the speech is taken back on its acoustics and ends before its
+    words come; they decide whether it was an interruption (its turn kept) or not."""
+    for words, interrupted in (("Try again.", True), ("Mm-hmm.", False)):
+        c = core(turn_detection=CONFIRM)
+        a = Answer(c)
+        a.chunk(10)
+        _onset(c, 1000)
+        _voice(c, 300, 1300)
+        _quiet(c, 1400)
+        assert ev.OutputAudioResumed in _kinds(_voice(c, 20, 2000))  # no words in time
+        out = _end(c, 2000)
+        assert _kinds(out) == [ev.SpeechStopped]
+        assert not [x for x in calls(out) if isinstance(x, Commit | Discard)]  # not yet
+        out = c.input.speech_words(c.barge.number, words, c.config, 2600)
+        if interrupted:
+            assert Cancel(0, "barge_in") in calls(out)
+            assert [x for x in calls(out) if isinstance(x, Commit)]  # its turn, kept
+        else:
+            assert calls(out) == [Discard(0)] and c.epoch == 0
+
+
+def test_a_speech_whose_words_never_come_is_dropped_in_time_or_at_the_next_speech() -> None:
+    c = core(turn_detection=CONFIRM)
+    a = Answer(c)
+    a.chunk(10)
+    _onset(c, 1000)
+    _voice(c, 300, 1300)
+    _quiet(c, 1400)
+    _voice(c, 20, 2000)
+    _end(c, 2000)
+    assert not [x for x in calls(_voice(c, 20, 4400)) if isinstance(x, Discard)]
+    assert [x for x in calls(_voice(c, 20, 4500)) if isinstance(x, Discard)]  # SETTLE_MS
+    assert c.input.speech_words(c.barge.number, "Stop!", c.config, 4600) == []  # too late
+    c2 = core(turn_detection=CONFIRM)
+    b = Answer(c2)
+    b.chunk(10)
+    _onset(c2, 1000)
+    _voice(c2, 300, 1300)
+    _quiet(c2, 1400)
+    _voice(c2, 20, 2000)
+    _end(c2, 2000)
+    out = _onset(c2, 2500)  # the next speech: the one before stays dropped, first
+    kinds = [type(x) for x in calls(out)]
+    assert kinds[0] is Discard and Append in kinds

@@ -112,13 +112,17 @@ def test_confirm_stops_long_speech_and_words_and_takes_back_the_rest() -> None:
 
     assert verdict(500, quiet=False) == "go_on"  # still speaking, inside the window
     assert verdict(800, quiet=False) == "stop"  # as long as the window
-    assert verdict(800, quiet=True, words="yeah") == "stop"  # (quiet or not)
+    # quiet, waiting for its words, it is not speech: the window counts voice only
+    assert verdict(900, quiet=True, words="yeah") == "resume"
     assert verdict(450, quiet=True) == "resume"  # no word: a cough, a hum
     assert verdict(450, quiet=True, words="yeah") == "resume"
     assert verdict(450, quiet=True, words="mm hmm okay") == "resume"
     assert verdict(450, quiet=True, words="wait") == "stop"
     assert verdict(100, quiet=True, words="wait") == "resume"  # under min_interrupt_speech_ms
     assert verdict(450, quiet=False, words="wait") == "go_on"  # words judged once it is quiet
+    asked = Speech(450, True, "", "paused", asked_ms=1000.0)
+    assert decide(rule, asked, window_open=True, now_ms=1500) == "go_on"  # its words come
+    assert decide(rule, asked, window_open=True, now_ms=1600) == "resume"  # not in time
 
 
 def test_a_speech_taken_back_is_stopped_by_late_words_and_paused_by_more_voice() -> None:
