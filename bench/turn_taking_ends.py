@@ -321,8 +321,8 @@ async def twilio(
     async with TwilioSim.call(addr, {"session": json.dumps(session)}, **kw) as sim:
         sim.speak(question)
         with contextlib.suppress(TimeoutError):
-            await sim.wait(lambda: sim.played > 0, within=ANSWER_TIMEOUT_S)
-        if sim.played == 0:
+            await sim.wait(lambda: sim.played > 0 and bool(sim.marks_in), ANSWER_TIMEOUT_S)
+        if sim.played == 0 or not sim.marks_in:
             out.void = "no answer"
             await sim.stop()
             return out

@@ -40,8 +40,9 @@ words: ~0.2-0.6 s) or at ``confirm_window_ms``. Speech whose words do not come i
 loaded ASR stage) is judged on the acoustic evidence alone: short speech that falls quiet
 is taken back, long speech stops the answer, so a lone short "wait" is then taken back too.
 
-How words are read (:func:`heard`): lower-cased, hyphens as spaces; a phrase of the
-backchannel list counts as a backchannel; single letters and the few function words a
+How words are read (:func:`heard`): hyphens as spaces, then lower-cased; a phrase of the
+backchannel list counts as a backchannel; single letters, words in capitals (Whisper spells
+a hum it cannot make a word of: "M.M.H.N.", "MMACM") and the few function words a
 recogniser guesses for a hum (:data:`FILLERS`) count as nothing; anything else is a word.
 """
 
@@ -76,6 +77,7 @@ FILLERS = frozenset(
 )
 
 _WORD = re.compile(r"[a-z']+")
+_CASED = re.compile(r"[A-Za-z']+")
 #: a speech that fell quiet waits this long for its transcript (the engine's ASR on its
 #: audio so far, ~0.15-0.3 s on the CPU default); then it is judged on acoustics alone
 WORDS_WAIT_MS = 600.0
@@ -97,7 +99,13 @@ def heard(
 ) -> Literal["none", "backchannel", "words"]:
     """What a transcript says: ``none`` (no word), ``backchannel`` (backchannels only) or
     ``words`` (at least one other word)."""
-    toks = words_of(text)
+    # capitals are letters Whisper heard and could not make a word of ("M.M.H.N.", "MMACM"
+    # for a hum): spelled-out sound, as single letters are
+    cased = _CASED.findall(text.replace("-", " "))
+    toks = tuple(
+        "" if len(t) > 1 and t.isupper() and (t.lower(),) not in backchannels else t.lower()
+        for t in cased
+    )
     longest = max((len(p) for p in backchannels), default=1)
     said = False
     i = 0
@@ -110,7 +118,7 @@ def heard(
         else:
             if len(toks[i]) > 1 and toks[i] not in FILLERS:
                 return "words"
-            i += 1  # a letter (a hum spelled out) or a filler
+            i += 1  # a letter or capitals (a hum spelled out), or a filler
     return "backchannel" if said else "none"
 
 

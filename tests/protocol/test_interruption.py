@@ -35,6 +35,10 @@ def test_words_are_read_lower_cased_with_hyphens_as_spaces() -> None:
         ("the", "none"),  # a recogniser's guess at a hum
         ("and i'm a", "none"),
         ("M.M.H.N.", "none"),  # Whisper spelling one
+        ("MMACM", "none"),
+        ("NMA.", "none"),
+        ("OK.", "backchannel"),
+        ("STOP", "none"),  # (capitals are letters: Whisper writes words as words)
         ("yeah", "backchannel"),
         ("Mm-hmm.", "backchannel"),
         ("uh-huh", "backchannel"),
