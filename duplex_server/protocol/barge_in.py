@@ -69,6 +69,7 @@ class BargeIn:
         self.target: tuple[str, str] | None = None
         self.number = 0  # of the speech judged (its words come back with it)
         self._audio = bytearray()  # its audio so far (engine input rate)
+        self._last_ms = 0.0  # its length (from the onset) when last told
         #: a speech that ended taken back while its words were on their way
         self.settling: Speech | None = None
         #: verdicts so far (for tests and metrics): pause, stop, resume
@@ -96,6 +97,7 @@ class BargeIn:
         self.speech, self.target = Speech(), target
         self.number += 1
         self._audio = bytearray()
+        self._last_ms = 0.0
         return self._judge(rule, now_ms)
 
     def audio(self, pcm: bytes) -> None:
@@ -106,11 +108,15 @@ class BargeIn:
     def speaking(
         self, td: ev.TurnDetection | None, speech_ms: float, now_ms: float
     ) -> list[Action]:
-        """The speech has lasted ``speech_ms`` from its onset."""
+        """The speech has lasted ``speech_ms`` from its onset. What is judged counts its
+        voice only: the time since it was last told, unless the VAD heard a pause (a word,
+        a pause, then a breath or the next syllable is not a long speech)."""
         speech, rule = self.speech, self.rule(td)
         if speech is None or rule is None:
             return self.responses.barge_in(td, speech_ms, now_ms)
-        speech.speech_ms = speech_ms
+        if not speech.quiet:
+            speech.speech_ms += max(0.0, speech_ms - self._last_ms)
+        self._last_ms = speech_ms
         return self._judge(rule, now_ms)
 
     def quiet(self, td: ev.TurnDetection | None, quiet: bool, now_ms: float) -> list[Action]:

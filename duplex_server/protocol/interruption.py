@@ -27,8 +27,8 @@ Modes (``turn_detection.interrupt_mode``):
   ``output_audio_buffer.paused`` / ``.resumed``).
 
 The evidence and its path. The VAD (the input lane, off the loop) gives the onset, the
-pauses and the end; ``speech_ms`` counts from the onset. The words: when the speech falls
-quiet while it is judged, its audio so far is transcribed by the engine's ASR stage
+pauses and the end; ``speech_ms`` counts its voice (the pauses left out). The words: when
+the speech falls quiet while it is judged, its audio so far is transcribed by the engine's ASR stage
 (Whisper on the CPU default, ~0.15-0.3 s for a short speech there; a batch job of the
 session runtime) and the verdict waits up to ``words_wait_ms`` (:data:`WORDS_WAIT_MS`) for
 them. The live partials (pocketsphinx, a bounded number of streams) come too late and too
@@ -165,7 +165,9 @@ class Rule:
 class Speech:
     """What is known of one stretch of the user's speech over an answer."""
 
-    speech_ms: float = 0.0  # from its onset (pauses inside it included)
+    #: its voice so far (while it lasts: the VAD's pauses inside it left out; at its end:
+    #: its length from the onset)
+    speech_ms: float = 0.0
     quiet: bool = False  # the VAD hears a pause in it, or it ended
     words: str = ""  # its transcript, once known
     state: State = "heard"

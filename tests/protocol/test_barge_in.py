@@ -171,7 +171,9 @@ def test_voice_that_comes_back_pauses_again_and_past_the_window_stops() -> None:
     _voice(c, 200, 1500)  # silence, still inside the speech's turn: nothing
     back = c.on_input_audio(CHUNK, [VadResume(at_ms=c.input.input_ms)], 1600)
     assert ev.OutputAudioPaused in _kinds(back)
-    out = _voice(c, 300, 1900)  # 840 ms from the onset: more than a backchannel
+    out = _voice(c, 300, 1900)  # 940 ms from the onset, ~640 ms of it voice
+    assert Cancel(0, "barge_in") not in calls(out)  # (its pauses do not count)
+    out = _voice(c, 200, 2100)  # 840 ms of voice: more than a backchannel
     assert Cancel(0, "barge_in") in calls(out)
 
 
