@@ -1,9 +1,10 @@
 // duplex-server browser client: no dependencies, no build step.
 // Mic (AudioWorklet, 16 kHz PCM16 binary frames) -> /v1/realtime (server VAD) -> 24 kHz
-// audio deltas -> jitter buffer -> speakers. Barge-in is confirmed (interrupt_mode: confirm,
-// docs/protocol.md §6.1): output_audio_buffer.paused pauses the local player at the speech
-// onset, .resumed plays on from there (a listener's "mm-hm" or a cough: the cut is taken
-// back, shown on the answer), .cleared or response.done{cancelled} flushes it; a dropped
+// audio deltas -> jitter buffer -> speakers. Barge-in flushes the local player at once, or,
+// with "Confirm cuts" ticked (interrupt_mode: confirm, docs/protocol.md §6.1; the server's
+// default in WebRTC mode), output_audio_buffer.paused pauses it at the speech onset,
+// .resumed plays on from there (a listener's "mm-hm" or a cough: the cut is taken back,
+// shown on the answer) and .cleared or response.done{cancelled} flushes it; a dropped
 // socket is resumed (session.resume with the last seen server_event_seq, duplicates skipped).
 // WebRTC mode (the toggle): the SDP offer goes to POST /v1/realtime/calls, audio is Opus
 // both ways (the browser plays the server's track; the server flushes it on barge-in) and
@@ -196,7 +197,7 @@ class Session {
           output_modalities: ["audio"],
           audio: {
             input: { format: { type: "audio/pcm", rate: IN_RATE },
-              turn_detection: { type: "server_vad", interrupt_mode: "confirm" } },
+              turn_detection: { type: "server_vad", interrupt_mode: this.interruptMode } },
             output: { format: { type: "audio/pcm", rate: OUT_RATE } },
           },
         } });
@@ -348,7 +349,7 @@ class RtcSession extends Session {
     const form = new FormData();
     form.append("sdp", pc.localDescription.sdp);
     form.append("session", JSON.stringify({ type: "realtime", output_modalities: ["audio"],
-      audio: { input: { turn_detection: { type: "server_vad" } } } }));
+      audio: { input: { turn_detection: { type: "server_vad", interrupt_mode: this.interruptMode } } } }));
     const headers = this.key ? { Authorization: "Bearer " + this.key } : {};
     const resp = await fetch(this.callsUrl(), { method: "POST", body: form, headers });
     if (resp.status !== 201) throw new Error("call refused: " + resp.status + " " + (await resp.text()));
@@ -451,6 +452,8 @@ $("connect").onclick = async () => {
   state.transport = rtc ? "webrtc" : "websocket";
   session = rtc ? new RtcSession($("url").value, $("key").value.trim())
     : new Session($("url").value, $("key").value.trim());
+  // the session's interruption mode: confirm if ticked, else the server's (auto)
+  session.interruptMode = $("confirm").checked ? "confirm" : "auto";
   await session.player.ctx.resume(); // user gesture: allow audio output
   setStatus("connecting");
   if (rtc) {

@@ -273,7 +273,7 @@ def browser_backchannel(tmp_path: Path) -> Iterator[Any]:
 def test_a_backchannel_over_the_answer_shows_a_cut_taken_back(
     backchannel_server: str, browser_backchannel: Any, mode: str
 ) -> None:
-    """interrupt_mode confirm (the page opts in on the WebSocket; WebRTC's default): an
+    """interrupt_mode confirm ("Confirm cuts" ticked on the WebSocket; WebRTC's default): an
     "mm-hm" over the answer pauses it (output_audio_buffer.paused: the page pauses its
     player) and the cut is taken back (.resumed: it plays on); the answer completes, marked
     "(cut taken back)", not interrupted, and the "mm-hm" is no turn of its own."""
@@ -281,6 +281,8 @@ def test_a_backchannel_over_the_answer_shows_a_cut_taken_back(
     _open(browser, f"http://{backchannel_server}/")
     if mode == "webrtc":
         browser.find_element("id", "webrtc").click()
+    else:
+        browser.find_element("id", "confirm").click()
     browser.find_element("id", "connect").click()
     deadline = time.monotonic() + 40 * UNIT
     state = _state(browser)
