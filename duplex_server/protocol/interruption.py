@@ -70,9 +70,10 @@ DEFAULT_BACKCHANNELS: tuple[str, ...] = (
     "true", "exactly", "indeed", "totally", "of course", "good",
 )  # fmt: skip
 #: words that alone never interrupt: what a recogniser makes of a hum or a breath
-#: ("mm-hm" came out of pocketsphinx as "the", "and i'm a", "it you")
+#: ("mm-hm" came out of pocketsphinx as "the", "and i'm a", "it you"; of Whisper as
+#: "M M them")
 FILLERS = frozenset(
-    "the an and i'm you it to of in is he she we they are am be that this its it's was "
+    "the an and i'm you it to of in is he she we they them are am be that this its it's was "
     "which with on at by for or".split()
 )
 

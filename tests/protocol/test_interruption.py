@@ -34,6 +34,7 @@ def test_words_are_read_lower_cased_with_hyphens_as_spaces() -> None:
         ("m h m", "none"),  # pocketsphinx spelling a hum
         ("the", "none"),  # a recogniser's guess at a hum
         ("and i'm a", "none"),
+        ("M M them", "none"),  # Whisper, an espeak "Mm-hmm." over a WebRTC call
         ("M.M.H.N.", "none"),  # Whisper spelling one
         ("MMACM", "none"),
         ("NMA.", "none"),
