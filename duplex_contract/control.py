@@ -69,6 +69,9 @@ SignalEvent = Literal[
     "input.resume",
     # conversation.item.delete: drop ``item`` from the history
     "item.delete",
+    # A backchannel taken back (the front end's interruption decision): drop the input
+    # audio not yet committed, with no new epoch; its speech never becomes a turn.
+    "input.discard",
 ]
 
 

@@ -116,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_talk.add_argument("--wav", type=Path, required=True, help="mono 16-bit WAV")
     p_talk.add_argument("--out", type=Path, help="write the reply here (24 kHz WAV)")
     p_talk.add_argument("--fast", action="store_true", help="send faster than real time")
+    p_talk.add_argument(
+        "--interrupt-mode",
+        choices=["immediate", "confirm"],
+        help="how speech over an answer is judged (docs/protocol.md §6.1; default: the server's)",
+    )
     p_say = sub.add_parser("say", parents=[common], help="batch speech (POST /v1/audio/speech)")
     p_say.add_argument("text")
     p_say.add_argument("--out", type=Path, required=True)
@@ -134,7 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "talk":
-            return asyncio.run(talk(args.url, args.api_key, args.wav, args.out, args.fast))
+            return asyncio.run(
+                talk(
+                    args.url,
+                    args.api_key,
+                    args.wav,
+                    args.out,
+                    args.fast,
+                    interrupt_mode=args.interrupt_mode,
+                )
+            )
         if args.command == "offer":
             sdp = asyncio.run(make_offer())
             if args.out is None:

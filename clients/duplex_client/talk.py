@@ -6,6 +6,11 @@ recording speaks again is interrupted (barge-in), as it would be for a person. T
 says so: per turn its transcript, its answer (completed or interrupted) and the answer's
 TTFA, then a summary (turns detected, transcripts, answers by status, TTFA).
 
+With ``interrupt_mode: confirm`` (``--interrupt-mode confirm``; docs/protocol.md §6.1) the
+server pauses an answer for speech over it (``output_audio_buffer.paused``) and either stops
+it (interrupted, as above) or takes the cut back (``output_audio_buffer.resumed``: a
+listener's "mm-hm", a cough): the report says so on the answer and in the summary.
+
 TTFA is timed here, at the client: from the *last voiced frame sent* before the turn ended
 (a 20 ms frame is voiced when its RMS is over ``VOICED_REL`` of the recording's loudest
 frame) to the first ``response.output_audio.delta`` of the answer. That is the user's wait;
@@ -75,6 +80,8 @@ class Answer:
     status: str = "in_progress"
     text: str = ""
     audio: list[bytes] = field(default_factory=list)
+    pauses: int = 0  # output_audio_buffer.paused: speech over it was judged
+    taken_back: int = 0  # output_audio_buffer.resumed: ... and was not an interruption
 
     @property
     def ttfa_ms(self) -> float | None:
@@ -98,6 +105,10 @@ class TalkReport:
         self.speaking = False
         self._by_item: dict[str, Turn] = {}
         self._by_response: dict[str, Answer] = {}
+        self._speech_item: str | None = None  # of the speech in progress
+        #: speech items a taken-back cut came from, and when their last voiced frame was
+        #: sent: a turn only if committed after all (its words came late)
+        self._held: dict[str, float | None] = {}
 
     def sent_frame(self, voiced: bool, now: float) -> None:
         if voiced:
@@ -118,11 +129,19 @@ class TalkReport:
     def on_event(self, event: ev.AnyServerEvent, now: float) -> list[str]:
         if isinstance(event, ev.SpeechStarted):
             self.speaking = True
+            self._speech_item = event.item_id
         elif isinstance(event, ev.SpeechStopped):
             self.speaking = False
-            self._turn(event.item_id).voiced_end = self.last_voiced
+            if event.item_id in self._held:
+                self._held[event.item_id] = self.last_voiced
+            else:
+                self._turn(event.item_id).voiced_end = self.last_voiced
         elif isinstance(event, ev.InputCommitted):
-            self._turn(event.item_id)
+            held = event.item_id in self._held
+            voiced_end = self._held.pop(event.item_id, None)
+            turn = self._turn(event.item_id)
+            if held:
+                turn.voiced_end = voiced_end
         elif isinstance(event, ev.InputTranscriptCompleted):
             turn = self._turn(event.item_id)
             turn.transcript = event.transcript
@@ -141,6 +160,8 @@ class TalkReport:
             answer = self._by_response.get(event.response_id)
             if answer is not None:
                 answer.text += event.delta
+        elif isinstance(event, ev.OutputAudioPaused | ev.OutputAudioResumed):
+            return self._paused(event)
         elif isinstance(event, ev.ResponseDone):
             answer = self._by_response.get(event.response.id)
             if answer is not None:
@@ -151,6 +172,19 @@ class TalkReport:
             self.errors.append(line)
             return [line]
         return []
+
+    def _paused(self, event: ev.OutputAudioPaused | ev.OutputAudioResumed) -> list[str]:
+        answer = self._by_response.get(event.response_id)
+        if answer is None:
+            return []
+        where = f"turn {answer.turn.number}" if answer.turn is not None else "turn -"
+        if isinstance(event, ev.OutputAudioPaused):
+            answer.pauses += 1
+            return []
+        answer.taken_back += 1
+        if self._speech_item is not None and self._speech_item not in self._by_item:
+            self._held.setdefault(self._speech_item, None)  # not a turn unless committed
+        return [f"{where}  assistant: paused for speech over it, resumed (cut taken back)"]
 
     def _turn(self, item_id: str) -> Turn:
         turn = self._by_item.get(item_id)
@@ -171,6 +205,8 @@ class TalkReport:
             )
         else:
             how = answer.status
+        if answer.taken_back:
+            how += f", {_n(answer.taken_back, 'cut')} taken back"
         ttfa = answer.ttfa_ms
         if ttfa is not None:
             how += f", TTFA {ttfa:.0f} ms"
@@ -188,6 +224,9 @@ class TalkReport:
             f"{_n(heard, 'transcript')}, {_n(len(self.answers), 'answer')}"
             + (f" ({counts})" if counts else "")
         ]
+        taken_back = sum(a.taken_back for a in self.answers)
+        if taken_back:
+            lines.append(f"{_n(taken_back, 'cut')} taken back (speech over an answer, not a turn)")
         answered = {id(a.turn) for a in self.answers}
         unanswered = [str(t.number) for t in self.turns if id(t) not in answered]
         if unanswered:
@@ -223,9 +262,19 @@ def write_wav(path: Path, pcm: bytes, rate: int) -> None:
 
 
 async def talk(
-    url: str, api_key: str | None, wav: Path, out: Path | None, fast: bool, idle_s: float = IDLE_S
+    url: str,
+    api_key: str | None,
+    wav: Path,
+    out: Path | None,
+    fast: bool,
+    idle_s: float = IDLE_S,
+    interrupt_mode: str | None = None,
 ) -> int:
-    """Stream ``wav`` as a microphone (server VAD ends the turns); print the report."""
+    """Stream ``wav`` as a microphone (server VAD ends the turns); print the report
+    (``interrupt_mode``: the session's, ``immediate`` or ``confirm``; None: the server's)."""
+    detection: dict[str, str] = {"type": "server_vad"}
+    if interrupt_mode is not None:
+        detection["interrupt_mode"] = interrupt_mode
     pcm, rate = read_wav(wav)
     frames = frames_of(to_pcm16(pcm, rate, RATE))
     voiced = voiced_flags(frames)
@@ -238,7 +287,7 @@ async def talk(
                 "audio": {
                     "input": {
                         "format": {"type": "audio/pcm", "rate": RATE},
-                        "turn_detection": {"type": "server_vad"},
+                        "turn_detection": detection,
                     },
                     "output": {"format": {"type": "audio/pcm", "rate": OUT_RATE}},
                 },

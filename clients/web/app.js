@@ -1,6 +1,10 @@
 // duplex-server browser client: no dependencies, no build step.
 // Mic (AudioWorklet, 16 kHz PCM16 binary frames) -> /v1/realtime (server VAD) -> 24 kHz
-// audio deltas -> jitter buffer -> speakers. Barge-in flushes the local player; a dropped
+// audio deltas -> jitter buffer -> speakers. Barge-in flushes the local player at once, or,
+// with "Confirm cuts" ticked (interrupt_mode: confirm, docs/protocol.md §6.1; the server's
+// default in WebRTC mode), output_audio_buffer.paused pauses it at the speech onset,
+// .resumed plays on from there (a listener's "mm-hm" or a cough: the cut is taken back,
+// shown on the answer) and .cleared or response.done{cancelled} flushes it; a dropped
 // socket is resumed (session.resume with the last seen server_event_seq, duplicates skipped).
 // WebRTC mode (the toggle): the SDP offer goes to POST /v1/realtime/calls, audio is Opus
 // both ways (the browser plays the server's track; the server flushes it on barge-in) and
@@ -17,7 +21,7 @@ const state = (window.duplexState = {
   connected: false, sessionId: null, userTranscripts: [], assistantTranscripts: [],
   ttfaMs: [], timings: [], responses: [], flushes: 0, resumes: 0, framesSent: 0,
   transport: "websocket", audioStarted: 0, audioCleared: 0, rtcPacketsReceived: 0,
-  rtcAudioEnergy: 0, interrupted: 0,
+  rtcAudioEnergy: 0, interrupted: 0, paused: 0, takenBack: 0,
 });
 
 // ------------------------------------------------------------------ player (jitter buffer)
@@ -75,12 +79,21 @@ class Player {
     const played = (this.ctx.currentTime - this.itemStart) * 1000;
     return Math.max(0, Math.min(played, this.scheduledMs));
   }
+  // A suspected interruption: the context's clock stops, so what is scheduled waits (and
+  // audio that arrives meanwhile queues behind it); resume() plays on from that sample.
+  pause() {
+    if (this.ctx.state === "running") this.ctx.suspend();
+  }
+  resume() {
+    if (this.ctx.state === "suspended") this.ctx.resume();
+  }
   flush() {
     const played = { itemId: this.itemId, ms: this.playedMs() };
     for (const src of this.sources) { try { src.stop(); } catch (e) { /* already ended */ } }
     this.sources.clear();
     this.nextTime = 0;
     this.itemId = null;
+    this.resume(); // (a flush ends a pause: the next answer plays)
     return played;
   }
 }
@@ -106,9 +119,18 @@ class Session {
   markInterrupted(responseId) {
     const li = this.bubbles.get(responseId);
     if (!li || li.classList.contains("cancelled")) return;
+    li.classList.remove("paused", "taken-back");
     li.classList.add("cancelled");
     state.interrupted++;
     $("interrupts").textContent = state.interrupted;
+  }
+  // The server paused the answer for speech over it (output_audio_buffer.paused), then took
+  // the pause back (.resumed): the answer goes on, marked "(cut taken back)".
+  markPaused(responseId, paused) {
+    const li = this.bubbles.get(responseId);
+    if (!li || li.classList.contains("cancelled")) return;
+    li.classList.toggle("paused", paused);
+    if (!paused) li.classList.add("taken-back");
   }
   protocols() {
     const p = ["realtime"];
@@ -174,16 +196,20 @@ class Session {
         this.send({ type: "session.update", session: {
           output_modalities: ["audio"],
           audio: {
-            input: { format: { type: "audio/pcm", rate: IN_RATE }, turn_detection: { type: "server_vad" } },
+            input: { format: { type: "audio/pcm", rate: IN_RATE },
+              turn_detection: { type: "server_vad", interrupt_mode: this.interruptMode } },
             output: { format: { type: "audio/pcm", rate: OUT_RATE } },
           },
         } });
         break;
-      case "session.updated":
+      case "session.updated": {
+        const td = ev.session.audio && ev.session.audio.input && ev.session.audio.input.turn_detection;
+        this.interruptMode = td ? td.interrupt_mode : undefined;
         state.connected = true;
         this.retries = 0;
         setStatus("live", "live");
         break;
+      }
       case "session.resumed":
         this.token = ev.resume_token;
         state.connected = true;
@@ -193,8 +219,20 @@ class Session {
         addLine("system", "reconnected (" + ev.replayed + " events replayed)");
         break;
       case "input_audio_buffer.speech_started":
-        // Barge-in: stop local playback at once; the server cancels the response too.
-        if (this.player.sources.size) this.flushPlayer();
+        // Speech over the answer: the server judges it (confirm) and pauses, stops or lets
+        // the answer go on; a server that judges immediately (no confirm) means a cut.
+        if (this.player.sources.size && this.interruptMode !== "confirm") this.flushPlayer();
+        break;
+      case "output_audio_buffer.paused": // maybe an interruption: hold the answer here
+        state.paused++;
+        this.player.pause();
+        this.markPaused(ev.response_id, true);
+        break;
+      case "output_audio_buffer.resumed": // it was not: play on from where it paused
+        state.takenBack++;
+        $("takenback").textContent = state.takenBack;
+        this.player.resume();
+        this.markPaused(ev.response_id, false);
         break;
       case "input_audio_buffer.speech_stopped":
         this.speechStoppedAt = performance.now();
@@ -311,7 +349,7 @@ class RtcSession extends Session {
     const form = new FormData();
     form.append("sdp", pc.localDescription.sdp);
     form.append("session", JSON.stringify({ type: "realtime", output_modalities: ["audio"],
-      audio: { input: { turn_detection: { type: "server_vad" } } } }));
+      audio: { input: { turn_detection: { type: "server_vad", interrupt_mode: this.interruptMode } } } }));
     const headers = this.key ? { Authorization: "Bearer " + this.key } : {};
     const resp = await fetch(this.callsUrl(), { method: "POST", body: form, headers });
     if (resp.status !== 201) throw new Error("call refused: " + resp.status + " " + (await resp.text()));
@@ -414,6 +452,8 @@ $("connect").onclick = async () => {
   state.transport = rtc ? "webrtc" : "websocket";
   session = rtc ? new RtcSession($("url").value, $("key").value.trim())
     : new Session($("url").value, $("key").value.trim());
+  // the session's interruption mode: confirm if ticked, else the server's (auto)
+  session.interruptMode = $("confirm").checked ? "confirm" : "auto";
   await session.player.ctx.resume(); // user gesture: allow audio output
   setStatus("connecting");
   if (rtc) {

@@ -22,6 +22,7 @@ from duplex_contract.settings import SessionUpdate
 from duplex_contract.tools import ItemRef, ResponseOptions, ToolOutput
 from duplex_server.protocol import dtmf
 from duplex_server.protocol import events as ev
+from duplex_server.protocol.barge_in import BargeIn
 from duplex_server.protocol.codec import decode_audio_b64
 from duplex_server.protocol.commands import (
     Action,
@@ -29,6 +30,7 @@ from duplex_server.protocol.commands import (
     Call,
     Commit,
     DeleteItem,
+    Discard,
     ProcessAudio,
     Send,
     Speculate,
@@ -66,6 +68,10 @@ InputEvent = (
     | ev.ConversationItemDelete
 )
 
+#: a speech over an answer that ended taken back while its words were on their way waits
+#: this long for them (protocol/barge_in.py): past it, it stays dropped
+SETTLE_MS = 2500.0
+
 _IDLE_NOTE = "The user has said nothing for a while. Ask them briefly whether they are still there."
 
 
@@ -89,6 +95,12 @@ class ClientInput:
         self.usage = usage
         self.timeline = timeline
         self.responses = responses
+        #: the speech over an answer and the interruption decision
+        self.barge = BargeIn(responses, responses.playout)
+        self._guessed = False  # an input.pause was sent for the speech in progress
+        #: a speech over an answer that ended while its words were on their way: (its item,
+        #: its last voice, until when its words are waited for); its fate waits with it
+        self._settling: tuple[str, float, float] | None = None
         # not a lambda over self: a reference cycle would keep a closed session until the
         # cyclic GC ran
         self.turns = InputTurns(functools.partial(items.new_id, "item"))
@@ -151,6 +163,8 @@ class ClientInput:
                 "input_audio_buffer_commit_empty", "the input audio buffer is empty"
             )
         out = self._steps(self.turns.flush(), config, 0.0)
+        self.barge.forget()
+        self._give_up()  # (its audio goes with this commit)
         item_id = self.turns.take_speech_item() or self.items.new_id("item")
         out += self._commit_user_audio(item_id, respond=False, event_id=event_id)
         return out
@@ -168,6 +182,8 @@ class ClientInput:
     def _clear(self, event_id: str | None, now_ms: float) -> list[Action]:
         out: list[Action] = []
         self.turns.reset()
+        self.barge.forget()
+        self._give_up()
         if self.turns.uncommitted_ms > 0 or self.turns.uncommitted_text:
             # The engine's input.cancel also drops the work of the current epoch.
             out += self.responses.cancel("input.cancel", "input_cancelled", event_id, now_ms)
@@ -304,7 +320,44 @@ class ClientInput:
     ) -> list[Action]:
         """One processed chunk (engine input rate) and the VAD decisions it produced."""
         steps = self.turns.on_audio(pcm, vad, config.turn_detection)
-        return self._steps(steps, config, now_ms) + self._idle_check(config, now_ms)
+        out = self._steps(steps, config, now_ms)
+        if self._settling is not None and now_ms >= self._settling[2]:
+            out += self._give_up()  # its words did not come: it stays dropped
+        return out + self._idle_check(config, now_ms)
+
+    # ------------------------------------------------------------------ speech over answers
+    def speech_words(
+        self, number: int, text: str, config: EffectiveSession, now_ms: float
+    ) -> list[Action]:
+        """The words of speech ``number`` over an answer (``TranscribeSpeech`` done)."""
+        td = config.turn_detection
+        settled = self.barge.settle(td, number, text, now_ms)
+        if settled is None:
+            return self.barge.words(td, number, text, now_ms)
+        out, fate = settled
+        pending, self._settling = self._settling, None
+        if pending is None:
+            return out
+        if fate != "commit":
+            return out + self._discard()
+        item_id, last, _ = pending
+        self.timeline.speech_ended(last, now_ms)
+        respond = config.create_response
+        return out + self._commit_user_audio(item_id, respond=respond, event_id=None)
+
+    def _give_up(self) -> list[Action]:
+        """A speech waiting for its words is dropped without them."""
+        if self._settling is None:
+            return []
+        self._settling = None
+        self.barge.unsettle()
+        return self._discard()
+
+    def _discard(self) -> list[Action]:
+        """The engine drops the input not yet committed (a backchannel's)."""
+        self.turns.committed()
+        self.usage.cleared()
+        return [Call(Discard(self.position.epoch))]
 
     def _idle_check(self, config: EffectiveSession, now_ms: float) -> list[Action]:
         """``idle_timeout_ms`` of silence after a response (and its audio): tell the client
@@ -340,29 +393,52 @@ class ClientInput:
         td = config.turn_detection
         for step in steps:
             if isinstance(step, AudioReady):
+                self.barge.audio(step.pcm)  # (kept for its words while it is judged)
                 self.usage.appended(input_ms(len(step.pcm)))
                 seq = self.seqs.processed(self.turns.input_ms)
                 epoch = self.position.epoch
                 out.append(Call(Append(epoch, audio=step.pcm, stream_ms=step.stream_ms, seq=seq)))
             elif isinstance(step, SpeechBegan):
                 self.timeline.silence_broken()  # the user speaks: no idle timeout now
+                self._guessed = False
+                out += self._give_up()  # (before this speech's audio reaches the engine)
                 start = int(step.audio_start_ms)
                 out.append(Send(ev.SpeechStarted(audio_start_ms=start, item_id=step.item_id)))
+                out += self.barge.onset(td, now_ms)
             elif isinstance(step, Speaking):
-                out += self.responses.barge_in(td, step.speech_ms, now_ms)
+                out += self.barge.speaking(td, step.speech_ms, now_ms)
             elif isinstance(step, SpeechEnded):
-                # the moment the last voiced audio arrived: the input clock runs
-                # input_ms - audio_end_ms ahead of it
-                last = now_ms - max(0.0, self.turns.input_ms - step.audio_end_ms)
-                self.timeline.speech_ended(last, now_ms)
-                out += self.responses.barge_in(td, step.speech_ms, now_ms)
-                end = int(step.audio_end_ms)
-                out.append(Send(ev.SpeechStopped(audio_end_ms=end, item_id=step.item_id)))
-                respond = config.create_response
-                out += self._commit_user_audio(step.item_id, respond=respond, event_id=None)
+                out += self._speech_ended(step, config, now_ms)
             elif isinstance(step, Paused):
-                respond = config.create_response
-                out.append(Call(Speculate(self.position.epoch, "input.pause", respond=respond)))
+                out += self.barge.quiet(td, True, now_ms)
+                if not self.barge.holding:  # (a speech over the answer is not guessed)
+                    self._guessed = True
+                    respond = config.create_response
+                    epoch = self.position.epoch
+                    out.append(Call(Speculate(epoch, "input.pause", respond=respond)))
             elif isinstance(step, Resumed):
-                out.append(Call(Speculate(self.position.epoch, "input.resume")))
+                out += self.barge.quiet(td, False, now_ms)
+                if self._guessed:
+                    self._guessed = False
+                    out.append(Call(Speculate(self.position.epoch, "input.resume")))
         return out
+
+    def _speech_ended(
+        self, step: SpeechEnded, config: EffectiveSession, now_ms: float
+    ) -> list[Action]:
+        """The turn ends: committed, or dropped if the speech was taken back (a listener's
+        backchannel over the answer: the engine drops its audio, ``input.discard``)."""
+        # the moment the last voiced audio arrived: the input clock runs
+        # input_ms - audio_end_ms ahead of it
+        last = now_ms - max(0.0, self.turns.input_ms - step.audio_end_ms)
+        out, fate = self.barge.ended(config.turn_detection, step.speech_ms, now_ms)
+        end = int(step.audio_end_ms)
+        out.append(Send(ev.SpeechStopped(audio_end_ms=end, item_id=step.item_id)))
+        if fate == "settle":  # its words decide: until then it is neither
+            self._settling = (step.item_id, last, now_ms + SETTLE_MS)
+            return out
+        if fate == "discard":
+            return out + self._discard()
+        self.timeline.speech_ended(last, now_ms)
+        respond = config.create_response
+        return out + self._commit_user_audio(step.item_id, respond=respond, event_id=None)

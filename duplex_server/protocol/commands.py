@@ -87,6 +87,17 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
+class Discard:
+    """A backchannel taken back (protocol/barge_in.py): the engine drops the input audio
+    not yet committed, its speech never becomes a turn, and the epoch stays."""
+
+    CALL: ClassVar[type[SignalCall]] = SignalCall
+    epoch: int
+    event_id: str | None = None
+    event: Literal["input.discard"] = "input.discard"
+
+
+@dataclass(frozen=True, slots=True)
 class Update:
     """The session's engine settings changed: ``update`` replaces the engine's whole
     settings (``SessionUpdate.replace_with``)."""
@@ -141,7 +152,16 @@ class Replicate:
 
 
 EngineCommand = (
-    Append | Commit | Cancel | Update | Touch | CloseSession | Speculate | DeleteItem | Replicate
+    Append
+    | Commit
+    | Cancel
+    | Discard
+    | Update
+    | Touch
+    | CloseSession
+    | Speculate
+    | DeleteItem
+    | Replicate
 )
 
 
@@ -166,6 +186,9 @@ class SendAudio:
     sample_rate: int
     audio_start_ms: float  # where it starts on the item's audio clock
     duration_ms: float  # the engine's own duration
+    #: the item's audio starts again here after a pause (a resume): the runtime's encoder
+    #: drops the tail it held back of the audio the far end dropped
+    restart: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +216,17 @@ class ConfigureInput:
 def configure_input(config: EffectiveSession) -> ConfigureInput:
     """The input lane's settings of the session configuration ``config``."""
     return ConfigureInput(config.input_format, config.turn_detection, config.noise_reduction)
+
+
+@dataclass(frozen=True, slots=True)
+class TranscribeSpeech:
+    """Transcribe the user's speech over an answer (PCM16 at the engine's input rate) and
+    give its words to ``BargeIn.words`` with ``speech``: the interruption decision reads
+    them (protocol/barge_in.py). Best effort: words that come late, or
+    never, leave the decision to the acoustics."""
+
+    speech: int
+    pcm: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +287,7 @@ Action = (
     | Call
     | ProcessAudio
     | ConfigureInput
+    | TranscribeSpeech
     | PurgeAudio
     | AckJournal
     | CloseSocket

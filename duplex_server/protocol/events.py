@@ -50,6 +50,10 @@ class TurnDetectionParam(_Strict, frozen=True):
     # duplex extensions: false barge-in guards
     min_interrupt_speech_ms: int | UnsetType = UNSET
     uninterruptible_ms: int | UnsetType = UNSET
+    # duplex extensions: the interruption decision (duplex_server/protocol/interruption.py)
+    interrupt_mode: Literal["auto", "immediate", "confirm"] | UnsetType = UNSET
+    confirm_window_ms: int | UnsetType = UNSET
+    backchannels: list[str] | UnsetType | None = UNSET
 
 
 class NoiseReductionParam(_Strict, frozen=True):
@@ -291,6 +295,14 @@ class TurnDetection(msgspec.Struct, frozen=True):
     idle_timeout_ms: int | None = None
     min_interrupt_speech_ms: int = 120
     uninterruptible_ms: int = 0
+    #: how speech over an answer is judged (protocol/interruption.py): ``auto`` is
+    #: ``confirm`` where the server plays the audio (a media transport), else ``immediate``
+    interrupt_mode: Literal["auto", "immediate", "confirm"] = "auto"
+    #: confirm: speech that goes on this long (from its onset) stops the answer
+    confirm_window_ms: int = 800
+    #: confirm: what a listener says that never stops the answer (None: the default list,
+    #: interruption.DEFAULT_BACKCHANNELS)
+    backchannels: tuple[str, ...] | None = None
     #: semantic_vad only (null for server_vad): how soon a turn that sounds finished ends
     eagerness: Literal["low", "medium", "high", "auto"] | None = None
 
@@ -695,6 +707,25 @@ class OutputAudioCleared(ServerEvent, frozen=True, tag="output_audio_buffer.clea
     response_id: str | None = None
 
 
+class OutputAudioPaused(ServerEvent, frozen=True, tag="output_audio_buffer.paused"):
+    """Extension (``interrupt_mode: confirm``): speech over the answer may be an
+    interruption; its audio is paused (a client that plays it pauses its player) until
+    ``output_audio_buffer.resumed`` or ``.cleared`` says what it was."""
+
+    response_id: str
+    item_id: str
+
+
+class OutputAudioResumed(ServerEvent, frozen=True, tag="output_audio_buffer.resumed"):
+    """Extension: the speech that paused the answer was not an interruption (a listener's
+    "mm-hm", a noise): the answer goes on from where it stopped, nothing repeated or lost
+    (``audio_start_ms``: where on the item's audio clock, when the server plays it)."""
+
+    response_id: str
+    item_id: str
+    audio_start_ms: float | None = None
+
+
 class OutputAudioStarted(ServerEvent, frozen=True, tag="output_audio_buffer.started"):
     """WebRTC: the server began playing a response's audio on the media track."""
 
@@ -808,6 +839,8 @@ AnyServerEvent = (
     | InputTimeoutTriggered
     | DtmfEventReceived
     | OutputAudioCleared
+    | OutputAudioPaused
+    | OutputAudioResumed
     | OutputAudioStarted
     | OutputAudioStopped
     | HeartbeatAck

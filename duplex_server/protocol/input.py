@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from duplex_contract.audio import INPUT_RATE, input_bytes, input_ms
 from duplex_server.protocol.events import TurnDetection
+from duplex_server.protocol.interruption import Rule, Speech, decide
 from duplex_server.protocol.vad_events import VadEvent, VadPause, VadResume, VadStart, VadStop
 
 #: idle audio kept beyond the prefix padding (a speech onset reaches back this far)
@@ -74,17 +75,18 @@ def should_interrupt(
     response_started_ms: float | None,
     now_ms: float,
 ) -> bool:
-    """Does ``speech_ms`` of user speech interrupt the response in progress?
+    """Does ``speech_ms`` of user speech interrupt the response in progress? The one rule
+    (:func:`~duplex_server.protocol.interruption.decide`) in ``immediate`` mode.
 
     A pending response (its user turn still being transcribed) is interrupted too: the
     engine keeps that turn's words in the conversation (transcribed, not answered), so a
     pause inside a sentence ends in one answer to the whole sentence, not two.
     """
-    if td is None or not td.interrupt_response or not response_active:
+    rule = Rule.of(td, server_playout=False)
+    if rule is None or not response_active:
         return False
-    if speech_ms < td.min_interrupt_speech_ms:
-        return False
-    return response_started_ms is None or now_ms - response_started_ms >= td.uninterruptible_ms
+    window = rule.window_open(response_started_ms, now_ms)
+    return decide(rule.immediate(), Speech(speech_ms), window_open=window) == "stop"
 
 
 class InputTurns:

@@ -63,7 +63,7 @@ from duplex_server.protocol.commands import (
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
 from duplex_server.protocol.input_seq import InputSequence
 from duplex_server.protocol.items import Conversation
-from duplex_server.protocol.playout import Flushed, Playout, PlayoutReport
+from duplex_server.protocol.playout import FarEnd, Flushed, Playout, PlayoutReport
 from duplex_server.protocol.position import EnginePosition
 from duplex_server.protocol.response_tracker import ResponseEvent, ResponseTracker
 from duplex_server.protocol.resumption import Resumption
@@ -97,6 +97,7 @@ class SessionMachine:
         self.input = ClientInput(
             session_id, self.position, self.items, self.seqs, self.usage, timeline, self.responses
         )
+        self.barge = self.input.barge  # the speech over an answer: the interruption decision
 
     @property
     def epoch(self) -> int:
@@ -168,16 +169,21 @@ class SessionMachine:
         if self.closed:
             return []
         self.now_ms = now_ms
+        if isinstance(report, FarEnd):
+            self.playout.far_end = True
+            return []
         if not isinstance(report, Flushed):
             self.playout.report(report)
             return []
         cut = self.playout.flushed()
+        out: list[Action] = list(self.playout.take_resumed())  # a resume waiting for it
         if cut is None:
-            return []
+            return out
         try:  # (whole ms, as a client's conversation.item.truncate)
-            return self.responses.heard(cut.item_id, float(int(cut.played_ms)), None, truncate=True)
+            played = float(int(cut.played_ms))
+            return out + self.responses.heard(cut.item_id, played, None, truncate=True)
         except ProtocolError:
-            return []  # not an item of the conversation (an out-of-band response)
+            return out  # not an item of the conversation (an out-of-band response)
 
     # ------------------------------------------------------------------ engine events
     def on_engine_event(self, event: SessionEvent, now_ms: float) -> list[Action]:

@@ -27,7 +27,15 @@ from duplex_contract.session_events import (
 )
 from duplex_contract.tools import ResponseOptions, active_tools
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.commands import Action, Call, Cancel, Commit, PurgeAudio, Send, Touch
+from duplex_server.protocol.commands import (
+    Action,
+    Call,
+    Cancel,
+    Commit,
+    PurgeAudio,
+    Send,
+    Touch,
+)
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.input import should_interrupt
 from duplex_server.protocol.items import Conversation
@@ -184,6 +192,7 @@ class ResponseTracker:
         epoch; ``kind``: the engine's cancel event, ``reason``: ``response.done``'s."""
         out: list[Action] = []
         old = self.position.advance()
+        self.playout.drop_held()  # audio held by a pause is of the old epoch
         resp = self.lifecycle.cancelled()
         if resp is not None:
             out += self._finish(resp, "cancelled", reason, None, now_ms)
@@ -222,9 +231,8 @@ class ResponseTracker:
             if not resp.audio:
                 return []
             out = [] if resp.opened else message_events(resp)
-            end_ms = event.audio_start_ms + event.duration_ms
-            self.playout.emitted(resp.id, resp.item_id, end_ms, event.sample_rate)
-            return [*out, *audio_events(resp, event)]
+            audio, transcript = audio_events(resp, event)
+            return [*out, *self.playout.emit(audio, now_ms), transcript]
         if isinstance(event, ResponseStarted):
             return self._start(event.fence, config, now_ms)
         if isinstance(event, TextDelta):

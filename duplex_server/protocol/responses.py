@@ -165,7 +165,7 @@ def call_done_events(resp: Response, call_id: str, name: str, arguments: str) ->
     return out
 
 
-def audio_events(resp: Response, chunk: AudioChunk) -> list[Action]:
+def audio_events(resp: Response, chunk: AudioChunk) -> tuple[SendAudio, Send]:
     """One piece of reply audio (``response.output_audio.delta`` once the runtime encoded
     it) and the transcript delta of the text it speaks (its mark)."""
     resp.audio_ms = chunk.audio_start_ms + chunk.duration_ms  # the engine's own duration
@@ -180,7 +180,7 @@ def audio_events(resp: Response, chunk: AudioChunk) -> list[Action]:
         duration_ms=chunk.duration_ms,
     )
     delta = ev.TranscriptDelta(response_id=resp.id, item_id=resp.item_id, delta=chunk.text)
-    return [audio, Send(delta)]
+    return audio, Send(delta)
 
 
 def finished_events(

@@ -37,6 +37,11 @@ from duplex_server.protocol.events import (
 
 T = TypeVar("T")
 _DEFAULT_TD = TurnDetection()
+#: the fields of turn_detection that say how an interruption is judged, kept when the
+#: turn detection's type changes (the guards before them reset with it, as they always did)
+_INTERRUPTION_FIELDS = ("interrupt_mode", "confirm_window_ms", "backchannels")
+MAX_BACKCHANNELS = 200
+MAX_BACKCHANNEL_CHARS = 64
 #: semantic_vad: the longest silence a turn that does not sound finished waits for (it is
 #: also the session's ``silence_duration_ms`` unless the client sets one)
 SEMANTIC_MAX_WAIT_MS = {"low": 3000, "medium": 1500, "auto": 1500, "high": 1000}
@@ -188,8 +193,10 @@ def _turn_detection(
     if param is None:
         return None
     base = current if current is not None else TurnDetection()
-    if base.type != param.type:  # a new kind starts from its own defaults
-        base = TurnDetection()
+    if base.type != param.type:  # a new kind starts from its own defaults ...
+        # ... but how an interruption is judged is not the VAD's: it stays
+        kept = {name: getattr(base, name) for name in _INTERRUPTION_FIELDS}
+        base = TurnDetection(**kept)
     changes: dict[str, object] = {}
     for name in (
         "threshold",
@@ -200,10 +207,14 @@ def _turn_detection(
         "idle_timeout_ms",
         "min_interrupt_speech_ms",
         "uninterruptible_ms",
+        "interrupt_mode",
+        "confirm_window_ms",
     ):
         value = getattr(param, name)
         if not isinstance(value, UnsetType):
             changes[name] = value
+    if not isinstance(param.backchannels, UnsetType):
+        changes["backchannels"] = _backchannels(param.backchannels)
     if param.type == "semantic_vad":
         eagerness = param.eagerness if isinstance(param.eagerness, str) else base.eagerness
         eagerness = eagerness or "auto"
@@ -229,12 +240,38 @@ def _turn_detection(
         raise ProtocolError(
             "invalid_value", "threshold must be within [0, 1]", param="turn_detection.threshold"
         )
-    for name in ("prefix_padding_ms", "silence_duration_ms", "min_interrupt_speech_ms"):
+    for name in (
+        "prefix_padding_ms",
+        "silence_duration_ms",
+        "min_interrupt_speech_ms",
+        "confirm_window_ms",
+    ):
         if getattr(out, name) < 0:
             raise ProtocolError(
                 "invalid_value", f"{name} must be >= 0", param=f"turn_detection.{name}"
             )
     return out
+
+
+def _backchannels(words: list[str] | None) -> tuple[str, ...] | None:
+    """``turn_detection.backchannels``: phrases a listener says that never interrupt (None:
+    the default list); at most ``MAX_BACKCHANNELS``, each non-empty and short."""
+    if words is None:
+        return None
+    if len(words) > MAX_BACKCHANNELS:
+        raise ProtocolError(
+            "invalid_value",
+            f"backchannels holds at most {MAX_BACKCHANNELS} phrases",
+            param="turn_detection.backchannels",
+        )
+    for i, w in enumerate(words):
+        if not w.strip() or len(w) > MAX_BACKCHANNEL_CHARS:
+            raise ProtocolError(
+                "invalid_value",
+                f"a backchannel is a phrase of 1-{MAX_BACKCHANNEL_CHARS} characters",
+                param=f"turn_detection.backchannels.{i}",
+            )
+    return tuple(w.strip() for w in words)
 
 
 def _language(

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from duplex_contract.batch import BatchItem, BatchJob
 from duplex_contract.control import ControlCall, ControlResult
 from duplex_contract.fence import Fence
 from duplex_contract.session_events import SessionEvent
@@ -44,6 +45,10 @@ class EngineSessions(Protocol):
         ...
 
     def session_events(self, session_id: str) -> AsyncIterator[SessionEvent]: ...
+
+    def generate(self, job: BatchJob, request_id: str | None = None) -> AsyncIterator[BatchItem]:
+        """Run one batch job (the words of a speech over an answer: session/speech_words.py)."""
+        ...
 
 
 class Position(Protocol):

@@ -18,7 +18,9 @@ executes the core's actions (:meth:`LiveSession.apply`), each on the object whos
   (:class:`~duplex_server.session.engine_calls.CallQueue`), made by
   :class:`~duplex_server.session.engine_tasks.EngineTasks`, which also pumps the engine
   session's events into the core; both tasks run in one task group (:meth:`LiveSession.run`);
-* :class:`~duplex_server.session.meter.SessionMeter`: latency, usage and error metrics.
+* :class:`~duplex_server.session.meter.SessionMeter`: latency, usage and error metrics;
+* :class:`~duplex_server.session.speech_words.SpeechWords`: the words of the user's speech
+  over an answer, transcribed for the interruption decision (``TranscribeSpeech``).
 
 A media transport reports its far end's playout (``Queued``, ``Played``, ``Flushed``) through
 :meth:`LiveSession.report_playout`; the core keeps the playout state and decides what follows.
@@ -56,6 +58,7 @@ from duplex_server.protocol.commands import (
     SendStamped,
     Takeover,
     Touch,
+    TranscribeSpeech,
 )
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.machine import SessionMachine
@@ -70,6 +73,7 @@ from duplex_server.session.input_lane import InputScheduler, VadBackend
 from duplex_server.session.meter import SessionMeter
 from duplex_server.session.outlet import Outlet
 from duplex_server.session.output_audio import OutputEncoder
+from duplex_server.session.speech_words import SpeechWords
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +144,8 @@ class LiveSession:
         )
         self.meter = SessionMeter(core.session_id, metrics)
         self._calls = CallQueue()
+        #: the words of speech over an answer (the interruption decision's)
+        self.words = SpeechWords(engine, core, self.apply, now_ms)
         self._replicated_config = core.config  # the config the engine's replica has
         #: the seq of this front end's session.handover (a drain), 0: not handed over
         self.handed_over_at = 0
@@ -293,6 +299,8 @@ class LiveSession:
                 self.audio.put(action.data)
             elif isinstance(action, ConfigureInput):
                 self.audio.configure(action)
+            elif isinstance(action, TranscribeSpeech):
+                self.words.ask(action)
             elif isinstance(action, PurgeAudio):
                 dropped = outlet.purge_audio(action.epoch)
                 if dropped:
@@ -343,3 +351,4 @@ class LiveSession:
             await tasks.run()
         finally:
             self.audio.close()
+            await self.words.aclose()

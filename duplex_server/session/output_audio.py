@@ -20,12 +20,16 @@ class OutputEncoder:
     def __init__(self) -> None:
         self._resamplers: dict[tuple[int, int], StreamResampler] = {}
 
-    def encode(self, pcm: bytes, rate: int, fmt: AudioFormat) -> tuple[bytes, bytes]:
-        """(PCM16 at ``fmt.rate``, the same audio in ``fmt``'s codec)."""
+    def encode(
+        self, pcm: bytes, rate: int, fmt: AudioFormat, *, restart: bool = False
+    ) -> tuple[bytes, bytes]:
+        """(PCM16 at ``fmt.rate``, the same audio in ``fmt``'s codec); ``restart``: the audio
+        starts again (a resume), so the resampler's held-back tail of what came before,
+        which the far end dropped, is dropped too."""
         if rate != fmt.rate:
             key = (rate, fmt.rate)
             resampler = self._resamplers.get(key)
-            if resampler is None:
+            if resampler is None or restart:
                 resampler = self._resamplers[key] = StreamResampler(rate, fmt.rate)
             pcm = resampler.process(pcm)
         if fmt.codec == "pcm16":
@@ -35,7 +39,7 @@ class OutputEncoder:
     def delta(self, audio: SendAudio, fmt: AudioFormat) -> tuple[ev.AudioDelta, bytes]:
         """The core's reply audio as the audio delta event it becomes (in ``fmt``, base64)
         and, beside it, the same audio as PCM16 at ``fmt.rate``."""
-        pcm, data = self.encode(audio.pcm, audio.sample_rate, fmt)
+        pcm, data = self.encode(audio.pcm, audio.sample_rate, fmt, restart=audio.restart)
         delta = ev.AudioDelta(
             response_id=audio.response_id,
             item_id=audio.item_id,

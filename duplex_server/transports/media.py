@@ -14,12 +14,16 @@ journaled as usual and handed to ``write_event``.
 The playout seam (:mod:`duplex_server.protocol.playout`): the session core keeps the playout
 state; the transport only reports to it, through its link: audio handed to the far end
 (:meth:`MediaLink.audio_queued`: ``Queued``), what the far end played and still holds
-(:meth:`MediaLink.audio_played`: ``Played``) and a flush (``Flushed``). Barge-in is decided
-by the session core only, by its guards (:mod:`duplex_server.protocol.input`): on a response
-in progress, and on reply audio the far end still plays after its response ended; the link
-carries out the ``output_audio_buffer.cleared`` that results (:meth:`MediaWire.barge_in`:
-the transport flushes its playout and reports it), and the core truncates the item to what
-the caller heard.
+(:meth:`MediaLink.audio_played`: ``Played``) and a flush (``Flushed``); it says once, when
+it opens the session, that it plays the audio at a far end (``FarEnd``: the server owns
+playout, so an interruption is confirmed before it is final, ``interrupt_mode: auto``).
+Barge-in is decided by the session core only, by its one rule
+(:mod:`duplex_server.protocol.interruption`): on a response in progress, and on reply audio
+the far end still plays after its response ended; the link carries out the
+``output_audio_buffer.cleared`` (a stop) or ``.paused`` (a suspected interruption) that
+results (:meth:`MediaWire.barge_in`: the transport flushes its playout and reports it). After
+a stop the core truncates the item to what the caller heard; after a pause it holds the
+item's audio, and a resume sends it again from the last played position as ordinary audio.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import msgspec
 
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import CloseCode, ProtocolError
-from duplex_server.protocol.playout import Flushed, Played, PlayoutReport, Queued
+from duplex_server.protocol.playout import FarEnd, Flushed, Played, PlayoutReport, Queued
 from duplex_server.protocol.session_config import EffectiveSession, apply_patch
 from duplex_server.session import handshake
 from duplex_server.session.attach import Outgoing
@@ -117,6 +121,7 @@ class MediaLink:
         session = await handshake.open_session(self.hub, self.writer, patch=patch)
         self.writer.session = session
         self.feed = InputFeed(session)
+        self.report(FarEnd())  # the server plays this session's audio and reports it
         handshake.outcome(self.hub, f"{self.kind}_opened")
         return session
 
@@ -177,15 +182,15 @@ class MediaWire:
         if data is None:
             return False
         await self.out.write_event(event, data)
-        if isinstance(event, ev.OutputAudioCleared):  # the core's barge-in decision
-            await self.barge_in()
+        if isinstance(event, ev.OutputAudioCleared | ev.OutputAudioPaused):
+            await self.barge_in()  # the core's decision: a stop, or a pause
         elif isinstance(event, ev.AudioDone):
             self.out.audio_done(event.response_id)
         return True
 
     async def barge_in(self) -> None:
         """Flush what the far end has not played and say so; the session core truncates
-        the item to what was heard."""
+        the item to what was heard (a stop) or keeps it to resume from there (a pause)."""
         link = self.link
         await self.out.flush_playout()
         if link.feed is not None:

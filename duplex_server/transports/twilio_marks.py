@@ -8,8 +8,9 @@ how far the item played and how much of it was sent after (what Twilio still hol
 the transport's ``Played`` report to the session core
 (:mod:`duplex_server.protocol.playout`). A ``clear`` (barge-in) drops what Twilio buffered,
 but Twilio still echoes the marks of the cleared audio: those were never heard and are
-ignored. A mark may also carry the echo canceller's playout position of its chunk, handed
-back when it echoes.
+ignored. An item cleared by a pause and sent again from where it paused (a pause taken back)
+is counted from there, and only the marks sent after the clear are heard. A mark may also
+carry the echo canceller's playout position of its chunk, handed back when it echoes.
 """
 
 from __future__ import annotations
@@ -40,15 +41,25 @@ class TwilioMarks:
         self._cleared: set[str] = set()  # items cleared: their late marks are ignored
         self._position: dict[str, int] = {}  # mark name -> playout position (echo control)
         self._sent_end: dict[str, float] = {}  # item -> ms of its audio sent (samples)
+        self._pending: dict[str, int] = {}  # mark name -> sent and not yet echoed
+        self._resent: set[str] = set()  # items sent again after a clear
 
-    def next(self, item_id: str, nbytes: int, rate: int) -> str:
+    def next(self, item_id: str, nbytes: int, rate: int, start_ms: float | None = None) -> str:
         """A chunk of ``nbytes`` of PCM16 at ``rate`` of ``item_id`` is sent: the name of its
-        mark (where the item's audio sent ends with it, in whole ms)."""
+        mark (where the item's audio sent ends with it, in whole ms). ``start_ms``: where
+        the chunk starts on the item's clock, used when a cleared item is sent again from
+        there (a pause taken back)."""
+        if item_id in self._cleared and start_ms is not None:
+            self._cleared.discard(item_id)  # its audio again: counted from where it resumes
+            self._sent_end[item_id] = start_ms
+            self._resent.add(item_id)
         end = self._sent_end.get(item_id, 0.0) + nbytes / (2 * rate) * 1000
         self._sent_end[item_id] = end
         self.item = item_id
         self.sent += 1
-        return f"{item_id}:{round(end)}"
+        name = f"{item_id}:{round(end)}"
+        self._pending[name] = self._pending.get(name, 0) + 1
+        return name
 
     def hold_position(self, name: str, position: int) -> None:
         """The echo canceller's playout position at the end of mark ``name``'s chunk."""
@@ -61,6 +72,7 @@ class TwilioMarks:
             self._cleared.add(self.item)
             self.item = None
         self._position.clear()
+        self._pending.clear()  # what Twilio echoes of them now was never heard
         self.clears += 1
 
     def echo(self, name: str, item_id: str, end_ms: float) -> MarkEcho | None:
@@ -69,5 +81,12 @@ class TwilioMarks:
         self.echoed += 1
         if item_id in self._cleared:
             return None
+        count = self._pending.get(name, 0)
+        if item_id in self._resent and not count:
+            return None  # a mark of the audio cleared before the item was sent again
+        if count > 1:
+            self._pending[name] = count - 1
+        else:
+            self._pending.pop(name, None)
         queued_ms = round(self._sent_end.get(item_id, end_ms)) - end_ms
         return MarkEcho(item_id, end_ms, queued_ms, self._position.pop(name, None))

@@ -43,7 +43,7 @@ class TwilioOut:
         self.link.audio_queued(event.item_id)  # its mark's echo reports it played
         # the mark names where this chunk ends in the item's audio as sent, so that its
         # echo never claims more than the caller heard
-        name = self.marks.next(event.item_id, len(pcm), rate)
+        name = self.marks.next(event.item_id, len(pcm), rate, event.audio_start_ms)
         feed = self.link.feed
         if feed is not None:
             self.marks.hold_position(name, feed.reference(pcm, rate))
@@ -57,6 +57,8 @@ class TwilioOut:
         log.warning("twilio %s: %s", self.stream_sid, data.decode(errors="replace"))
 
     async def flush_playout(self) -> None:
+        if self.marks.item is None:
+            return  # nothing sent since the last clear (a stop after a pause): none needed
         self.marks.clear()
         await self.send(wire.Clear(streamSid=self.stream_sid))
 

@@ -1,7 +1,7 @@
 """The calls on an open session that neither add input nor cancel: a touch (heartbeat,
 detach, a playback mark) and the signals ``input.pause``, ``input.resume``,
-``item.delete`` and ``session.update``. Pure functions of the session (and the
-:class:`Effects` they add to)."""
+``input.discard``, ``item.delete`` and ``session.update``. Pure functions of the session
+(and the :class:`Effects` they add to)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,12 @@ def signal(
             effects.speculate.append((session.fence, bytes(session.audio), call.respond))
         return session.ok(control_id)
     if call.event == "input.resume":
+        effects.unspeculate.append(session.session_id)
+        return session.ok(control_id)
+    if call.event == "input.discard":  # text items and tool outputs stay
+        session.audio.clear()
+        session.audio_stream_ms = None
+        effects.input_reset.append(session.session_id)  # its live partials are stale
         effects.unspeculate.append(session.session_id)
         return session.ok(control_id)
     if call.event == "item.delete":

@@ -122,6 +122,47 @@ def test_report_answer_cut_before_audio_and_no_audio_at_all() -> None:
     ]
 
 
+def test_report_a_cut_taken_back_is_not_a_turn() -> None:
+    """interrupt_mode confirm: speech over the answer pauses it; a backchannel's pause is
+    taken back (the answer goes on, the speech is no turn: never committed); a later speech
+    whose words come after the resume is committed after all and is a turn."""
+    r = TalkReport()
+    lines: list[str] = []
+
+    def feed(event: ev.AnyServerEvent, now: float) -> None:
+        lines.extend(r.on_event(event, now))
+
+    r.sent_frame(True, 1.0)
+    feed(ev.SpeechStopped(audio_end_ms=1000, item_id="u1"), 1.5)
+    feed(ev.InputCommitted(item_id="u1"), 1.5)
+    feed(ev.ResponseCreated(response=_response("r1", "in_progress")), 1.6)
+    feed(_audio("r1"), 1.8)
+    feed(ev.TranscriptDelta(response_id="r1", item_id="item_r1", delta="Sure thing"), 1.8)
+    r.sent_frame(True, 2.2)  # "mm-hm"
+    feed(ev.SpeechStarted(audio_start_ms=2100, item_id="u2"), 2.2)
+    feed(ev.OutputAudioPaused(response_id="r1", item_id="item_r1"), 2.2)
+    feed(ev.OutputAudioResumed(response_id="r1", item_id="item_r1", audio_start_ms=400.0), 2.6)
+    feed(ev.SpeechStopped(audio_end_ms=2400, item_id="u2"), 3.0)
+    assert r.idle is False  # the answer goes on
+    r.sent_frame(True, 3.5)  # "wait", its words late: taken back, then committed
+    feed(ev.SpeechStarted(audio_start_ms=3300, item_id="u3"), 3.4)
+    feed(ev.OutputAudioPaused(response_id="r1", item_id="item_r1"), 3.4)
+    feed(ev.OutputAudioResumed(response_id="r1", item_id="item_r1", audio_start_ms=600.0), 3.7)
+    feed(ev.SpeechStopped(audio_end_ms=3500, item_id="u3"), 4.0)
+    feed(ev.ResponseDone(response=_response("r1", "cancelled")), 4.3)
+    feed(ev.InputCommitted(item_id="u3"), 4.3)
+    assert [t.item_id for t in r.turns] == ["u1", "u3"]
+    assert r.turns[1].number == 2 and r.turns[1].voiced_end == 3.5
+    assert r.answers[0].pauses == 2 and r.answers[0].taken_back == 2
+    assert lines == [
+        "turn 1  assistant: paused for speech over it, resumed (cut taken back)",
+        "turn 1  assistant: paused for speech over it, resumed (cut taken back)",
+        "turn 1  assistant: Sure thing  [interrupted after 0.1 s of audio, 2 cuts taken back, "
+        "TTFA 800 ms]",
+    ]
+    assert "2 cuts taken back (speech over an answer, not a turn)" in r.summary()
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "duplex_client.cli", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60 * UNIT, cwd=ROOT)

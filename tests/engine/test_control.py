@@ -348,3 +348,24 @@ def test_item_delete_drops_uncommitted_queued_and_out_of_band_keeps_input() -> N
     delete("item_a")  # queued: gone from the job before it reaches the history
     assert job.items == () and job.text == ""
     delete("nothing")  # the engine holds nothing: not an error (the server decides)
+
+
+def test_input_discard_drops_the_uncommitted_audio_and_keeps_the_epoch() -> None:
+    """A backchannel taken back (the front end's interruption decision): its audio is
+    dropped from the input, its live partials and pause guess go stale, the epoch stays,
+    and text items stay."""
+    h = Harness()
+    sid, f = h.open()
+    session = h.control.sessions[sid]
+    h.ok(AppendCall(fence=f, lease_generation=1, text="keep", item_id="item_a"))
+    h.ok(AppendCall(fence=f, lease_generation=1, audio=b"\1\0" * 160, stream_ms=2000.0))
+    res, eff = h.do(SignalCall(fence=f, lease_generation=1, event="input.discard"))
+    assert res.ok and res.accepted_fence == f  # no new epoch, turn or response
+    assert session.audio == bytearray() and session.audio_stream_ms is None
+    assert session.text_items == [("item_a", "keep")]
+    assert eff.input_reset == [sid] and eff.unspeculate == [sid] and not eff.cancels
+    # the next audio is a turn of its own
+    h.ok(AppendCall(fence=f, lease_generation=1, audio=b"\2\0" * 80))
+    h.ok(CommitCall(fence=f, lease_generation=1))
+    job = h.control.next_job(sid)
+    assert job is not None and job.audio == b"\2\0" * 80 and job.text == "keep"

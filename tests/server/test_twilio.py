@@ -34,7 +34,14 @@ def test_twilio_call_marks_barge_in_truncation_and_stop(tmp_path: Path) -> None:
     path = write_config(tmp_path, engine=SHORT_TTS)
 
     async def run(addr: str) -> None:
-        params = {"session": json.dumps({"instructions": "You answer phone calls."})}
+        # the immediate rule: a tone says no word, and confirm (the default on a call) takes
+        # a short one back (tests/server/test_turn_taking_media.py)
+        td = {"interrupt_mode": "immediate"}
+        session = {
+            "instructions": "You answer phone calls.",
+            "audio": {"input": {"turn_detection": td}},
+        }
+        params = {"session": json.dumps(session)}
         async with TwilioSim.call(addr, params) as sim:
             sim.speak(tone8k(500))
             await sim.wait(lambda: len(sim.marks_echoed) >= 3, within=10)

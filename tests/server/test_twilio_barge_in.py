@@ -30,7 +30,8 @@ async def _talk_over(
 ) -> tuple[int, list[dict[str, Any]]]:
     """A call: one turn, then 600 ms of speech over its reply once the response is done
     and while its audio plays; the clears Twilio got, and the session's events."""
-    td = {"type": "server_vad", **guards}
+    # the immediate rule's guards (confirm, the default on a call, pauses at the onset)
+    td = {"type": "server_vad", "interrupt_mode": "immediate", **guards}
     session = {"audio": {"input": {"turn_detection": td}}}
     async with TwilioSim.call(addr, {"session": json.dumps(session)}) as sim:
         sim.speak(tone8k(500))

@@ -115,3 +115,83 @@ def test_the_reply_and_its_echo_alone_never_stop_it(tmp_path: Path) -> None:
 
     with running_server(path, apps=apps) as addr:
         asyncio.run(run(addr))
+
+
+def _mmhm_config(tmp: Path) -> Path:
+    """As :func:`_config`, with every speech heard as "mm-hm" (a backchannel)."""
+    path = _config(tmp)
+    raw = yaml.safe_load(path.read_text())
+    raw["engine"]["stages"]["asr"] = {"backend": "test", "options": {"transcript": "mm-hm"}}
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+async def _reply_played(app: Any, sim: TwilioSim, n: int) -> None:
+    """Until the ``n``-th response is done and Twilio played all of it."""
+    await sim.wait(lambda: sim.media_in > 0, within=15)
+    await sim.wait(lambda: [e["type"] for e in _events(app)].count("response.done") >= n, 20)
+    await sim.wait(lambda: not sim.playout and len(sim.marks_echoed) == len(sim.marks_in), 25)
+
+
+@pytest.mark.parametrize("echo_ms", [None, 120], ids=["no-echo", "echo-6dB-120ms"])
+def test_a_backchannel_over_the_reply_pauses_it_and_it_resumes_whole(
+    tmp_path: Path, echo_ms: int | None
+) -> None:
+    """``confirm`` (the default on a call): a short voice over the reply ("mm-hm" to the
+    test ASR) pauses it at once (Twilio ``clear``), the cut is taken back and the reply
+    plays on from the last mark Twilio echoed: nothing of it is lost, at most one chunk a
+    pause heard twice; one response, completed, no second turn."""
+    path = _mmhm_config(tmp_path)
+    apps: list[Any] = []
+    paused, resumed = "output_audio_buffer.paused", "output_audio_buffer.resumed"
+
+    async def run(addr: str) -> tuple[int, int, list[dict[str, Any]]]:
+        app = apps[0]
+        async with TwilioSim.call(addr, echo_delay_ms=echo_ms, echo_gain=0.5) as sim:
+            sim.speak(_beckett8k(0.25, 1.35))
+            await _reply_played(app, sim, 1)
+            whole = sim.played  # the reply, played undisturbed
+            await asyncio.sleep(1.0)
+            sim.speak(_beckett8k(0.25, 1.35))  # again: the same reply
+            await sim.wait(lambda: sim.played - whole >= 8000, within=15)  # 0.5 s heard
+            sim.speak(_beckett8k(0.25, 0.65))  # a short word over it
+            await sim.wait(lambda: sim.clears >= 1, within=5)
+
+            def settled() -> bool:  # every pause taken back, and the reply played out
+                types = [e["type"] for e in _events(app)]
+                quiet = types.count(paused) == types.count(resumed)
+                return quiet and not sim.playout and len(sim.marks_echoed) == len(sim.marks_in)
+
+            ended = "input_audio_buffer.speech_stopped"
+            await sim.wait(lambda: [e["type"] for e in _events(app)].count(ended) >= 3, 10)
+            for _ in range(2):  # (settled twice, 0.5 s apart: a late pause is seen)
+                await asyncio.sleep(0.5)
+                await _reply_played(app, sim, 2)
+                await sim.wait(settled, within=25)
+            events = _events(app)
+            await sim.stop()
+            return whole, sim.played - whole, events
+
+    with running_server(path, apps=apps) as addr:
+        whole, again, events = asyncio.run(run(addr))
+    types = [e["type"] for e in events]
+    pauses = types.count(paused)
+    # each pause (the voice may come back inside the word: pause again) taken back, none
+    # a stop: nothing cleared or truncated, no turn for the "mm-hm", both replies whole
+    assert pauses >= 1 and types.count(resumed) == pauses, types
+    assert "output_audio_buffer.cleared" not in types
+    assert "conversation.item.truncated" not in types
+    assert types.count("response.created") == 2, types
+    statuses = [e["response"]["status"] for e in events if e["type"] == "response.done"]
+    assert statuses == ["completed", "completed"]
+    # the same reply (espeak is deterministic) played whole both times: nothing lost (but
+    # the 20 ms frame the clear fell in, 320 bytes at 8 kHz PCM16), and it resumes from
+    # the last mark Twilio echoed (what it surely played): at most one chunk of it is
+    # heard twice a pause (measured 20-55 ms; bound 100 ms, 1600 bytes)
+    assert again >= whole - 320, (whole, again, pauses)
+    assert again - whole <= 1600 * pauses, (whole, again, pauses)
+    if types.count("input_audio_buffer.speech_started") > 3:
+        # the reply's echo after a pause was heard as speech and paused it again (each
+        # such pause taken back): open, audio_kit/echo.py after a Twilio clear
+        assert echo_ms is not None, types
+        pytest.xfail("the echo of a resumed reply paused it again")

@@ -43,7 +43,12 @@ def test_webrtc_call_turn_and_barge_in(tmp_path: Path) -> None:
     async def run(addr: str) -> None:
         client = RtcClient()
         try:
-            resp = await client.connect(addr, {"type": "realtime", "instructions": "Be brief."})
+            # the immediate rule: the test stages give no live words, so confirm (the
+            # default here) would take 0.65 s of speech back (test_turn_taking_media.py)
+            td = {"type": "server_vad", "interrupt_mode": "immediate"}
+            session = {"type": "realtime", "instructions": "Be brief."}
+            session["audio"] = {"input": {"turn_detection": td}}
+            resp = await client.connect(addr, session)
             assert resp.status_code == 201, resp.text
             assert resp.headers["content-type"].startswith("application/sdp")
             assert resp.text.startswith("v=0") and "m=audio" in resp.text

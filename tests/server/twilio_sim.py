@@ -5,7 +5,9 @@ It speaks the documented protocol over a real WebSocket: ``connected``, ``start`
 plays what it receives at real time from a buffer, echoes each ``mark`` once the audio
 before it has played, and on ``clear`` drops its buffer and echoes the pending marks (as
 Twilio does). Its microphone is a script of PCM to say plus, optionally, the bot's own
-playout fed back (``echo_delay_ms`` later, ``echo_gain`` times as loud): a speakerphone.
+playout fed back (``echo_delay_ms`` later, ``echo_gain`` times as loud): a speakerphone, and
+line noise (``noise_rms``). It keeps when each message arrived and when each frame of the
+script was sent (bench/turn_taking.py times the caller's speech and the clears by them).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class TwilioSim:
         *,
         echo_delay_ms: float | None = None,
         echo_gain: float = 0.5,
+        noise_rms: float = 0.0,
+        seed: int = 0,
     ) -> None:
         self.ws = ws
         self.sid = "MZ00000000000000000000000000000001"
@@ -57,7 +61,13 @@ class TwilioSim:
         self.clears = 0
         self.clear_times: list[float] = []
         self.received: list[dict[str, Any]] = []
+        self.received_at: list[float] = []  # when each message of ``received`` came
+        #: (time sent, voice bytes sent so far) for each media frame that carried voice
+        self.voice_sent: list[tuple[float, int]] = []
+        self._voice_total = 0
         self.echo_gain = echo_gain
+        self.noise_rms = noise_rms  # line noise (white, RMS of PCM16) on the microphone
+        self._rng = np.random.default_rng(seed)
         n_delay = 0 if echo_delay_ms is None else int(RATE * echo_delay_ms / 1000) * 2
         self.echo_line: bytearray | None = None if echo_delay_ms is None else bytearray(n_delay)
         self.closed = asyncio.Event()
@@ -137,6 +147,7 @@ class TwilioSim:
             async for raw in self.ws:
                 msg = json.loads(raw)
                 self.received.append(msg)
+                self.received_at.append(time.monotonic())
                 kind = msg["event"]
                 assert msg["streamSid"] == self.sid
                 if kind == "media":
@@ -185,6 +196,10 @@ class TwilioSim:
                 if voice:
                     v = np.frombuffer(voice, dtype="<i2")
                     mic[: v.size] += v
+                    self._voice_total += len(voice)
+                    self.voice_sent.append((time.monotonic(), self._voice_total))
+                if self.noise_rms:
+                    mic += self._rng.standard_normal(FRAME) * self.noise_rms
                 if self.echo_line is not None:
                     self.echo_line += played
                     back = np.frombuffer(bytes(self.echo_line[: FRAME * 2]), dtype="<i2")

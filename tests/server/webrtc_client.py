@@ -2,8 +2,9 @@
 
 It POSTs its SDP offer (multipart with a session, or plain application/sdp), connects on
 loopback, sends its microphone track (PCM it is told to say, else silence, 20 ms frames
-at real time, Opus on the wire), records the server's audio frames with their arrival
-time and the JSON events of the ``oai-events`` data channel.
+at real time, Opus on the wire; with ``mic.echo`` the server's audio fed back and line
+noise), records the server's audio frames with their arrival time and the JSON events of
+the ``oai-events`` data channel.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ FRAME = 960
 
 
 class MicTrack(MediaStreamTrack):
+    """The microphone: what it is told to say, plus (``echo``) the server's audio fed back
+    and line noise, a speakerphone."""
+
     kind = "audio"
 
     def __init__(self) -> None:
@@ -39,6 +43,25 @@ class MicTrack(MediaStreamTrack):
         self.say = bytearray()
         self._start = 0.0
         self._pts = 0
+        #: (time sent, voice bytes sent so far) for each frame that carried voice
+        self.voice_sent: list[tuple[float, int]] = []
+        self._voice_total = 0
+        self.echo_line: bytearray | None = None  # the server's audio, delayed
+        self.echo_gain = 0.5
+        self.noise_rms = 0.0
+        self._rng = np.random.default_rng(0)
+
+    def echo(self, delay_ms: float, gain: float, noise_rms: float = 0.0, seed: int = 0) -> None:
+        """Feed the server's audio back ``delay_ms`` later, ``gain`` times as loud, with
+        white line noise of ``noise_rms`` (PCM16)."""
+        self.echo_line = bytearray(int(RATE * delay_ms / 1000) * 2)
+        self.echo_gain, self.noise_rms = gain, noise_rms
+        self._rng = np.random.default_rng(seed)
+
+    def heard(self, pcm: bytes) -> None:
+        """The server's audio as played (PCM16 mono at ``RATE``): its echo, later."""
+        if self.echo_line is not None and len(self.echo_line) < RATE * 4:
+            self.echo_line += pcm
 
     async def recv(self) -> AudioFrame:
         if self._pts:
@@ -49,7 +72,18 @@ class MicTrack(MediaStreamTrack):
             self._start = time.monotonic()
         pcm = bytes(self.say[: FRAME * 2])
         del self.say[: FRAME * 2]
+        if pcm:
+            self._voice_total += len(pcm)
+            self.voice_sent.append((time.monotonic(), self._voice_total))
         pcm += b"\x00" * (FRAME * 2 - len(pcm))
+        if self.echo_line is not None:
+            back = bytes(self.echo_line[: FRAME * 2])
+            del self.echo_line[: FRAME * 2]
+            back += b"\x00" * (FRAME * 2 - len(back))
+            mic = np.frombuffer(pcm, dtype="<i2").astype(np.float64)
+            mic += np.frombuffer(back, dtype="<i2") * self.echo_gain
+            mic += self._rng.standard_normal(FRAME) * self.noise_rms
+            pcm = mic.clip(-32768, 32767).astype("<i2").tobytes()
         frame = AudioFrame(format="s16", layout="mono", samples=FRAME)
         frame.planes[0].update(pcm)
         frame.pts = self._pts
@@ -83,6 +117,10 @@ class RtcClient:
                 frame = await track.recv()
                 data = frame.to_ndarray().astype(np.float64)
                 self.frames.append((time.monotonic(), float(np.sqrt(np.mean(data**2)))))
+                if self.mic.echo_line is not None:  # (packed s16: interleaved channels)
+                    channels = len(frame.layout.channels)
+                    mono = data.reshape(-1)[::channels]
+                    self.mic.heard(mono.clip(-32768, 32767).astype("<i2").tobytes())
 
     async def connect(
         self,

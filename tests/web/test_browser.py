@@ -237,3 +237,69 @@ def test_talking_over_the_answer_shows_an_interrupted_bubble(
     assert bubbles, browser.find_element("id", "log").get_attribute("innerHTML")
     assert all(b.is_displayed() and b.text.startswith("Hello there.") for b in bubbles)
     assert browser.find_element("id", "interrupts").text == str(state["interrupted"])
+
+
+@pytest.fixture(scope="module")
+def backchannel_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Every speech is heard as "mm-hm" (a backchannel), and answers play in real time."""
+    stages = {
+        "asr": {"backend": "test", "options": {"transcript": "mm-hm"}},
+        "tts": {"backend": "test", "options": {"realtime": True}},
+    }
+    path = write_config(tmp_path_factory.mktemp("web-mmhm"), engine={"stages": stages})
+    with running_server(Path(path)) as addr:
+        yield addr
+
+
+def _backchannel_wav(path: Path, rate: int = 16000) -> None:
+    """A question, then a short "mm-hm" (0.35 s) 1.2 s into the answer, then quiet."""
+    gap = [np.zeros(int(rate * ms / 1000)) for ms in (500, 1200, 9000)]
+    signal = np.concatenate([gap[0], _speech(800, rate), gap[1], _speech(350, rate), gap[2]])
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((signal * 32767).astype("<i2").tobytes())
+
+
+@pytest.fixture
+def browser_backchannel(tmp_path: Path) -> Iterator[Any]:
+    wav = tmp_path / "mmhm.wav"
+    _backchannel_wav(wav)
+    yield from _chromium(wav)
+
+
+@pytest.mark.parametrize("mode", ["websocket", "webrtc"])
+def test_a_backchannel_over_the_answer_shows_a_cut_taken_back(
+    backchannel_server: str, browser_backchannel: Any, mode: str
+) -> None:
+    """interrupt_mode confirm ("Confirm cuts" ticked on the WebSocket; WebRTC's default): an
+    "mm-hm" over the answer pauses it (output_audio_buffer.paused: the page pauses its
+    player) and the cut is taken back (.resumed: it plays on); the answer completes, marked
+    "(cut taken back)", not interrupted, and the "mm-hm" is no turn of its own."""
+    browser = browser_backchannel
+    _open(browser, f"http://{backchannel_server}/")
+    if mode == "webrtc":
+        browser.find_element("id", "webrtc").click()
+    else:
+        browser.find_element("id", "confirm").click()
+    browser.find_element("id", "connect").click()
+    deadline = time.monotonic() + 40 * UNIT
+    state = _state(browser)
+    while time.monotonic() < deadline:  # (the microphone may start mid-file: it loops)
+        state = _state(browser)
+        answered = len(state["responses"]) == len(state["userTranscripts"])
+        if state["takenBack"] and answered:
+            break
+        time.sleep(0.2)
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / f"web-client-taken-back-{mode}.png"))
+    assert state["transport"] == mode, state
+    assert state["paused"] >= 1 and state["takenBack"] >= 1, state
+    assert state["interrupted"] == 0 and state["audioCleared"] == 0, state
+    # every turn is a question, answered in full; no "mm-hm" became a turn
+    assert state["responses"] and set(state["responses"]) == {"completed"}, state
+    assert len(state["responses"]) == len(state["userTranscripts"]), state
+    bubble = browser.find_element("css selector", "#log li.assistant.taken-back")
+    assert bubble.is_displayed() and bubble.text.startswith("Hello there."), bubble.text
+    assert browser.find_element("id", "takenback").text == str(state["takenBack"])

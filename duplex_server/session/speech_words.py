@@ -1,0 +1,86 @@
+"""The words of the user's speech over an answer, for the interruption decision.
+
+The session core asks for them (:class:`~duplex_server.protocol.commands.TranscribeSpeech`,
+protocol/barge_in.py) when such a speech falls quiet; :class:`SpeechWords` runs the engine's
+ASR stage on its audio as a batch transcription job (``engine.generate``: the route
+``/v1/audio/transcriptions`` takes, at batch priority) and hands the words back to the core
+(``ClientInput.speech_words``). Best effort: a job that fails gives no words (the
+core then judges on acoustics, as it does when they come late); one per speech at a time
+(a newer speech's job replaces an older one's), and all are cancelled when the session ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from duplex_contract.audio import INPUT_RATE
+from duplex_contract.batch import TranscribeJob, TranscriptOut
+from duplex_contract.errors import EngineError
+from duplex_server.protocol.commands import Action, TranscribeSpeech
+from duplex_server.protocol.machine import SessionMachine
+from duplex_server.session.engine_calls import EngineSessions
+
+log = logging.getLogger(__name__)
+
+
+class SpeechWords:
+    """One session's transcriptions of speech over its answers."""
+
+    def __init__(
+        self,
+        engine: EngineSessions,
+        core: SessionMachine,
+        apply: Callable[[list[Action]], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self.engine = engine
+        self.core = core
+        self.apply = apply
+        self.clock = clock
+        self._task: asyncio.Task[None] | None = None
+
+    def ask(self, action: TranscribeSpeech) -> None:
+        """Transcribe ``action``'s audio; its words go to the core when known."""
+        self.close()
+        self._task = asyncio.create_task(
+            self._run(action), name=f"words:{self.core.session_id}:{action.speech}"
+        )
+
+    async def _run(self, action: TranscribeSpeech) -> None:
+        language = self.core.config.language
+        job = TranscribeJob(audio=action.pcm, sample_rate=INPUT_RATE, language=language)
+        words: list[str] = []
+        asked = self.clock()
+        try:
+            async for item in self.engine.generate(job):
+                if isinstance(item, TranscriptOut):
+                    words.append(item.text)
+        except EngineError as exc:  # (e.g. server_busy: the batch queue is full)
+            log.info("%s: speech not transcribed: %s", self.core.session_id, exc)
+            words = []
+        core = self.core
+        log.debug(
+            "%s: words of speech %d after %.0f ms: %r",
+            self.core.session_id,
+            action.speech,
+            self.clock() - asked,
+            "".join(words),
+        )
+        if not core.closed:
+            text, config = "".join(words), core.config
+            self.apply(core.input.speech_words(action.speech, text, config, self.clock()))
+
+    def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def aclose(self) -> None:
+        task = self._task
+        self.close()
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
