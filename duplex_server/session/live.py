@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from duplex_contract.control import ResumeCall
 from duplex_contract.errors import EngineError
@@ -92,6 +93,13 @@ def log_usage(session_id: str, reason: str, u: ev.SessionUsage) -> None:
     )
 
 
+class WireAdapter(Protocol):
+    """A session on another wire than Realtime's: the core's actions as that wire has them
+    (GPT-Live: duplex_server/session/live_runtime.py)."""
+
+    def translate(self, actions: list[Action]) -> list[Action]: ...
+
+
 @dataclass(frozen=True)
 class SessionLimits:
     journal_max_bytes: int
@@ -143,6 +151,12 @@ class LiveSession:
         self._replicated_config = core.config  # the config the engine's replica has
         #: the seq of this front end's session.handover (a drain), 0: not handed over
         self.handed_over_at = 0
+        #: the wire protocol (``realtime``, or ``live``: GPT-Live), for metrics
+        self.protocol = "realtime"
+        #: the wire adapter of a session on another wire than Realtime's (GPT-Live:
+        #: duplex_server/session/live_runtime.py): every batch of the core's actions passes
+        #: through it before it is carried out
+        self.adapter: WireAdapter | None = None
 
     @property
     def session_id(self) -> str:
@@ -276,6 +290,8 @@ class LiveSession:
     # ------------------------------------------------------------------ actions
     def apply(self, actions: list[Action], *, t_in: float = 0.0) -> None:
         """Carry out the core's ``actions``, each by the object whose job it is."""
+        if self.adapter is not None:
+            actions = self.adapter.translate(actions)
         outlet = self.outlet
         for action in actions:
             if isinstance(action, Send):

@@ -82,6 +82,14 @@ class Sessions:
             out[state] += 1
         return out
 
+    def by_protocol(self) -> dict[str, int]:
+        """Live sessions by wire protocol: ``realtime`` (the Realtime wire, on any
+        transport) and ``live`` (GPT-Live)."""
+        out = {"realtime": 0, "live": 0}
+        for s in self.live.values():
+            out[s.protocol] = out.get(s.protocol, 0) + 1
+        return out
+
     def held_bytes(self) -> dict[str, int]:
         """Bytes the front end holds for its sessions: the journals, and input audio not yet
         handed to the engine (the input lanes' backlog and queued appends)."""
