@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 from collections import OrderedDict
+from typing import Any
 
 import msgspec
 
@@ -41,6 +42,7 @@ from duplex_server.protocol.commands import Action, Send, SendAudio, SendStamped
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.live_config import (
     DELEGATE_TOOL,
+    Backend,
     LiveOptions,
     LiveStart,
     parse_backend,
@@ -110,6 +112,21 @@ CLOSE_REASONS = {
 _SILENCE_BYTE = {"pcm16": 0, "g711_ulaw": 0xFF, "g711_alaw": 0xD5}
 
 
+class LiveReplica(msgspec.Struct, frozen=True, array_like=True):
+    """A Live session's wire state in its replica (:meth:`LiveAdapter.state`)."""
+
+    start: LiveStart
+    started_unix: float
+    expires_at: int
+    ack_delay_ms: int
+    backend: Backend | None
+    delegation_wire: dict[str, Any] | None
+
+
+_REPLICA_ENCODER = msgspec.msgpack.Encoder()
+_REPLICA_DECODER = msgspec.msgpack.Decoder(LiveReplica)
+
+
 class LiveAdapter:
     """One Live session's wire state around its core. ``now_ms``: the runtime's monotonic
     clock; ``unix_s``: the wall clock at start (``expires_at``)."""
@@ -127,6 +144,7 @@ class LiveAdapter:
         self.start = start
         self.options = options
         self.started_ms = now_ms
+        self.started_unix = unix_s
         self.expires_at = int(unix_s + options.max_session_s)
         self.muted = False
         self.attached = True
@@ -140,6 +158,43 @@ class LiveAdapter:
         self._usage_due = now_ms + options.usage_interval_s * 1000
         self._prompt_tokens = 0
         self._ended = False
+
+    # ------------------------------------------------------------------ failover
+    def state(self) -> bytes:
+        """What a front end taking the session over needs of the wire (the replica's
+        ``wire``): the start, the clock, the delegation settings. Delegations in flight
+        are not kept: a crash loses them (docs/protocol.md, "GPT-Live")."""
+        work = self.delegations
+        rep = LiveReplica(
+            self.start,
+            self.started_unix,
+            self.expires_at,
+            work.ack_delay_ms,
+            work.backend,
+            self.delegation_wire,
+        )
+        return _REPLICA_ENCODER.encode(rep)
+
+    @classmethod
+    def restore(
+        cls,
+        core: SessionMachine,
+        blob: bytes,
+        options: LiveOptions,
+        *,
+        now_ms: float,
+        unix_s: float,
+    ) -> LiveAdapter:
+        """The adapter of a session taken over (``blob``: :meth:`state`); raises
+        ``msgspec.DecodeError`` / ``ValidationError`` on junk."""
+        rep = _REPLICA_DECODER.decode(blob)
+        adapter = cls(core, rep.start, options, now_ms=now_ms, unix_s=rep.started_unix)
+        adapter.started_ms = now_ms - max(0.0, unix_s - rep.started_unix) * 1000
+        adapter.expires_at = rep.expires_at
+        adapter.delegations.ack_delay_ms = rep.ack_delay_ms
+        adapter.delegations.backend = rep.backend
+        adapter.delegation_wire = rep.delegation_wire
+        return adapter
 
     @property
     def session_ms(self) -> int:

@@ -174,7 +174,9 @@ class Delegations:
             response_id = d.backend.current.id
             live.append(RunBackend(d.id, job))
         created = LiveDelegationCreated(
-            delegation=LiveDelegation(id=d.id, target=target, response_id=response_id),
+            delegation=LiveDelegation(
+                id=d.id, target=target, type="delegation", response_id=response_id
+            ),
             offset_ms=offset_ms,
         )
         out.append(Send(created))

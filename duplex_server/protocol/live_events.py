@@ -303,7 +303,7 @@ class LiveContextWindow(_Out, frozen=True):
 class LiveDelegation(_Out, frozen=True):
     id: str
     target: Literal["client", "responses"]
-    type: Literal["delegation"] = "delegation"
+    type: Literal["delegation"]  # (required: a default would be omitted)
     response_id: str | None = None
 
 

@@ -12,9 +12,11 @@ cuts the history there (the transport reports ``Played`` / ``Flushed`` to its
 sentence, not a word) into ``session.output_transcript.delta`` pieces released with the
 audio: a mark's words are spread over its audio by their share of its characters, and a
 word goes out once its estimated end has been sent (the last words of a mark once all its
-audio has). So a clause cut by a barge-in is reported up to the last whole word whose share
-of the clause's audio left: the same proportional cut, to whole words, that the engine's
-history makes of the clause (engine/orchestration/history.py).
+audio has; while a mark's audio is still coming, its length is estimated at the pace of
+the marks already spoken whole, or :data:`OPEN_MS_PER_CHAR` a character before one is).
+So a clause cut by a barge-in is reported up to the last whole word whose share of the
+clause's audio left: the same proportional cut, to whole words, that the engine's history
+makes of the clause (engine/orchestration/history.py).
 
 Positions: the item clock is the reply item's own audio (ms from its start, as the core
 numbers its chunks); the session timeline is the session's input audio clock (ms received),
@@ -28,6 +30,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 _EPS_MS = 1e-6
+#: while a mark's audio is still coming, its length is taken as at least this per character
+#: until a whole mark has shown the voice's own pace (slower than speech: its words may
+#: come late, not ahead of their audio)
+OPEN_MS_PER_CHAR = 90.0
 
 
 # ---------------------------------------------------------------------------- the pacer
@@ -177,6 +183,19 @@ class SpokenText:
 
     def __init__(self) -> None:
         self._items: dict[str, _ItemText] = {}
+        self._paced_ms = 0.0  # audio of the marks spoken whole so far ...
+        self._paced_chars = 0  # ... and their characters: the voice's pace
+
+    def pace(self) -> float:
+        """Milliseconds of audio a character, as spoken so far."""
+        if self._paced_chars < 20:
+            return OPEN_MS_PER_CHAR
+        return self._paced_ms / self._paced_chars
+
+    def _spoken_whole(self, seg: _Segment) -> None:
+        if seg.end_ms > seg.start_ms and seg.text.strip():
+            self._paced_ms += seg.end_ms - seg.start_ms
+            self._paced_chars += len(seg.text)
 
     def mark(self, item_id: str, start_ms: float, text: str) -> None:
         """The audio of ``item_id`` from ``start_ms`` (its clock) speaks ``text``."""
@@ -221,6 +240,8 @@ class SpokenText:
             if seg.sent >= len(seg.text) or seg.start_ms > item_ms + _EPS_MS:
                 continue
             span = seg.end_ms - seg.start_ms
+            if not seg.closed:
+                span = max(span, len(seg.text) * self.pace())
             if seg.closed and item_ms + _EPS_MS >= seg.end_ms:
                 cut = len(seg.text)
             elif span <= 0:
@@ -238,6 +259,8 @@ class SpokenText:
             end = max(start, round(pos_ms - (item_ms - b)))
             out.append(TextPiece(seg.text[seg.sent : cut], start, end))
             seg.sent = cut
+            if seg.closed and cut >= len(seg.text):
+                self._spoken_whole(seg)
         if item.segments and all(s.closed and s.sent >= len(s.text) for s in item.segments):
             del self._items[item_id]
         return out

@@ -99,6 +99,10 @@ class WireAdapter(Protocol):
 
     def translate(self, actions: list[Action]) -> list[Action]: ...
 
+    def state(self) -> bytes:
+        """What the replica keeps of the wire, for a front end taking the session over."""
+        ...
+
 
 @dataclass(frozen=True)
 class SessionLimits:
@@ -193,9 +197,10 @@ class LiveSession:
         """This session's state for the engine to keep (duplex_server/session/snapshot.py);
         ``handed_over_at``: the seq of the session.handover that ends this front end's part."""
         self._replicated_config = self.core.config
+        wire = self.adapter.state() if self.adapter is not None else b""
         if handed_over_at:
-            return replica.encode(self.core, handed_over_at, handed_over=True)
-        return replica.encode(self.core, self.stamper.seq)
+            return replica.encode(self.core, handed_over_at, handed_over=True, wire=wire)
+        return replica.encode(self.core, self.stamper.seq, wire=wire)
 
     async def replicate(self, *, handed_over_at: int = 0) -> None:
         """Keep :meth:`replica` in the engine now; a failure only costs failover."""

@@ -23,11 +23,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+import msgspec
+
 from duplex_contract.batch import BatchItem, BatchJob
 from duplex_contract.control import OpenCall
 from duplex_contract.errors import EngineError
 from duplex_server.config import ServerConfig
 from duplex_server.protocol.commands import Action
+from duplex_server.protocol.errors import SessionFatal
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.live_adapter import LiveAdapter
 from duplex_server.protocol.live_config import LiveOptions, LiveStart, effective_session
@@ -38,6 +41,7 @@ from duplex_server.session import handshake
 from duplex_server.session.attach import Attachment
 from duplex_server.session.hub import Hub
 from duplex_server.session.live import LiveSession, now_ms
+from duplex_server.session.snapshot import Replica
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +103,9 @@ class LiveRuntime:
         for action in work:
             self._do(action)
         return out
+
+    def state(self) -> bytes:
+        return self.adapter.state()
 
     # ------------------------------------------------------------------ inputs
     def run(self, steps: list[Step]) -> None:
@@ -177,6 +184,22 @@ class LiveRuntime:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
+
+
+def adopt_live(
+    session: LiveSession, rep: Replica, options: LiveOptions, chat: ChatEngine | None
+) -> LiveRuntime:
+    """A Live session taken over from a front end that is gone (``Sessions.adopt``'s
+    ``prepare``): its adapter rebuilt from the replica. Raises :class:`SessionFatal` if
+    the session is not a Live one (or its replica is unreadable)."""
+    try:
+        adapter = LiveAdapter.restore(
+            session.core, rep.wire, options, now_ms=now_ms(), unix_s=time.time()
+        )
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        sid = session.core.session_id
+        raise SessionFatal("session_not_found", f"no live Live session {sid}") from None
+    return LiveRuntime(session, adapter, chat)
 
 
 async def open_live(

@@ -54,11 +54,21 @@ from duplex_server.session import handshake
 from duplex_server.session.attach import Outgoing
 from duplex_server.session.hub import Hub
 from duplex_server.session.live import LiveSession, now_ms
-from duplex_server.session.live_runtime import ChatEngine, LiveRuntime, live_options, open_live
+from duplex_server.session.live_runtime import (
+    ChatEngine,
+    LiveRuntime,
+    adopt_live,
+    live_options,
+    open_live,
+)
+from duplex_server.session.snapshot import Replica
 from duplex_server.session.writer import QueuedWriter
 
 log = logging.getLogger(__name__)
 
+#: an item whose emitted audio is this much longer than what left was cut (smaller gaps
+#: are the output resampler's held-back tail)
+UNSENT_SLACK_MS = 30.0
 RESUME_HEADER = "x-resume-token"
 LAST_EVENT_HEADER = "x-last-event-id"
 
@@ -95,6 +105,7 @@ class LiveSocket:
         self.peer_close_code: int | None = None
         self._wake = asyncio.Event()
         self._send_lock = asyncio.Lock()
+        self._epochs: dict[str, int] = {}  # reply item -> the epoch of its audio
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -151,8 +162,10 @@ class LiveSocket:
                 voices=sessions.voices,
                 websocket=True,
             )
-        except ProtocolError as exc:
-            raise SessionFatal(exc.code, exc.message, close_code=CloseCode.POLICY) from exc
+        except ProtocolError as exc:  # the session cannot start: the error, then a close
+            fatal = SessionFatal(exc.code, exc.message, close_code=CloseCode.POLICY)
+            fatal.param = exc.param
+            raise fatal from exc
         runtime = await open_live(self.hub, self.writer, start, self.options, self.chat)
         self._attach(runtime)
         if event.event_id:
@@ -160,11 +173,13 @@ class LiveSocket:
 
     async def _resume(self, token: str) -> None:
         session_id, _, secret = token.partition(".")
+        if not secret:
+            raise SessionFatal("invalid_resume_token", "the resume token is <session id>.<secret>")
         session = self.hub.sessions.live.get(session_id)
         runtime = session.adapter if session is not None else None
-        if not isinstance(runtime, LiveRuntime) or not secret:
+        if session is not None and not isinstance(runtime, LiveRuntime):
             raise SessionFatal("session_not_found", f"no live Live session {session_id}")
-        after = runtime.adapter.written_seq
+        after = runtime.adapter.written_seq if isinstance(runtime, LiveRuntime) else 0
         last = self.ws.headers.get(LAST_EVENT_HEADER) or self.ws.query_params.get("last_event_id")
         if last:
             seq = event_seq(last, session_id)
@@ -176,8 +191,16 @@ class LiveSocket:
         req = ev.SessionResume(
             session_id=session_id, resume_token=secret, last_received_server_event_seq=after
         )
-        resumed = await handshake.resume_session(self.hub, self.writer, req)
-        assert resumed is session
+        adopted: list[LiveRuntime] = []
+
+        def prepare(taken: LiveSession, rep: Replica) -> None:  # another front end's session
+            adopted.append(adopt_live(taken, rep, self.options, self.chat))
+
+        resumed = await handshake.resume_session(self.hub, self.writer, req, prepare=prepare)
+        if adopted:
+            runtime = adopted[0]
+            runtime.start(self.hub)
+        assert isinstance(runtime, LiveRuntime) and resumed is runtime.session
         self._attach(runtime)
 
     def _attach(self, runtime: LiveRuntime) -> None:
@@ -293,10 +316,18 @@ class LiveSocket:
 
     def _flush(self, session: LiveSession) -> None:
         """The core's barge-in: drop what was not sent, and say so (the core cuts the
-        history to what was)."""
+        history to what was). Everything of the item not sent counts as held here (sent is
+        heard): audio still in the pacer, purged before it reached it, or never made (a
+        cancelled answer), unless the item ended and all it emitted left."""
         if self.pacer is not None:
             self.pacer.flush()
         self.spoken.flush()
+        pos = session.core.playout.position()
+        if pos is not None:
+            cancelled = self._epochs.get(pos.item_id, session.core.epoch) < session.core.epoch
+            unsent = pos.emitted_ms - pos.played_ms
+            if cancelled or unsent > UNSENT_SLACK_MS:
+                session.report_playout(Played(pos.item_id, pos.played_ms, max(unsent, 1.0)))
         session.report_playout(Flushed())
 
     # ------------------------------------------------------------------ Wire
@@ -317,6 +348,9 @@ class LiveSocket:
             self.spoken.audio(
                 event.item_id, event.audio_start_ms, len(item.pcm) * 500 / self.pacer.rate
             )
+            self._epochs[event.item_id] = item.epoch or 0
+            while len(self._epochs) > 8:
+                del self._epochs[next(iter(self._epochs))]
             session.report_playout(Queued(event.item_id))
             self._wake.set()
             return True

@@ -8,7 +8,8 @@ that plays at real time and reports what it played, the microphone feed); the ca
 data channel carries Live events both ways and no ``session.start`` (the POST started the
 session). The output transcript leaves as the track plays it
 (:class:`~duplex_server.protocol.live_output.SpokenText`). ``POST
-/v1/live/sessions/{id}/hangup`` ends it. Admission: ``duplex_server.auth.HttpAuth`` (the
+/v1/live/sessions/{id}/hangup`` ends it (and a WebSocket Live session too, as
+``session.close`` would). Admission: ``duplex_server.auth.HttpAuth`` (the
 API key and Origin of every ``/v1/`` route).
 
 Not in scope, each answered with ``unsupported`` (docs/protocol.md): the sideband
@@ -199,10 +200,16 @@ def routes(hub: Hub, chat: Any) -> list[BaseRoute]:
         return JSONResponse(body_out, status_code=201)
 
     async def hangup(request: Request) -> Response:
-        call = calls.get(request.path_params["session_id"])
-        if call is None:
-            return _error(404, "session_not_found", "no such WebRTC Live session", "session_id")
-        call.link.end_session("client")
+        sid = request.path_params["session_id"]
+        call = calls.get(sid)
+        if call is not None:
+            call.link.end_session("client")
+            return Response(status_code=200)
+        session = hub.sessions.live.get(sid)
+        if session is None or session.protocol != "live":
+            return _error(404, "session_not_found", "no such Live session", "session_id")
+        if not session.core.closed:  # a WebSocket session: it closes as on session.close
+            session.apply(session.core.close("client"))
         return Response(status_code=200)
 
     async def unsupported_http(request: Request) -> Response:
