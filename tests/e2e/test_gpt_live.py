@@ -585,8 +585,9 @@ def test_webrtc_offer_answer_and_events_on_the_data_channel(server: str) -> None
             rtc.send({"type": "session.close"})
             closed = await rtc.until("session.closed", within=10)
             assert closed["reason"] == "close_requested"
-            with pytest.raises(openai.BadRequestError, match=r"unsupported"):
+            with pytest.raises(openai.BadRequestError, match=r"refer is not supported") as refused:
                 await client.live.sessions.refer(created.session.id, target_uri="tel:+1")
+            assert refused.value.code == "unsupported"
         finally:
             await rtc.close()
             await client.close()
