@@ -83,6 +83,9 @@ class LiveConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     turn_detection: Literal["server_vad", "semantic_vad"] = "server_vad"
     #: semantic_vad: how soon a turn that sounds finished ends
     eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    #: the silence that ends a turn (ms; None: the VAD's default, 500 for server_vad, the
+    #: eagerness's longest wait for semantic_vad)
+    silence_duration_ms: Annotated[int, msgspec.Meta(ge=100, le=10_000)] | None = None
     #: the barge-in rule's mode (``confirm``: an onset pauses the answer, a backchannel
     #: resumes it; until the session core has it, it runs as ``immediate``)
     interruption: Literal["immediate", "confirm"] = "immediate"

@@ -67,6 +67,8 @@ def live_options(server: ServerConfig) -> LiveOptions:
         td = TurnDetection(
             type="semantic_vad", eagerness=cfg.eagerness, silence_duration_ms=silence
         )
+    if cfg.silence_duration_ms is not None:
+        td = msgspec.structs.replace(td, silence_duration_ms=cfg.silence_duration_ms)
     return LiveOptions(
         model_aliases=cfg.model_aliases,
         turn_detection=td,

@@ -57,6 +57,18 @@ class LiveCall:
         finally:
             self.closed.set()
 
+    def played_out(self, last: float) -> float:
+        """When the audio that arrived up to ``last`` (monotonic) has played out at a
+        speaker that plays what arrives after what is already playing."""
+        end = 0.0
+        for t, e in self.events:
+            if t > last:
+                break
+            if e.type == "session.output_audio.delta":
+                ms = len(base64.b64decode(e.delta)) / self.width * 1000 / self.rate
+                end = max(end, t) + ms / 1000
+        return end
+
     def of(self, kind: str) -> list[Any]:
         return [e for _, e in self.events if e.type == kind]
 

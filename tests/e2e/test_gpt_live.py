@@ -213,7 +213,7 @@ def test_talking_over_an_answer_stops_it_and_the_history_keeps_what_was_sent(
             # next answer (that one starts after the turn's silence)
             old = [t for t, e in call.events[n:] if e.type == "session.output_audio.delta"]
             old = [t for t in old if t < onset + 0.9]
-            heard_stop = (max(old) if old else onset) + 0.2  # what it held plays out
+            heard_stop = call.played_out(max(old)) if old else onset
             assert heard_stop - onset < 0.8 * UNIT, heard_stop - onset
             await call.until("session.input_transcript.delta", after=n)  # the new turn
             turn2 = next(
