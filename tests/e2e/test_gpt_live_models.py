@@ -121,8 +121,13 @@ async def _trial(addr: str, question: bytes, clip: bytes) -> float | None:
         onset = time.monotonic()  # the clip starts at its first speech
         if call.played_out(onset) <= onset:
             return None  # nothing plays at the onset (the answer ended, or its TTS lags)
+        n = len(call.events)
         await call.stream(clip + silence(1500))
-        old = [t for t in call.times("session.output_audio.delta") if t < onset + 2.0]
+        # the old answer's audio: what came before the next turn's transcript (the clip's
+        # first phrase can end a turn, and the next answer follows that transcript)
+        turn = [t for t, e in call.events[n:] if e.type == "session.input_transcript.delta"]
+        end = min([onset + 2.0, *turn])
+        old = [t for t in call.times("session.output_audio.delta") if t < end]
         return call.played_out(max(old)) - onset
 
 
