@@ -71,6 +71,10 @@ log = logging.getLogger(__name__)
 UNSENT_SLACK_MS = 30.0
 RESUME_HEADER = "x-resume-token"
 LAST_EVENT_HEADER = "x-last-event-id"
+#: a session taken over from another front end with no ``X-Last-Event-Id``: what the other
+#: one wrote after its replica is unknown, so the client is taken to have got it all and the
+#: numbering goes on this far past the replica's (more than one front end's part sends)
+ADOPT_SEQ_GAP = 100_000_000
 
 
 def live_error_frame(exc: ProtocolError | EngineError) -> tuple[bytes, int]:
@@ -179,7 +183,7 @@ class LiveSocket:
         runtime = session.adapter if session is not None else None
         if session is not None and not isinstance(runtime, LiveRuntime):
             raise SessionFatal("session_not_found", f"no live Live session {session_id}")
-        after = runtime.adapter.written_seq if isinstance(runtime, LiveRuntime) else 0
+        after = runtime.adapter.written_seq if isinstance(runtime, LiveRuntime) else ADOPT_SEQ_GAP
         last = self.ws.headers.get(LAST_EVENT_HEADER) or self.ws.query_params.get("last_event_id")
         if last:
             seq = event_seq(last, session_id)
@@ -195,6 +199,8 @@ class LiveSocket:
 
         def prepare(taken: LiveSession, rep: Replica) -> None:  # another front end's session
             adopted.append(adopt_live(taken, rep, self.options, self.chat))
+            if not last:  # event ids must not repeat what the other front end sent
+                taken.stamper.restart_at(rep.event_seq + ADOPT_SEQ_GAP)
 
         resumed = await handshake.resume_session(self.hub, self.writer, req, prepare=prepare)
         if adopted:
