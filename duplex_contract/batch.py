@@ -14,6 +14,7 @@ import msgspec
 
 from duplex_contract.audio import INPUT_RATE, OUTPUT_RATE
 from duplex_contract.session_events import Msg
+from duplex_contract.settings import Tool
 
 
 class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -28,6 +29,14 @@ class TranscriptOut(Msg, frozen=True, tag="transcript"):
 
 
 class TextOut(Msg, frozen=True, tag="text"):
+    request_id: str
+    text: str
+
+
+class CallOut(Msg, frozen=True, tag="call_text"):
+    """A piece of a function call the model writes (a chat job with ``tools``): the call's
+    JSON ``{"name": ..., "arguments": {...}}`` as generated (duplex_contract/tools.py)."""
+
     request_id: str
     text: str
 
@@ -52,12 +61,20 @@ class SpeechJob(Msg, frozen=True, tag="speech"):
 
 
 class ChatJob(Msg, frozen=True, tag="chat"):
+    """A chat completion. With ``tools`` the model may answer with a function call instead
+    of text (streamed as :class:`CallOut`; ``tool_required``: it must). ``route``: the
+    engine route it runs on (None: ``voice`` when audio is asked for, else ``text``), e.g.
+    a route with an LLM stage of its own (a GPT-Live session's delegation backend)."""
+
     messages: tuple[ChatMessage, ...]
     max_tokens: int = 256
     temperature: float = 0.0
     audio: bool = False
     voice: str | None = None
     sample_rate: int = OUTPUT_RATE
+    tools: tuple[Tool, ...] = ()
+    tool_required: bool = False
+    route: str | None = None
 
 
 class TranscribeJob(Msg, frozen=True, tag="transcribe"):
@@ -77,4 +94,4 @@ class BatchDone(Msg, frozen=True, tag="batch_done"):
     finish_reason: str = "stop"
 
 
-BatchItem = TextOut | AudioOut | TranscriptOut | BatchDone
+BatchItem = TextOut | CallOut | AudioOut | TranscriptOut | BatchDone

@@ -30,7 +30,8 @@ from duplex_server.http.routes import routes as http_routes
 from duplex_server.ops.metrics import BatchTiming, Metrics
 from duplex_server.ops.tracing import Tracing
 from duplex_server.session.hub import Hub
-from duplex_server.transports import webrtc
+from duplex_server.transports import live_webrtc, webrtc
+from duplex_server.transports.live_socket import live_endpoint
 from duplex_server.transports.realtime import realtime_endpoint
 from duplex_server.transports.twilio import twilio_endpoint
 from engine.api.client import AsyncEngine, EngineClient
@@ -168,6 +169,8 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         metrics.input_backlog.set(sum(s.audio.backlog for s in hub.sessions.live.values()))
         for state, n in hub.sessions.by_state().items():
             metrics.sessions.labels(state).set(n)
+        for protocol, n in hub.sessions.by_protocol().items():
+            metrics.sessions_by_protocol.labels(protocol).set(n)
         engine = handle.engine
         held = {"outbox": outbox, **hub.sessions.held_bytes()}
         if engine is not None and engine.ready:
@@ -182,7 +185,9 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         WebSocketRoute("/v1/realtime", realtime_endpoint),
         WebSocketRoute("/v1/duplex", realtime_endpoint),
         WebSocketRoute("/v1/twilio", twilio_endpoint),
+        WebSocketRoute("/v1/live/sessions", live_endpoint),
         *webrtc.routes(hub),
+        *live_webrtc.routes(hub, handle.get),
         *http_routes(handle.get, config.server.batch, config.server.model_name, voices),
     ]
     static = Path(config.server.static_dir)

@@ -73,6 +73,36 @@ class OtelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_queue: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 4096
 
 
+class LiveConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The GPT-Live route ``/v1/live/sessions`` (``server.live``; docs/protocol.md,
+    "GPT-Live")."""
+
+    #: model names accepted beside ``gpt-live-1``, ``gpt-live-1.1`` and ``model_name``
+    model_aliases: tuple[str, ...] = ()
+    #: how the server ends a Live turn (the wire has no turn-detection setting)
+    turn_detection: Literal["server_vad", "semantic_vad"] = "server_vad"
+    #: semantic_vad: how soon a turn that sounds finished ends
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    #: the silence that ends a turn (ms; None: the VAD's default, 500 for server_vad, the
+    #: eagerness's longest wait for semantic_vad)
+    silence_duration_ms: Annotated[int, msgspec.Meta(ge=100, le=10_000)] | None = None
+    #: the barge-in rule's mode (``confirm``: an onset pauses the answer, a backchannel
+    #: resumes it; the Live pacer cannot hold a paused answer yet, so it runs as ``immediate``)
+    interruption: Literal["immediate", "confirm"] = "immediate"
+    #: a Live session closes ``expired`` this long after it started
+    max_session_s: PositiveFloat = 7200.0
+    #: ``session.usage.updated`` every this many seconds (and on close)
+    usage_interval_s: PositiveFloat = 5.0
+    #: reply audio is sent at real time with at most this much ahead of the clock
+    output_lead_ms: Annotated[float, msgspec.Meta(ge=20.0, le=2000.0)] = 200.0
+    #: ``context_window.usage_ratio`` = the thinker's last prompt tokens / this
+    context_window_tokens: PositiveInt = 8192
+    #: the engine route a responses-mode delegation's backend runs on (its LLM stage)
+    backend_route: str = "text"
+    #: the most a backend model call may write
+    backend_max_output_tokens: PositiveInt = 256
+
+
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_keys: list[str] = []
     #: comma-separated keys read from this environment variable at start-up (added to api_keys)
@@ -123,6 +153,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     webrtc_connect_timeout_s: PositiveFloat = 30.0
     twilio: TwilioConfig = TwilioConfig()
     otel: OtelConfig = OtelConfig()
+    live: LiveConfig = LiveConfig()
 
     def keys(self) -> frozenset[str]:
         env = os.environ.get(self.api_keys_env, "") if self.api_keys_env else ""

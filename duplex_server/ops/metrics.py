@@ -295,6 +295,13 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self.sessions_by_protocol = Gauge(
+            "duplex_sessions_by_protocol",
+            "Live sessions in the front end by wire protocol (realtime: /v1/realtime, WebRTC "
+            "calls and Twilio; live: GPT-Live's /v1/live/sessions)",
+            ["protocol"],
+            registry=r,
+        )
         self.session_bytes = Gauge(
             "duplex_session_bytes",
             "Bytes held for live sessions by part, all sessions summed",

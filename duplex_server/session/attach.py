@@ -140,6 +140,9 @@ class Stamper:
         self.journal = journal
         self.seq = 0
         self.beta = False
+        #: False: events are numbered (their ``event_id``, the journal) but carry no
+        #: ``server_event_seq`` (the GPT-Live wire has none; its events omit defaults)
+        self.seq_on_wire = True
 
     def restart_at(self, seq: int) -> None:
         """A session taken over from another front end: numbering goes on after ``seq``
@@ -149,8 +152,9 @@ class Stamper:
 
     def stamp(self, event: ev.ServerEvent, now: float) -> bytes:
         self.seq += 1
+        seq = self.seq if self.seq_on_wire else 0
         data, _ = encode_server_event(
-            event, event_id=f"{self._prefix}{self.seq:07d}", seq=self.seq, beta=self.beta
+            event, event_id=f"{self._prefix}{self.seq:07d}", seq=seq, beta=self.beta
         )
         self.journal.append(self.seq, data, now)
         return data

@@ -29,6 +29,7 @@ from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal
 from duplex_server.session.attach import Attachment
 from duplex_server.session.hub import Hub, Transport
 from duplex_server.session.live import LiveSession
+from duplex_server.session.registry import Prepare
 
 
 def admit_socket(
@@ -80,10 +81,13 @@ async def open_session(
     return session
 
 
-async def resume_session(hub: Hub, attachment: Attachment, event: ev.SessionResume) -> LiveSession:
-    """The live session ``event`` names, resumed onto ``attachment``."""
+async def resume_session(
+    hub: Hub, attachment: Attachment, event: ev.SessionResume, *, prepare: Prepare | None = None
+) -> LiveSession:
+    """The live session ``event`` names, resumed onto ``attachment`` (``prepare``: the wire
+    of a session taken over from another front end, ``Sessions.adopt``)."""
     require_engine(hub)
-    return await hub.sessions.resume(attachment, event)
+    return await hub.sessions.resume(attachment, event, prepare=prepare)
 
 
 def refusal(exc: ProtocolError | EngineError) -> tuple[ev.ErrorDetail, int]:

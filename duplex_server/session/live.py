@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from duplex_contract.control import ResumeCall
 from duplex_contract.errors import EngineError
@@ -96,6 +97,17 @@ def log_usage(session_id: str, reason: str, u: ev.SessionUsage) -> None:
     )
 
 
+class WireAdapter(Protocol):
+    """A session on another wire than Realtime's: the core's actions as that wire has them
+    (GPT-Live: duplex_server/session/live_runtime.py)."""
+
+    def translate(self, actions: list[Action]) -> list[Action]: ...
+
+    def state(self) -> bytes:
+        """What the replica keeps of the wire, for a front end taking the session over."""
+        ...
+
+
 @dataclass(frozen=True)
 class SessionLimits:
     journal_max_bytes: int
@@ -149,6 +161,12 @@ class LiveSession:
         self._replicated_config = core.config  # the config the engine's replica has
         #: the seq of this front end's session.handover (a drain), 0: not handed over
         self.handed_over_at = 0
+        #: the wire protocol (``realtime``, or ``live``: GPT-Live), for metrics
+        self.protocol = "realtime"
+        #: the wire adapter of a session on another wire than Realtime's (GPT-Live:
+        #: duplex_server/session/live_runtime.py): every batch of the core's actions passes
+        #: through it before it is carried out
+        self.adapter: WireAdapter | None = None
 
     @property
     def session_id(self) -> str:
@@ -185,9 +203,10 @@ class LiveSession:
         """This session's state for the engine to keep (duplex_server/session/snapshot.py);
         ``handed_over_at``: the seq of the session.handover that ends this front end's part."""
         self._replicated_config = self.core.config
+        wire = self.adapter.state() if self.adapter is not None else b""
         if handed_over_at:
-            return replica.encode(self.core, handed_over_at, handed_over=True)
-        return replica.encode(self.core, self.stamper.seq)
+            return replica.encode(self.core, handed_over_at, handed_over=True, wire=wire)
+        return replica.encode(self.core, self.stamper.seq, wire=wire)
 
     async def replicate(self, *, handed_over_at: int = 0) -> None:
         """Keep :meth:`replica` in the engine now; a failure only costs failover."""
@@ -282,6 +301,8 @@ class LiveSession:
     # ------------------------------------------------------------------ actions
     def apply(self, actions: list[Action], *, t_in: float = 0.0) -> None:
         """Carry out the core's ``actions``, each by the object whose job it is."""
+        if self.adapter is not None:
+            actions = self.adapter.translate(actions)
         outlet = self.outlet
         for action in actions:
             if isinstance(action, Send):

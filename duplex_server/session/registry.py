@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import msgspec
 
@@ -38,6 +39,9 @@ from duplex_server.session.live import LiveSession, SessionLimits
 from duplex_server.session.snapshot import Replica, decode
 
 log = logging.getLogger(__name__)
+
+#: sets up a taken-over session's wire from its replica (``Sessions.adopt``)
+Prepare = Callable[[LiveSession, Replica], None]
 
 
 class Sessions:
@@ -80,6 +84,14 @@ class Sessions:
         for s in self.live.values():
             state = "closing" if s.core.closed else "attached" if s.attachment else "detached"
             out[state] += 1
+        return out
+
+    def by_protocol(self) -> dict[str, int]:
+        """Live sessions by wire protocol: ``realtime`` (the Realtime wire, on any
+        transport) and ``live`` (GPT-Live)."""
+        out = {"realtime": 0, "live": 0}
+        for s in self.live.values():
+            out[s.protocol] = out.get(s.protocol, 0) + 1
         return out
 
     def held_bytes(self) -> dict[str, int]:
@@ -138,18 +150,24 @@ class Sessions:
             voices=self.voices,
         )
 
-    async def resume(self, attachment: Attachment, req: ev.SessionResume) -> LiveSession:
+    async def resume(
+        self, attachment: Attachment, req: ev.SessionResume, *, prepare: Prepare | None = None
+    ) -> LiveSession:
         """Resume a session of this front end, or take over one whose front end is gone
         (or draining) through the engine (:meth:`adopt`)."""
         session = self.live.get(req.session_id)
         if session is None:
-            return await self.adopt(attachment, req)
+            return await self.adopt(attachment, req, prepare=prepare)
         await session.resume(attachment, req)
         return session
 
-    async def adopt(self, attachment: Attachment, req: ev.SessionResume) -> LiveSession:
+    async def adopt(
+        self, attachment: Attachment, req: ev.SessionResume, *, prepare: Prepare | None = None
+    ) -> LiveSession:
         """Take over the session ``req`` names from the front end that held it. Raises
-        :class:`SessionFatal` (or an engine error) when the session cannot be taken."""
+        :class:`SessionFatal` (or an engine error) when the session cannot be taken.
+        ``prepare``: sets up the session's wire (a GPT-Live adapter) from the replica before
+        anything is sent; it raises :class:`SessionFatal` to refuse the session."""
         engine = self.engine
         assert engine is not None
         sid = req.session_id
@@ -162,6 +180,8 @@ class Sessions:
         client_seq = req.last_received_server_event_seq
         last = max(client_seq, rep.event_seq)  # numbering goes on after anything it could have
         session = LiveSession(engine, core, self.limits, self.inputs, self.metrics, event_seq=last)
+        if prepare is not None:
+            prepare(session, rep)
         self.start(session)
         await session.replicate()  # the new token, before the client holds it
         lost = not (rep.handed_over and client_seq >= rep.event_seq)

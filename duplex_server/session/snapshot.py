@@ -33,16 +33,21 @@ class Replica(msgspec.Struct, frozen=True):
     event_seq: int  # the highest server_event_seq stamped when this was made
     #: the owner handed the session over on a drain and sent nothing after ``event_seq``
     handed_over: bool = False
+    #: the wire adapter's own state (a GPT-Live session's start: live_runtime.py); empty
+    #: for a Realtime session
+    wire: bytes = b""
 
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Replica)
 
 
-def encode(core: SessionMachine, event_seq: int, *, handed_over: bool = False) -> bytes:
+def encode(
+    core: SessionMachine, event_seq: int, *, handed_over: bool = False, wire: bytes = b""
+) -> bytes:
     config = dataclasses.replace(core.config, voices=None)
     token_hash = core.resumption.token_hash
-    return _ENCODER.encode(Replica(VERSION, token_hash, config, event_seq, handed_over))
+    return _ENCODER.encode(Replica(VERSION, token_hash, config, event_seq, handed_over, wire))
 
 
 def decode(blob: bytes, template: EffectiveSession) -> Replica:

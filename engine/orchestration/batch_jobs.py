@@ -2,7 +2,9 @@
 the table of those running (:class:`BatchJobs`).
 
 Each job takes its route: transcription -> ``transcribe``, speech -> ``speech``, chat ->
-``voice`` when audio is asked for, else ``text`` (engine/pipeline/graph.py).
+the route it names, else ``voice`` when audio is asked for, else ``text``
+(engine/pipeline/graph.py). A chat job with tools streams a function call as
+:class:`~duplex_contract.batch.CallOut` pieces, never as text.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from duplex_contract.batch import (
     BatchDone,
     BatchItem,
     BatchJob,
+    CallOut,
     ChatJob,
     SpeechJob,
     TextOut,
@@ -72,7 +75,7 @@ async def run_batch(
         result = await pipeline.respond(
             prefix,
             job.messages,
-            route="voice" if job.audio else "text",
+            route=job.route or ("voice" if job.audio else "text"),
             max_tokens=job.max_tokens,
             temperature=job.temperature,
             voice=job.voice,
@@ -81,6 +84,9 @@ async def run_batch(
             priority=Priority.BATCH,
             on_text=lambda t: put(TextOut(request_id=rid, text=t)),
             on_chunk=lambda c: put(_audio(rid, c)),
+            tools=job.tools,
+            tool_required=job.tool_required,
+            on_call=lambda t: put(CallOut(request_id=rid, text=t)),
         )
         put(
             BatchDone(
@@ -88,7 +94,7 @@ async def run_batch(
                 prompt_tokens=result.prompt_tokens,
                 completion_tokens=result.tokens,
                 audio_ms=result.audio_ms,
-                finish_reason=result.finish_reason,
+                finish_reason="tool_calls" if result.call else result.finish_reason,
             )
         )
 
