@@ -122,8 +122,11 @@ class ResponseDone(Msg, frozen=True, tag="response_done"):
 
 
 class SessionLifecycle(Msg, frozen=True, tag="lifecycle"):
+    """``restored``: the engine restarted and took the session back from its store
+    (docs/scale.md); an answer that was running then is gone, the conversation is kept."""
+
     session_id: str
-    state: Literal["expiring", "expired", "closed"]
+    state: Literal["expiring", "expired", "closed", "restored"]
     reason: str = ""
     in_s: float | None = None
 

@@ -66,13 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     eng.add_argument("--config", default="configs/cpu.yaml")
     eng.add_argument("--listen", required=True, metavar="ADDR", help="unix:///path or tcp://h:p")
     eng.add_argument("--log-level", default="info")
+    eng.add_argument(
+        "--state",
+        metavar="PATH",
+        help="keep the sessions in this SQLite file and take them back on a restart "
+        "(engine.duplex.store_path; docs/scale.md)",
+    )
     check = sub.add_parser("check", help="validate a config and print its stage graph")
     check.add_argument("--config", default="configs/cpu.yaml")
     args = parser.parse_args(argv)
     if args.command == "check":
         return _check(args.config)
     if args.command == "engine":
-        return _engine(args.config, args.listen, args.log_level)
+        return _engine(args.config, args.listen, args.log_level, args.state)
     if args.command == "haproxy-config":
         fronts = [(args.host, args.port + i) for i in range(args.workers)]
         print(haproxy_config(fronts, args.bind), end="")
@@ -171,7 +177,7 @@ def _run(server: uvicorn.Server, sock: socket.socket) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _engine(path: str, address: str, log_level: str) -> int:
+def _engine(path: str, address: str, log_level: str, state: str | None = None) -> int:
     try:
         logs.configure(log_level)
     except ValueError as exc:
@@ -184,6 +190,10 @@ def _engine(path: str, address: str, log_level: str) -> int:
     except ConfigError as exc:
         print(f"duplex-server: bad config: {exc}", file=sys.stderr)
         return 2
+    if state is not None:  # the session store (engine/duplex/store.py)
+        duplex = msgspec.structs.replace(config.engine.duplex, store_path=state)
+        engine = msgspec.structs.replace(config.engine, duplex=duplex)
+        config = msgspec.structs.replace(config, engine=engine)
 
     # the stage spans join the front ends' traces (their traceparent on each call)
     tracing = Tracing.from_config(config.server.otel, process="engine")

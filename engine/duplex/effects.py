@@ -33,3 +33,5 @@ class Effects:
     input_reset: list[str] = field(default_factory=list)  # the input buffer was taken/cleared
     # committed turns with audio: (session, the job's audio, where it starts on the input clock)
     committed: list[tuple[str, bytes, float | None]] = field(default_factory=list)
+    # sessions the session store must keep (whole) before the call's answer goes out
+    save: list[str] = field(default_factory=list)
