@@ -35,7 +35,10 @@ def test_a_call_unanswered_in_time_is_sent_once_more_with_its_operation_id() -> 
         engine, link = _client(0.1)
         call = CommitCall(fence=Fence(SID), lease_generation=1, operation_id="op-7")
         task = asyncio.create_task(engine.call(call))
-        await asyncio.sleep(0.2)  # past the first deadline: sent again
+        for _ in range(500):  # past the first deadline: sent again
+            if len(link.sent) == 2:
+                break
+            await asyncio.sleep(0.01)
         first, second = link.sent
         assert isinstance(first, ControlRequest) and isinstance(second, ControlRequest)
         assert first.call == second.call == call and first.control_id != second.control_id
