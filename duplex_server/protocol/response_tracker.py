@@ -27,7 +27,16 @@ from duplex_contract.session_events import (
 )
 from duplex_contract.tools import ResponseOptions, active_tools
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.commands import Action, Call, Cancel, Commit, PurgeAudio, Send, Touch
+from duplex_server.protocol.commands import (
+    Action,
+    Call,
+    Cancel,
+    Commit,
+    PurgeAudio,
+    Resync,
+    Send,
+    Touch,
+)
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.input import should_interrupt
 from duplex_server.protocol.items import Conversation
@@ -191,6 +200,16 @@ class ResponseTracker:
         out.append(PurgeAudio(self.position.epoch))
         out.append(Call(Cancel(old, kind, event_id=event_id)))  # type: ignore[arg-type]
         return out
+
+    def engine_restarted(self, now_ms: float) -> list[Action]:
+        """The engine restarted and took the session back (docs/scale.md): the answer that
+        was running, or asked for, is gone: the client is told (``session.resync_required``
+        then ``response.done{cancelled, engine_restarted}``) and the engine told to drop
+        it. A session with none never notices."""
+        if not self.active:
+            return []
+        cancel = self.cancel("response.cancel", "engine_restarted", None, now_ms)
+        return [Resync("engine_restarted"), *cancel]
 
     def barge_in(
         self, td: ev.TurnDetection | None, speech_ms: float, now_ms: float
