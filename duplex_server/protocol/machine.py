@@ -186,7 +186,9 @@ class SessionMachine:
             if event.state == "expiring":
                 return [Send(ev.SessionExpiring(in_s=event.in_s or 0.0, reason=event.reason))]
             if event.state == "restored":  # the engine restarted (docs/scale.md)
-                return [] if self.closed else self.responses.engine_restarted(self.now_ms)
+                if self.closed:
+                    return []
+                return self.responses.engine_restarted(event.dropped, self.config, now_ms)
             if self.closed and event.state == "closed":
                 return []
             self.closed = True

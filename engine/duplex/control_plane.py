@@ -240,18 +240,20 @@ class DuplexControl:
 
     def restore(self, kept: list[tuple[ControlRecord, ConversationRecord]], now: float) -> Effects:
         """Take back the sessions of the session store after an engine restart
-        (engine/duplex/records.py: detached, what was running dropped, the words kept).
-        Each gets ``SessionLifecycle(restored)``, which waits for its front end."""
+        (engine/duplex/records.py: detached, the running answer dropped, the turns not
+        answered queued again). Each gets ``SessionLifecycle(restored)`` (with the dropped
+        answer's fence), which waits for its front end."""
         effects = Effects()
         self.durable = True
         for control, conversation in kept:
-            session = rebuild(control, conversation, self.config.history_budget_chars, now)
+            budget = self.config.history_budget_chars
+            session, dropped = rebuild(control, conversation, budget, now)
             sid = session.session_id
             self.table.add(session)
             if session.open_op is not None:
                 self.table.remember_open(session.open_op, sid)
             lifecycle = SessionLifecycle(
-                session_id=sid, state="restored", reason="engine_restarted"
+                session_id=sid, state="restored", reason="engine_restarted", dropped=dropped
             )
             effects.events.append(SessionOutput(session_id=sid, event=lifecycle))
             if session.jobs:

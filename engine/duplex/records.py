@@ -13,15 +13,14 @@ A session is kept in two parts, written at different moments:
   written as the turns progress (the user's words heard, a response finished).
 
 :func:`rebuild` makes the session of a kept one: detached (its grace period counts from
-the restart, so nothing is reaped for the outage), its age kept, and what was running
-dropped as a barge-in drops it: a committed turn whose words are not in the history yet is
-queued again without a response (its words are kept), the answer that was running is gone
-(its assistant turn ends ``cancelled``, cut to what the client reported it played).
+the restart, so nothing is reaped for the outage), its age kept; the answer that was
+running is gone (its assistant turn ends ``cancelled``, cut to what the client reported it
+played; its fence is returned, for the front end to end that response), and every committed
+turn whose words are not in the history yet is queued again as it was (it is heard, and
+answered if it asked for an answer).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import msgspec
 
@@ -88,8 +87,9 @@ def conversation_record(session: DuplexSession) -> ConversationRecord:
 
 def rebuild(
     control: ControlRecord, conversation: ConversationRecord, budget_chars: int, now: float
-) -> DuplexSession:
-    """The session of a kept record, as :mod:`this module <engine.duplex.records>` says."""
+) -> tuple[DuplexSession, Fence | None]:
+    """The session of a kept record and the fence of the answer that was running (None:
+    none), as :mod:`this module <engine.duplex.records>` says."""
     history = ConversationHistory.restore(budget_chars, conversation.history)
     played = {(t, r): ms for t, r, ms in control.played}
     for turn_id, response_seq in history.unfinished():  # the answer that was running
@@ -116,12 +116,10 @@ def rebuild(
         open_op=control.open_op,
         ops=OperationCache.restore(control.ops),
     )
-    f = session.fence
-    for job in conversation.jobs:  # what epochs.advance keeps of a cancelled epoch
-        if job.heard or not (job.audio or job.text or job.tool_outputs):
+    dropped = None
+    for job in conversation.jobs:
+        if job.heard:  # its words are in the history; its answer was running
+            dropped = job.fence if job.respond else dropped
             continue
-        fence = Fence(f.session_id, f.epoch, job.fence.turn_id, f.response_seq)
-        session.jobs.append(
-            dataclasses.replace(job, fence=fence, respond=False, response=None, heard=False)
-        )
-    return session
+        session.jobs.append(job)
+    return session, dropped

@@ -1,9 +1,9 @@
 """The engine's session store (engine/duplex/store.py, records.py): a session kept in the
 SQLite file comes back whole in a new control plane (history, items, fence, lease
-generation, input buffer and seq, operation ids, replica); what was running is dropped as a
-barge-in drops it (the answer gone, the user's words kept); the store keeps what a call did
-before its answer says ``saved``, never an append; every call retried with its
-``operation_id`` acts once."""
+generation, input buffer and seq, operation ids, replica); the answer that was running is
+dropped (and named in ``SessionLifecycle(restored)``), the turns not answered yet come back
+to be heard and answered; the store keeps what a call did before its answer says
+``saved``, never an append; every call retried with its ``operation_id`` acts once."""
 
 from __future__ import annotations
 
@@ -122,7 +122,9 @@ def test_a_kept_session_comes_back_whole(tmp_path: Path) -> None:
     assert res.error is not None and res.error.code == "stale_lease"
 
 
-def test_what_was_running_is_dropped_and_the_words_are_kept(tmp_path: Path) -> None:
+def test_the_running_answer_is_dropped_and_the_turns_not_answered_come_back(
+    tmp_path: Path,
+) -> None:
     store = SessionStore(tmp_path / "s.db")
     p = Plane(store)
     sid, f = _open(p)
@@ -154,11 +156,13 @@ def test_what_was_running_is_dropped_and_the_words_are_kept(tmp_path: Path) -> N
     later = Plane(SessionStore(tmp_path / "s.db"), now=7.0)
     eff = later.control.restore(later.store.load(), later.now)
     s = later.control.sessions[sid]
-    # the running answer ends cut to what was played; the queued turn comes back to be
-    # heard, without an answer
+    # the running answer ends cut to what was played, and is named; the queued turn comes
+    # back to be heard and answered
     assert s.history.assistant_text(t, r) == "One two "
-    assert [(j.text, j.respond) for j in s.jobs] == [("bravo", False)]
+    assert [(j.text, j.respond) for j in s.jobs] == [("bravo", True)]
     assert eff.start == [sid]
+    (restored,) = [o.event for o in eff.events]
+    assert isinstance(restored, SessionLifecycle) and restored.dropped == job.fence
 
 
 def test_the_store_keeps_what_calls_did_before_they_are_answered(tmp_path: Path) -> None:

@@ -2,12 +2,15 @@
 each one deleted; a core taken over on another front end starts from the kept records and
 serves every earlier item id (retrieve, truncate, delete), numbers new ids after the old
 ones, and goes on with the usage counters. An engine restart ends an answer that was
-running (``session.resync_required{engine_restarted}``, then ``response.done{cancelled}``)
-and an idle session never notices."""
+running (``session.resync_required{engine_restarted}``, then ``response.done{cancelled}``);
+an answer asked for and not started is left to the restarted engine, and an idle session
+never notices."""
 
 from __future__ import annotations
 
 import json
+
+import msgspec
 
 from duplex_contract.control import ItemRecord
 from duplex_contract.fence import Fence
@@ -144,8 +147,16 @@ def test_an_engine_restart_ends_a_running_answer_and_an_idle_session_never_notic
     assert done[0].response.status_details.reason == "engine_restarted"
     cancels = [a.command for a in out if isinstance(a, Call) and isinstance(a.command, Cancel)]
     assert cancels and busy.epoch == 1 and not busy.responses.active and not busy.closed
-    # a response asked for and not started yet is gone the same way
+    # an answer asked for and not started is the restarted engine's to give: nothing yet
     asked = SessionMachine(SID, EffectiveSession())
     _client(asked, type="response.create")
-    out = asked.on_engine_event(restored, 0.0)
-    assert out[0] == Resync("engine_restarted") and not asked.responses.active
+    assert asked.on_engine_event(restored, 0.0) == [] and asked.responses.active
+    # ... unless it is the one that was dropped (its start never arrived): started, ended
+    lost = msgspec.structs.replace(restored, dropped=Fence(SID, 0, 1, 1))
+    out = asked.on_engine_event(lost, 0.0)
+    sent = _sent(out)
+    assert out[0] == Resync("engine_restarted")
+    assert isinstance(sent[0], ev.ResponseCreated)
+    (done,) = [e for e in sent if isinstance(e, ev.ResponseDone)]
+    assert done.response.status == "cancelled"
+    assert not asked.responses.active
