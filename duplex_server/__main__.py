@@ -20,13 +20,10 @@ import uvicorn
 
 from duplex_contract.errors import ConfigError
 from duplex_server import listen, logs
-from duplex_server.app import create_app
 from duplex_server.config import ServerConfig, load_app_config
-from duplex_server.ops.drain import DrainingServer
 from duplex_server.ops.scale import haproxy_config, serve_workers
 from duplex_server.ops.supervise import Policy
 from duplex_server.ops.tracing import Tracing
-from duplex_server.transports.ws_protocol import BufferedReadsProtocol
 from engine.api.remote import parse_address, serve_engine
 from engine.config import convert
 from engine.pipeline.graph import build_graph
@@ -130,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     except listen.ListenError as exc:
         print(f"duplex-server: {exc}", file=sys.stderr)
         return 1
+    # imported here: `duplex-server engine` (restarted under serve --workers) starts faster
+    # without the app (the WebRTC stack alone takes about a second to import)
+    from duplex_server.app import create_app
+    from duplex_server.ops.drain import DrainingServer
+    from duplex_server.transports.ws_protocol import BufferedReadsProtocol
+
     app = create_app(config, engine_addr=args.engine)
     uv_config = uvicorn.Config(
         app,
