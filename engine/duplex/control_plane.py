@@ -48,7 +48,7 @@ from engine.duplex.effects import Effects
 from engine.duplex.fencing import check_fresh, check_lease
 from engine.duplex.lifecycle import Lifecycle
 from engine.duplex.operations import call_digest
-from engine.duplex.records import ControlRecord, ConversationRecord, rebuild
+from engine.duplex.records import KeptSession, rebuild
 from engine.duplex.sequencer import InputSequencer
 from engine.duplex.session import DuplexSession, TurnJob
 from engine.duplex.table import SessionTable
@@ -61,8 +61,9 @@ _UNSAVED_SIGNALS = ("input.pause", "input.resume")
 def saves(call: ControlCall) -> bool:
     """Must the session store keep what ``call`` did before its answer goes out? Not for an
     append (the front end keeps it until a later answer says ``saved``), a heartbeat or
-    attach, a speculation hint or a peek; a close is forgotten when the session ends."""
-    if isinstance(call, AppendCall | CloseCall):
+    attach, a speculation hint or a peek; a close is forgotten when the session ends; items
+    are kept on their own (``Effects.items``)."""
+    if isinstance(call, AppendCall | CloseCall | ItemsCall):
         return False
     if isinstance(call, TouchCall):
         return call.activity == "playback_ack"
@@ -121,7 +122,10 @@ class DuplexControl:
             elif isinstance(call, ReplicaCall):
                 result = replica.keep(self.table, call, control_id)
             elif isinstance(call, ItemsCall):
-                result = replica.items(self.table, call, control_id)
+                result, changes = replica.items(self.table, call, control_id)
+                if self.durable:
+                    effects.items.append(changes)
+                    result = msgspec.structs.replace(result, saved=True)
             else:
                 result = self._fenced(call, control_id, now, effects)
         except ControlError as exc:
@@ -238,16 +242,15 @@ class DuplexControl:
         """Sessions by state; safe to call from another thread (metrics)."""
         return self.table.counts()
 
-    def restore(self, kept: list[tuple[ControlRecord, ConversationRecord]], now: float) -> Effects:
+    def restore(self, kept: list[KeptSession], now: float) -> Effects:
         """Take back the sessions of the session store after an engine restart
         (engine/duplex/records.py: detached, the running answer dropped, the turns not
         answered queued again). Each gets ``SessionLifecycle(restored)`` (with the dropped
         answer's fence), which waits for its front end."""
         effects = Effects()
         self.durable = True
-        for control, conversation in kept:
-            budget = self.config.history_budget_chars
-            session, dropped = rebuild(control, conversation, budget, now)
+        for one in kept:
+            session, dropped = rebuild(one, self.config.history_budget_chars, now)
             sid = session.session_id
             self.table.add(session)
             if session.open_op is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from duplex_contract.control import ItemRecord
 from duplex_contract.fence import Fence
 from engine.duplex.session import TurnJob
 from engine.messages import SessionOutput
@@ -18,6 +19,17 @@ class Cancel:
     old_epoch: int
     active: TurnJob | None
     reason: str
+
+
+@dataclass(frozen=True)
+class ItemChanges:
+    """Item records the session store must keep (an :class:`~duplex_contract.control.ItemsCall`
+    applied): written alone, not with the whole session."""
+
+    session_id: str
+    upserts: tuple[ItemRecord, ...]
+    gone: tuple[str, ...]  # deleted, or forgotten past the bound
+    state: bytes  # empty: unchanged
 
 
 @dataclass
@@ -35,3 +47,5 @@ class Effects:
     committed: list[tuple[str, bytes, float | None]] = field(default_factory=list)
     # sessions the session store must keep (whole) before the call's answer goes out
     save: list[str] = field(default_factory=list)
+    # ... and item records it must keep (an ItemsCall)
+    items: list[ItemChanges] = field(default_factory=list)

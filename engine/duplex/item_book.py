@@ -30,17 +30,20 @@ class ItemBook:
 
     def apply(
         self, upserts: tuple[ItemRecord, ...], deletes: tuple[str, ...], state: bytes
-    ) -> None:
+    ) -> tuple[str, ...]:
         """One :class:`~duplex_contract.control.ItemsCall`: records replaced or added, dropped,
-        and the state replaced when one is given."""
+        and the state replaced when one is given. Returns the ids forgotten past the bound
+        (the oldest)."""
         for rec in upserts:
             self._records[rec.item_id] = rec.record  # a known id keeps its place
         for item_id in deletes:
             self._records.pop(item_id, None)
+        evicted: list[str] = []
         while len(self._records) > MAX_ITEMS:
-            self._records.popitem(last=False)
+            evicted.append(self._records.popitem(last=False)[0])
         if state:
             self.state = state
+        return tuple(evicted)
 
     def forget(self, item_id: str) -> None:
         self._records.pop(item_id, None)

@@ -5,12 +5,14 @@ A session is kept in two parts, written at different moments:
 
 * :class:`ControlRecord`: what the control calls left: settings, fence (epoch and the turn
   and response counters), lease generation, the input buffer and the newest client input
-  seq, the operation-id cache, the front end's replica and item records, the played marks.
+  seq, the operation-id cache, the front end's replica, the played marks.
   Written before the answer of every call that changes them goes out (the answer then says
   ``saved``), never for an append (the front end keeps its appends until a later answer
   says ``saved``, and sends them again to a restarted engine).
 * :class:`ConversationRecord`: the history and the committed turns not yet answered, also
   written as the turns progress (the user's words heard, a response finished).
+* the item records (engine/duplex/item_book.py), each written on its own as an
+  :class:`~duplex_contract.control.ItemsCall` changes it.
 
 :func:`rebuild` makes the session of a kept one: detached (its grace period counts from
 the restart, so nothing is reaped for the outage), its age kept; the answer that was
@@ -48,8 +50,6 @@ class ControlRecord(msgspec.Struct, frozen=True):
     text_items: list[tuple[str | None, str]]
     tool_outputs: list[ToolOutput]
     ops: list[tuple[str, CachedOp]]
-    items: tuple[ItemRecord, ...]
-    items_state: bytes
     played: list[tuple[int, int, float]]
     open_op: str | None = None
 
@@ -73,8 +73,6 @@ def control_record(session: DuplexSession, now: float) -> ControlRecord:
         text_items=list(session.text_items),
         tool_outputs=list(session.tool_outputs),
         ops=session.ops.entries(),
-        items=session.items.records(),
-        items_state=session.items.state,
         played=[(t, r, ms) for (t, r), ms in session.played.items()],
         open_op=session.open_op,
     )
@@ -85,11 +83,20 @@ def conversation_record(session: DuplexSession) -> ConversationRecord:
     return ConversationRecord(history=session.history.snapshot(), jobs=jobs)
 
 
-def rebuild(
-    control: ControlRecord, conversation: ConversationRecord, budget_chars: int, now: float
-) -> tuple[DuplexSession, Fence | None]:
+class KeptSession(msgspec.Struct, frozen=True):
+    """One session as the store kept it: its two records, its item records (oldest first)
+    and the front end's state of them."""
+
+    control: ControlRecord
+    conversation: ConversationRecord
+    items: tuple[ItemRecord, ...] = ()
+    items_state: bytes = b""
+
+
+def rebuild(kept: KeptSession, budget_chars: int, now: float) -> tuple[DuplexSession, Fence | None]:
     """The session of a kept record and the fence of the answer that was running (None:
     none), as :mod:`this module <engine.duplex.records>` says."""
+    control, conversation = kept.control, kept.conversation
     history = ConversationHistory.restore(budget_chars, conversation.history)
     played = {(t, r): ms for t, r, ms in control.played}
     for turn_id, response_seq in history.unfinished():  # the answer that was running
@@ -112,7 +119,7 @@ def rebuild(
         tool_outputs=list(control.tool_outputs),
         last_seq=control.last_seq,
         replica=control.replica,
-        items=ItemBook.restore(control.items, control.items_state),
+        items=ItemBook.restore(kept.items, kept.items_state),
         open_op=control.open_op,
         ops=OperationCache.restore(control.ops),
     )

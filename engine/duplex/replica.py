@@ -20,6 +20,7 @@ import msgspec
 
 from duplex_contract.control import ControlResult, ItemsCall, ReplicaCall
 from duplex_contract.errors import ControlError
+from engine.duplex.effects import ItemChanges
 from engine.duplex.fencing import check_lease
 from engine.duplex.session import DuplexSession
 from engine.duplex.table import SessionTable
@@ -41,13 +42,16 @@ def keep(table: SessionTable, call: ReplicaCall, control_id: int) -> ControlResu
     return session.ok(control_id)
 
 
-def items(table: SessionTable, call: ItemsCall, control_id: int) -> ControlResult:
+def items(
+    table: SessionTable, call: ItemsCall, control_id: int
+) -> tuple[ControlResult, ItemChanges]:
     """The owner's item records changed (engine/duplex/item_book.py); a replaced owner's
-    (older lease) are refused."""
+    (older lease) are refused. Also returns what the session store must keep of it."""
     session = table.lookup(call.fence.session_id)
     check_lease(call.lease_generation, session.lease.generation)
-    session.items.apply(call.upserts, call.deletes, call.state)
-    return session.ok(control_id)
+    evicted = session.items.apply(call.upserts, call.deletes, call.state)
+    changes = ItemChanges(session.session_id, call.upserts, (*call.deletes, *evicted), call.state)
+    return session.ok(control_id), changes
 
 
 def peek(session: DuplexSession, control_id: int) -> ControlResult:

@@ -386,7 +386,7 @@ class Orchestrator:
             call = msg.call
             now = time.monotonic()
             result, effects = self.control.handle(call, msg.control_id, now)
-            if effects.save and not self._save(effects.save, now):
+            if (effects.save or effects.items) and not self._save(effects, now):
                 result = msgspec.structs.replace(result, saved=False)
             if isinstance(call, OpenCall) and result.ok and result.session_id is not None:
                 self.tracing.session_opened(result.session_id, call.traceparent)
@@ -432,18 +432,20 @@ class Orchestrator:
                 log.exception("session store: %s not forgotten", sid)
 
     # ------------------------------------------------------------------ the session store
-    def _save(self, sids: list[str], now: float) -> bool:
-        """Keep these sessions whole (before the call's answer goes out); False if the
-        store failed (the answer then does not say ``saved``)."""
+    def _save(self, effects: Effects, now: float) -> bool:
+        """Keep what a call changed (before its answer goes out): the sessions whole, or
+        item records; False if the store failed (the answer then does not say ``saved``)."""
         if self.store is None:
             return False
         try:
-            for sid in sids:
+            for sid in effects.save:
                 session = self.control.sessions.get(sid)
                 if session is not None:
                     self.store.save(session, now)
+            for changes in effects.items:
+                self.store.save_items(changes)
         except sqlite3.Error:
-            log.exception("session store: %s not saved", ", ".join(sids))
+            log.exception("session store: a call's changes not saved")
             return False
         return True
 

@@ -31,6 +31,7 @@ from duplex_contract.tools import ItemRef
 from engine.config import DuplexRuntimeConfig
 from engine.duplex.control_plane import DuplexControl
 from engine.duplex.effects import Effects
+from engine.duplex.item_book import MAX_ITEMS
 from engine.duplex.store import SessionStore
 
 
@@ -49,6 +50,8 @@ class Plane:
         res, eff = self.control.handle(call, self.ids, self.now)
         for sid in eff.save:  # as the orchestrator does, before the answer goes out
             self.store.save(self.control.sessions[sid], self.now)
+        for changes in eff.items:
+            self.store.save_items(changes)
         return res, eff
 
     def ok(self, call: ControlCall) -> ControlResult:
@@ -216,11 +219,38 @@ def test_every_call_retried_with_its_operation_id_acts_once(tmp_path: Path) -> N
     assert p.ok(close).ok and p.ok(close).ok  # (idempotent anyway)
 
 
+def test_items_are_kept_on_their_own_rows(tmp_path: Path) -> None:
+    """An ItemsCall writes only the items it changed (not the whole session); a replaced
+    record keeps its place, a deleted one and one forgotten past the bound leave the file,
+    and the session's end takes its items with it."""
+    path = tmp_path / "s.db"
+    p = Plane(SessionStore(path))
+    sid, f = _open(p)
+    recs = [ItemRecord(f"it{i}", b"r%d" % i) for i in range(3)]
+    res, eff = p.do(ItemsCall(fence=f, lease_generation=1, upserts=tuple(recs), state=b"h1"))
+    assert res.ok and res.saved and eff.save == [] and len(eff.items) == 1
+    newer = ItemRecord("it0", b"r0 truncated")
+    p.ok(ItemsCall(fence=f, lease_generation=1, upserts=(newer,), deletes=("it1",)))
+    (kept,) = SessionStore(path).load()
+    assert kept.items == (newer, recs[2]) and kept.items_state == b"h1"
+    more = tuple(ItemRecord(f"n{i}", b"x") for i in range(MAX_ITEMS))
+    p.ok(ItemsCall(fence=f, lease_generation=1, upserts=more, state=b"h2"))
+    (kept,) = SessionStore(path).load()
+    assert kept.items == more and kept.items_state == b"h2"  # the oldest two forgotten
+    assert p.control.sessions[sid].items.records() == more
+    p.store.forget(sid)
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM items").fetchone() == (0,)
+    assert SessionStore(path).load() == []
+
+
 def test_a_row_that_does_not_decode_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     p = Plane(SessionStore(path))
     sid, _ = _open(p)
     with sqlite3.connect(path) as db:
-        db.execute("INSERT INTO sessions VALUES ('sess_bad', x'00', x'00')")
+        db.execute(
+            "INSERT INTO sessions (id, control, conversation) VALUES ('sess_bad', x'00', x'00')"
+        )
     kept = SessionStore(path).load()
-    assert [c.session_id for c, _ in kept] == [sid]
+    assert [k.control.session_id for k in kept] == [sid]
