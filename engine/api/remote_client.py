@@ -132,6 +132,7 @@ class SocketLink:
         self.on_lost = on_lost or inbox.die
         self._writer = writer
         self._closed = False
+        self._reported = False  # on_lost called (once per link)
         self._reader = asyncio.create_task(self._read(reader), name="engine-reader")
 
     @property
@@ -139,7 +140,13 @@ class SocketLink:
         return not self._closed
 
     def send(self, msg: EngineRequest) -> None:
-        if self._closed or self._writer.is_closing():
+        if not self._closed and self._writer.is_closing():
+            # a write failed (the engine was killed) and the reader has not seen it yet:
+            # the loss is reported now, so a caller in this window finds the link restarting
+            # (an engine that keeps its sessions), not dead
+            self._closed = True
+            self._report("lost the engine process connection: a write failed")
+        if self._closed:
             raise RuntimeError("the engine connection is closed")
         self._writer.write(frame(msg))
 
@@ -162,7 +169,13 @@ class SocketLink:
             why = f"lost the engine process connection: {exc}"
         finally:
             self._closed = True
-            self._writer.close()
+            self._report(why)
+
+    def _report(self, why: str) -> None:
+        """The link broke: ``on_lost`` once (a send may see it before the reader does)."""
+        self._writer.close()
+        if not self._reported:
+            self._reported = True
             self.on_lost(EngineDeadError(f"{why} ({self.address})"))
 
     async def close(self) -> None:

@@ -162,3 +162,43 @@ def test_without_a_store_or_a_return_the_engine_is_dead() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
     run(main())
+
+
+def test_a_call_that_finds_the_link_broken_before_its_reader_does_waits_for_the_engine() -> None:
+    """A killed engine: a write fails (the transport closes at once) while the reader has not
+    seen it yet; a call made in that window finds the engine restarting, not dead (before,
+    a front end whose sessions were sending audio then died with its engine)."""
+
+    async def main() -> None:
+        tmp = Path(tempfile.mkdtemp(prefix="dx-"))
+        addr = f"unix://{tmp}/engine.sock"
+        server = await _start(_config(tmp / "sessions.db"), addr)
+        engine = await RemoteEngine.connect(addr, name="fe", restart_s=30)
+        events: asyncio.Queue[SessionEvent] = asyncio.Queue()
+
+        async def pump(sid: str) -> None:
+            async for event in engine.session_events(sid):
+                await events.put(event)
+
+        try:
+            sid = (await engine.call(OpenCall(config=TEXT))).session_id
+            assert sid is not None
+            reader = asyncio.create_task(pump(sid))
+            fence = (await engine.call(ResumeCall(sid, 0, peek=True))).accepted_fence
+            assert fence is not None
+            engine.reconnecting._link._writer.transport.abort()  # as a failed write does
+            call = asyncio.create_task(
+                engine.call(AppendCall(fence=fence, lease_generation=1, text="alpha"))
+            )
+            await asyncio.sleep(0)  # the call is sent before the reader runs
+            assert engine.inbox.dead is None and engine.restarting
+            assert (await asyncio.wait_for(call, 10 * UNIT)).ok  # once the link is back
+            assert engine.ready and engine.reconnecting.restarts == 1
+            assert "alpha" in await _answer(engine, sid, 1, "bravo", events)
+            reader.cancel()
+        finally:
+            await engine.shutdown()
+            await server.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    run(main())
