@@ -1,13 +1,17 @@
 """An engine process, front ends started one by one (route keys w1..wN) and HAProxy on
 loopback, for the failover test and benchmark: a front end can be killed (``kill -9``),
-drained (SIGTERM) and started again on its port while the others serve."""
+drained (SIGTERM) and started again on its port while the others serve (:class:`Cluster`);
+or ``serve --workers N`` behind HAProxy, whose engine can be killed and comes back
+(:class:`Supervised`)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -139,3 +143,116 @@ def cluster(config: Path, fronts: int = 2, ready_s: float = 120.0) -> Iterator[C
         yield c
     finally:
         c.stop()
+
+
+def child_pid(parent: int, *needles: bytes) -> int | None:
+    """The pid of ``parent``'s child whose argv holds every one of ``needles`` (/proc)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and all(n in argv for n in needles):
+            return int(entry.name)
+    return None
+
+
+class Supervised:
+    """``duplex-server serve --workers N`` (one engine process that keeps its sessions, N
+    front ends, the supervisor) and HAProxy in front: ``lb`` is the clients' address,
+    ``fronts`` route key -> ``host:port``; the engine can be killed (``kill -9``) and the
+    supervisor starts it again."""
+
+    def __init__(self, config: Path, fronts: int, ready_s: float) -> None:
+        self.config = config
+        self.ready_s = ready_s
+        self.tmp = Path(tempfile.mkdtemp(prefix="duplex-supervised-"))
+        first = _free_run(fronts)
+        self.fronts = {f"w{i + 1}": f"127.0.0.1:{first + i}" for i in range(fronts)}
+        self.first_port = first
+        self.lb = f"127.0.0.1:{free_port()}"
+        self.exe = str(Path(sys.executable).with_name("duplex-server"))
+        self.log = self.tmp / "supervisor.log"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.procs["supervisor"] = subprocess.Popen(
+                [self.exe, "serve", "--config", str(self.config), "--port", str(self.first_port),
+                 "--workers", str(len(self.fronts)), "--log-level", "warning"],
+                cwd=ROOT, env=server_env(), stdout=out, stderr=out,
+            )  # fmt: skip
+        deadline = time.monotonic() + self.ready_s
+        for addr in self.fronts.values():
+            while health(addr)[0] != 200:
+                if self.procs["supervisor"].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"serve --workers did not come up: {self.log.read_text()}")
+                time.sleep(0.1)
+        hosts = [(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in self.fronts.values()]
+        cfg = self.tmp / "haproxy.cfg"
+        cfg.write_text(haproxy_config(hosts, self.lb, keys=list(self.fronts)))
+        self.procs["haproxy"] = subprocess.Popen(
+            [HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        for key in self.fronts:
+            deadline = time.monotonic() + 20
+            while health(self.lb, key)[1].get("route_key") != key:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"HAProxy does not route to {key}")
+                time.sleep(0.1)
+
+    def engine_pid(self) -> int:
+        pid = child_pid(self.procs["supervisor"].pid, b"engine", b"--listen")
+        if pid is None:
+            raise RuntimeError("no engine process")
+        return pid
+
+    def kill_engine(self) -> int:
+        """``kill -9`` of the engine process; returns its pid."""
+        pid = self.engine_pid()
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def stop(self) -> None:
+        keep = os.environ.get("DUPLEX_BENCH_LOGS")  # a folder to copy the log to
+        for name in ("haproxy", "supervisor"):
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        if keep:
+            shutil.copy(self.log, Path(keep) / "supervisor.log")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _free_run(n: int) -> int:
+    """A port P with P+1 .. P+n-1 also free (``serve --workers n`` listens on them)."""
+    for _ in range(50):
+        port = free_port()
+        try:
+            for i in range(1, n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + i))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no {n} free ports in a row")
+
+
+@contextlib.contextmanager
+def supervised(config: Path, fronts: int = 2, ready_s: float = 120.0) -> Iterator[Supervised]:
+    s = Supervised(config, fronts, ready_s)
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()

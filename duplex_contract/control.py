@@ -3,11 +3,17 @@
 A front end opens a session (:class:`OpenCall`), feeds it (:class:`AppendCall`), ends a
 turn (:class:`CommitCall`), signals it (:class:`SignalCall`: barge-in, cancel, a pause,
 a settings update), reports what it played (:class:`TouchCall` with a
-:class:`PlaybackMark`), resumes it after a reconnect (:class:`ResumeCall`) and closes it
+:class:`PlaybackMark`), resumes it after a reconnect (:class:`ResumeCall`), keeps its state
+and its conversation items there (:class:`ReplicaCall`, :class:`ItemsCall`) and closes it
 (:class:`CloseCall`). Every call but open and resume names the session's
 :class:`~duplex_contract.fence.Fence` and lease generation; each gets one
 :class:`ControlResult`. The engine's queue envelopes that carry them stay in the engine
 (``engine/messages.py``).
+
+Retries: every call may carry an ``operation_id`` (the front end sends one on each call,
+unique within its session). A call repeated with the same id (its answer was lost: a
+deadline, an engine restart) is answered with the first answer (``deduplicated``) and
+changes nothing; the same id on a different call is refused (``invalid_argument``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class OpenCall(Msg, frozen=True, tag="open"):
     config: SessionSettings = SessionSettings()
     route_key: str | None = None  # the opening front end's; carried in the session id
     traceparent: str | None = None  # W3C trace context of the session's span (engine/spans.py)
+    operation_id: str | None = None  # a retried open opens one session
 
 
 class AppendCall(Msg, frozen=True, tag="append"):
@@ -52,6 +59,7 @@ class CommitCall(Msg, frozen=True, tag="commit"):
     lease_generation: int
     respond: bool = True
     operation_id: str | None = None
+    expected_epoch: int | None = None  # refused (stale_fence) if the session is at another
     item_id: str | None = None  # the user audio item this commit closes
     response: ResponseOptions | None = None  # overrides of the response (if respond)
     traceparent: str | None = None  # W3C trace context of the turn's span (engine/spans.py)
@@ -109,14 +117,21 @@ class TouchCall(Msg, frozen=True, tag="touch"):
     lease_generation: int
     activity: Activity
     playback: PlaybackMark | None = None
+    operation_id: str | None = None
 
 
 class ResumeCall(Msg, frozen=True, tag="resume"):
     session_id: str
     expected_lease_generation: int
-    #: look only: the current lease generation, the front end's replica and the engine's
-    #: input seq, nothing changed (a front end that does not know the session asks first)
+    #: look only: the current lease generation, the front end's replica and items and the
+    #: engine's input seq, nothing changed (a front end that does not know the session asks
+    #: first)
     peek: bool = False
+    #: the owner attaches again after an engine restart (docs/scale.md): the lease
+    #: generation must be ``expected_lease_generation`` and stays; this front end gets the
+    #: session's events from now on
+    reattach: bool = False
+    operation_id: str | None = None
 
 
 class ReplicaCall(Msg, frozen=True, tag="replica"):
@@ -126,12 +141,37 @@ class ReplicaCall(Msg, frozen=True, tag="replica"):
     fence: Fence
     lease_generation: int
     state: bytes
+    operation_id: str | None = None
+
+
+class ItemRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One conversation item as the owning front end keeps it (``record``: opaque to the
+    engine, duplex_server/session/snapshot.py), by its id."""
+
+    item_id: str
+    record: bytes
+
+
+class ItemsCall(Msg, frozen=True, tag="items"):
+    """The owner's conversation items changed: ``upserts`` replace (or add, as the newest)
+    the records of their ids, ``deletes`` drop theirs, and a non-empty ``state`` replaces the
+    front end's conversation state (the next item number, the last item, the usage counters;
+    opaque to the engine). The engine keeps them beside the conversation (bounded: the
+    oldest records go first) and hands them to whichever front end takes the session over."""
+
+    fence: Fence
+    lease_generation: int
+    upserts: tuple[ItemRecord, ...] = ()
+    deletes: tuple[str, ...] = ()
+    state: bytes = b""
+    operation_id: str | None = None
 
 
 class CloseCall(Msg, frozen=True, tag="close"):
     fence: Fence
     lease_generation: int
     reason: str = "client"
+    operation_id: str | None = None
 
 
 ControlCall = (
@@ -143,6 +183,7 @@ ControlCall = (
     | ResumeCall
     | CloseCall
     | ReplicaCall
+    | ItemsCall
 )
 
 
@@ -159,3 +200,10 @@ class ControlResult(Msg, frozen=True, tag="result"):
     deduplicated: bool = False
     replica: bytes | None = None  # resume: the front end's replica of the session
     input_seq: int | None = None  # resume: the newest client input seq the engine has
+    #: resume (peek): the session's conversation items and the front end's state of them
+    items: tuple[ItemRecord, ...] | None = None
+    items_state: bytes | None = None
+    #: the engine's session store holds the session as this call left it (an engine that
+    #: restarts has it); False: not stored (an append: the front end keeps it until a later
+    #: call's answer says ``saved``), or the engine keeps no store
+    saved: bool = False

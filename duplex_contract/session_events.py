@@ -122,10 +122,15 @@ class ResponseDone(Msg, frozen=True, tag="response_done"):
 
 
 class SessionLifecycle(Msg, frozen=True, tag="lifecycle"):
+    """``restored``: the engine restarted and took the session back from its store
+    (docs/scale.md); the conversation is kept, the answer that was running then is gone
+    (``dropped``: its fence, None if none ran) and turns not answered yet are answered."""
+
     session_id: str
-    state: Literal["expiring", "expired", "closed"]
+    state: Literal["expiring", "expired", "closed", "restored"]
     reason: str = ""
     in_s: float | None = None
+    dropped: Fence | None = None
 
 
 SessionEvent = (

@@ -20,13 +20,10 @@ import uvicorn
 
 from duplex_contract.errors import ConfigError
 from duplex_server import listen, logs
-from duplex_server.app import create_app
 from duplex_server.config import ServerConfig, load_app_config
-from duplex_server.ops.drain import DrainingServer
 from duplex_server.ops.scale import haproxy_config, serve_workers
 from duplex_server.ops.supervise import Policy
 from duplex_server.ops.tracing import Tracing
-from duplex_server.transports.ws_protocol import BufferedReadsProtocol
 from engine.api.remote import parse_address, serve_engine
 from engine.config import convert
 from engine.pipeline.graph import build_graph
@@ -66,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     eng.add_argument("--config", default="configs/cpu.yaml")
     eng.add_argument("--listen", required=True, metavar="ADDR", help="unix:///path or tcp://h:p")
     eng.add_argument("--log-level", default="info")
+    eng.add_argument(
+        "--state",
+        metavar="PATH",
+        help="keep the sessions in this SQLite file and take them back on a restart "
+        "(engine.duplex.store_path; docs/scale.md)",
+    )
     check = sub.add_parser("check", help="validate a config and print its stage graph")
     check.add_argument("--config", default="configs/cpu.yaml")
     check.add_argument(
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         return _check(args.config, devices=not args.no_devices)
     if args.command == "engine":
-        return _engine(args.config, args.listen, args.log_level)
+        return _engine(args.config, args.listen, args.log_level, args.state)
     if args.command == "haproxy-config":
         fronts = [(args.host, args.port + i) for i in range(args.workers)]
         print(haproxy_config(fronts, args.bind), end="")
@@ -129,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     except listen.ListenError as exc:
         print(f"duplex-server: {exc}", file=sys.stderr)
         return 1
+    # imported here: `duplex-server engine` (restarted under serve --workers) starts faster
+    # without the app (the WebRTC stack alone takes about a second to import)
+    from duplex_server.app import create_app
+    from duplex_server.ops.drain import DrainingServer
+    from duplex_server.transports.ws_protocol import BufferedReadsProtocol
+
     app = create_app(config, engine_addr=args.engine)
     uv_config = uvicorn.Config(
         app,
@@ -176,7 +185,7 @@ def _run(server: uvicorn.Server, sock: socket.socket) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _engine(path: str, address: str, log_level: str) -> int:
+def _engine(path: str, address: str, log_level: str, state: str | None = None) -> int:
     try:
         logs.configure(log_level)
     except ValueError as exc:
@@ -189,6 +198,10 @@ def _engine(path: str, address: str, log_level: str) -> int:
     except ConfigError as exc:
         print(f"duplex-server: bad config: {exc}", file=sys.stderr)
         return 2
+    if state is not None:  # the session store (engine/duplex/store.py)
+        duplex = msgspec.structs.replace(config.engine.duplex, store_path=state)
+        engine = msgspec.structs.replace(config.engine, duplex=duplex)
+        config = msgspec.structs.replace(config, engine=engine)
 
     # the stage spans join the front ends' traces (their traceparent on each call)
     tracing = Tracing.from_config(config.server.otel, process="engine")

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -47,7 +48,9 @@ async def attach_engine(addr: str, config: AppConfig, wait_s: float = 900.0) -> 
     waited = False
     while True:
         try:
-            engine = await RemoteEngine.connect(addr, name=f"front-end-{os.getpid()}")
+            engine = await RemoteEngine.connect(
+                addr, name=f"front-end-{os.getpid()}", restart_s=config.server.engine_restart_s
+            )
         except EngineDeadError as exc:
             if time.monotonic() > deadline:
                 raise
@@ -56,7 +59,10 @@ async def attach_engine(addr: str, config: AppConfig, wait_s: float = 900.0) -> 
             waited = True
             await asyncio.sleep(0.5)
             continue
-        if engine.config != config.engine:
+        theirs = msgspec.structs.replace(
+            engine.config, duplex=msgspec.structs.replace(engine.config.duplex, store_path=None)
+        )  # the engine process's own session store is not the front end's business
+        if theirs != config.engine:
             log.warning(
                 "the engine process at %s runs another engine config than this front end's "
                 "(the front end uses its own for VAD and defaults; use one file for both)",
@@ -148,16 +154,22 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         if hub.draining:  # a load balancer takes this front end out (duplex_server/ops/drain.py)
             body = {"status": "draining", "route_key": config.server.route_key}
             return JSONResponse(body, status_code=503)
-        if stats is not None:
-            ok: dict[str, object] = {"status": "degraded" if stats.replicas_down else "ok"}
-            if stats.replicas_down:
-                ok["replicas_down"] = stats.replicas_down
-            ok.update(
+        if engine is not None and (stats is not None or engine.restarting):
+            # engine_restarting answers 200: every front end waits for the same engine, so a
+            # load balancer taking them all out gains nothing (docs/scale.md)
+            state: dict[str, object] = {"status": "engine_restarting"}
+            if stats is not None:
+                state["status"] = "degraded" if stats.replicas_down else "ok"
+                if stats.replicas_down:
+                    state["replicas_down"] = stats.replicas_down
+            state.update(
                 sessions=len(hub.sessions),
                 sessions_by_state=hub.sessions.by_state(),
                 route_key=config.server.route_key,
             )
-            return JSONResponse(ok)
+            if isinstance(engine, RemoteEngine):
+                state["engine_id"] = engine.engine_id
+            return JSONResponse(state)
         return JSONResponse(
             {"status": "starting" if handle.error is None else "failed", "error": handle.error},
             status_code=503,

@@ -136,6 +136,10 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: exits ``restart_limit`` times within ``restart_window_s`` makes it give up (exit 1)
     restart_limit: PositiveInt = 5
     restart_window_s: PositiveFloat = 60.0
+    #: a front end attached to an engine process that keeps its sessions (``engine --state``;
+    #: ``serve --workers``) waits this long for it to come back when it exits, its sessions'
+    #: sockets open (docs/scale.md); past it they end with ``engine_unavailable``
+    engine_restart_s: PositiveFloat = 120.0
     static_dir: str = "clients/web"
     #: negotiate permessage-deflate (RFC 7692) when a client offers it. Off by default: base64
     #: audio barely compresses, and each compressed socket costs zlib CPU per frame and two

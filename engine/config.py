@@ -73,6 +73,10 @@ class DuplexRuntimeConfig(_Frozen, frozen=True):
     operation_cache: PositiveInt = 256
     history_budget_chars: PositiveInt = 6000
     cleanup_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    # the session store (engine/duplex/store.py): a SQLite file the engine keeps its sessions
+    # in, and takes them back from when it starts again (`duplex-server engine --state PATH`
+    # sets it; `serve --workers` does). None: sessions end with the engine process.
+    store_path: str | None = None
 
 
 class SchedulingConfig(_Frozen, frozen=True):

@@ -33,7 +33,8 @@ server can trim its journal.
 
 The stream ends after ``session.closed``, ``session.expired``, ``session.replaced``,
 ``session.resync_required`` (each delivered first; one with reason ``front_end_lost``, after
-the server that held the session crashed, is delivered and the session goes on) or when
+the server that held the session crashed, or ``engine_restarted``, after the engine did, is
+delivered and the session goes on) or when
 resuming fails (raises :class:`~duplex_client.errors.ConnectionLost`). Counters of all this
 are on the client (``resumes``, ``resumed_at``, ``duplicates_dropped``) and on the objects
 that count (``client.stream.last_seq``, ``client.inputs.resent``).

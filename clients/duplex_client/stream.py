@@ -18,12 +18,16 @@ from duplex_client import events as ev
 _TERMINAL = (ev.SessionClosed, ev.SessionExpired, ev.SessionReplaced, ev.ResyncRequired)
 
 
+#: ``session.resync_required`` reasons after which the session goes on (docs/scale.md)
+GOES_ON = frozenset({"front_end_lost", "engine_restarted"})
+
+
 def ends_session(event: ev.AnyServerEvent) -> bool:
     """Is ``event`` the last of its session? ``session.resync_required`` after a front end
-    crash (``front_end_lost``) is not: the session goes on, and the application re-reads
-    what it needs."""
+    crash (``front_end_lost``) or an engine restart (``engine_restarted``) is not: the
+    session goes on, and the application re-reads what it needs."""
     if isinstance(event, ev.ResyncRequired):
-        return event.reason != "front_end_lost"
+        return event.reason not in GOES_ON
     return isinstance(event, _TERMINAL)
 
 

@@ -300,9 +300,9 @@ class Session {
         break;
       case "session.resync_required":
         addLine("system", ev.type + (ev.reason ? ": " + ev.reason : ""));
-        // front_end_lost: the session goes on (its server crashed; an answer in progress
-        // may be cut); any other reason ends it
-        if (ev.reason !== "front_end_lost") this.closing = true;
+        // front_end_lost, engine_restarted: the session goes on (its server or the engine
+        // crashed; an answer in progress may be cut); any other reason ends it
+        if (ev.reason !== "front_end_lost" && ev.reason !== "engine_restarted") this.closing = true;
         break;
       case "session.expired":
       case "session.closed":

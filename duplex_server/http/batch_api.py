@@ -39,6 +39,7 @@ class ApiError(Exception):
         *,
         param: str | None = None,
         code: str | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = (
@@ -48,6 +49,7 @@ class ApiError(Exception):
             param,
             code,
         )
+        self.retry_after_s = retry_after_s  # the Retry-After header (seconds), if any
 
     def payload(self) -> dict[str, dict[str, str | None]]:
         err = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
@@ -55,7 +57,8 @@ class ApiError(Exception):
 
 
 def error_response(exc: ApiError) -> Response:
-    return JSONResponse(exc.payload(), status_code=exc.status)
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
+    return JSONResponse(exc.payload(), status_code=exc.status, headers=headers)
 
 
 def validation_error(exc: msgspec.ValidationError, decoded: object = None) -> ApiError:

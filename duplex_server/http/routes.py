@@ -7,7 +7,8 @@ OpenAI does; see ``batch_api.py``); every refusal is an OpenAI-shaped error::
 
     400 {"error": {"message", "type": "invalid_request_error", "param", "code"}}
     413 body over ``BatchConfig.max_body_bytes`` (``max_json_bytes`` for JSON bodies)
-    503 engine not ready / stopped, 500 a stage failed the request
+    503 engine not ready / stopped (``Retry-After: 2`` while the engine restarts), 500 a
+        stage failed the request
 
 The engine schedules real-time session work ahead of batch work (stage priority, and
 ``engine/orchestration/admission.py``: batch stage requests wait while a session waits for its first
@@ -73,6 +74,8 @@ __all__ = ["BatchConfig", "routes"]  # BatchConfig lives in duplex_server.config
 
 
 MiB = 1024 * 1024
+#: the retry hint (``Retry-After``, seconds) while the engine restarts (docs/scale.md)
+RESTART_RETRY_S = 2
 
 
 async def chat_job(
@@ -140,6 +143,14 @@ class _Api:
 
     def engine(self) -> EngineClient:
         engine = self.get_engine()
+        if engine is not None and engine.restarting:  # it comes back in seconds
+            raise ApiError(
+                503,
+                "the engine is restarting; try again shortly",
+                "server_error",
+                code="engine_unavailable",
+                retry_after_s=RESTART_RETRY_S,
+            )
         if engine is None or not engine.ready:
             raise ApiError(
                 503, "the engine is not ready", "server_error", code="engine_unavailable"

@@ -73,13 +73,17 @@ def haproxy_config(
 def serve_workers(
     config: str, host: str, port: int, workers: int, log_level: str, policy: Policy | None = None
 ) -> int:
-    """Start the engine process and the front ends and keep them running (a front end that
-    exits is started again; SIGHUP restarts them one by one; duplex_server/ops/supervise.py).
-    Returns the exit status: 0 after SIGTERM/SIGINT, 1 when the supervisor gave up."""
+    """Start the engine process and the front ends and keep them running (a front end or
+    the engine that exits is started again: the engine keeps its sessions in a store in the
+    supervisor's temporary folder; SIGHUP restarts the front ends one by one;
+    duplex_server/ops/supervise.py). Returns the exit status: 0 after SIGTERM/SIGINT, 1 when
+    the supervisor gave up."""
     tmp = tempfile.mkdtemp(prefix="duplex-")
     addr = f"unix://{tmp}/engine.sock"
+    store = f"{tmp}/sessions.db"
     base = [sys.executable, "-m", "duplex_server"]
     engine = [*base, "engine", "--config", config, "--listen", addr, "--log-level", log_level]
+    engine += ["--state", store]
     probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     probe = f"[{probe}]" if ":" in probe else probe
     fronts = []
@@ -90,9 +94,10 @@ def serve_workers(
         fronts.append(FrontEnd(route_key(i), url, cmd))
         print(f"front end {route_key(i)}: http://{host}:{port + i - 1}", flush=True)
     try:
-        return Supervisor(engine, fronts, policy or Policy()).run()
+        return Supervisor(engine, fronts, policy or Policy(), restart_engine=True).run()
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(f"{tmp}/engine.sock")
+        for name in ("engine.sock", "sessions.db", "sessions.db-wal", "sessions.db-shm"):
+            with contextlib.suppress(OSError):
+                os.unlink(f"{tmp}/{name}")
         with contextlib.suppress(OSError):
             os.rmdir(tmp)

@@ -6,9 +6,11 @@ kept running (docs/scale.md, "Deploys and crashes under `serve --workers`").
   most 5 s). Its sessions resume on the other front ends meanwhile (the engine holds them).
   One front end exiting ``restart_limit`` times within ``restart_window_s`` makes the
   supervisor give up: one line on stderr, every process stopped, exit status 1.
-- The engine process exiting stops everything (exit status 1): it holds every session's
-  conversation and lease, so no front end can serve without it, and a new engine would not
-  know the sessions.
+- The engine process exiting: with ``restart_engine`` (``serve --workers``: its engine keeps
+  its sessions in a store, ``engine --state``) it is started again after the same backoff,
+  and the same give-up rule holds; the front ends stay up, their clients' sockets open, and
+  attach their sessions to the new engine (docs/scale.md, "Sessions outlive the engine").
+  Without it, everything stops (exit status 1): a new engine would not know the sessions.
 - SIGHUP: a rolling restart. One front end after another: SIGTERM (it drains: its sessions
   are handed over to the others), wait for it to exit, start it again, wait until its
   ``/health`` answers 200, then the next. A SIGHUP during a roll is queued: once the roll
@@ -51,14 +53,20 @@ class GiveUp(Exception):
 
 @dataclass
 class FrontEnd:
+    """A supervised process: a front end (or, with ``health_url`` empty, the engine)."""
+
     key: str
     health_url: str
     cmd: list[str]
+    label: str = ""  # how the supervisor's lines name it (default: "front end <key>")
     proc: subprocess.Popen[bytes] | None = None
     draining: bool = False  # the supervisor sent SIGTERM (a roll): its exit is expected
     deadline: float = 0.0  # draining: SIGKILL then; being rolled: ready by then
     restart_at: float | None = None  # down after an exit: started again then
     exits: collections.deque[float] = field(default_factory=collections.deque)
+
+    def __post_init__(self) -> None:
+        self.label = self.label or f"front end {self.key}"
 
 
 def describe(returncode: int) -> str:
@@ -83,11 +91,19 @@ def say(line: str) -> None:
 
 
 class Supervisor:
+    """``restart_engine``: start the engine again when it exits (it keeps its sessions),
+    instead of stopping everything."""
+
     def __init__(
-        self, engine_cmd: Sequence[str], fronts: Sequence[FrontEnd], policy: Policy
+        self,
+        engine_cmd: Sequence[str],
+        fronts: Sequence[FrontEnd],
+        policy: Policy,
+        *,
+        restart_engine: bool = False,
     ) -> None:
-        self.engine_cmd = list(engine_cmd)
-        self.engine: subprocess.Popen[bytes] | None = None
+        self.restart_engine = restart_engine
+        self.engine = FrontEnd("engine", "", list(engine_cmd), label="the engine process")
         self.fronts = list(fronts)
         self.policy = policy
         self.stop = False
@@ -106,7 +122,7 @@ class Supervisor:
         }
         old = {s: signal.signal(s, h) for s, h in handlers.items()}
         try:
-            self.engine = subprocess.Popen(self.engine_cmd)
+            self._start(self.engine)
             for front in self.fronts:
                 self._start(front)
             pid = os.getpid()
@@ -134,13 +150,17 @@ class Supervisor:
 
     def _supervise(self) -> int:
         while not self.stop:
-            assert self.engine is not None
-            if self.engine.poll() is not None:
-                raise GiveUp(
-                    f"the engine process exited ({describe(self.engine.returncode)}); "
-                    "stopping all (it held every session)"
-                )
             now = time.monotonic()
+            engine = self.engine
+            if not self.restart_engine:
+                assert engine.proc is not None
+                if engine.proc.poll() is not None:
+                    raise GiveUp(
+                        f"the engine process exited ({describe(engine.proc.returncode)}); "
+                        "stopping all (it held every session)"
+                    )
+            else:
+                self._watch(engine, now)
             if self.hup:
                 self.hup = False
                 self._request_roll()
@@ -155,16 +175,16 @@ class Supervisor:
         if front.proc is None:
             if front.restart_at is not None and now >= front.restart_at:
                 self._start(front)
-                say(f"front end {front.key} started again")
+                say(f"{front.label} started again")
             return
         code = front.proc.poll()
         if code is None:
             if front.draining and now > front.deadline:
-                say(f"front end {front.key} still draining after {p.stop_timeout_s:g} s: killed")
+                say(f"{front.label} still draining after {p.stop_timeout_s:g} s: killed")
                 front.proc.kill()
             return
         if front.draining:  # a roll's SIGTERM: start it again at once
-            say(f"front end {front.key} drained ({describe(code)}); starting it again")
+            say(f"{front.label} drained ({describe(code)}); starting it again")
             self._start(front)
             return
         front.exits.append(now)
@@ -172,11 +192,11 @@ class Supervisor:
             front.exits.popleft()
         if len(front.exits) >= p.restart_limit:
             raise GiveUp(
-                f"front end {front.key} exited {len(front.exits)} times within "
+                f"{front.label} exited {len(front.exits)} times within "
                 f"{p.restart_window_s:g} s (last: {describe(code)}); giving up, stopping all"
             )
         delay = min(p.backoff_s * 2 ** (len(front.exits) - 1), p.backoff_max_s)
-        say(f"front end {front.key} exited ({describe(code)}); restarting it in {delay:g} s")
+        say(f"{front.label} exited ({describe(code)}); restarting it in {delay:g} s")
         front.proc = None
         front.restart_at = now + delay
 
@@ -235,10 +255,11 @@ class Supervisor:
         for front in live:
             assert front.proc is not None
             _wait_or_kill(front.proc, deadline)
-        if self.engine is not None:
-            if self.engine.poll() is None:
-                self.engine.send_signal(signal.SIGTERM)
-            _wait_or_kill(self.engine, time.monotonic() + 30)
+        engine = self.engine.proc
+        if engine is not None:
+            if engine.poll() is None:
+                engine.send_signal(signal.SIGTERM)
+            _wait_or_kill(engine, time.monotonic() + 30)
 
 
 def _wait_or_kill(proc: subprocess.Popen[bytes], deadline: float) -> None:

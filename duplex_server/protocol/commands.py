@@ -22,6 +22,8 @@ from duplex_contract.control import (
     AppendCall,
     CloseCall,
     CommitCall,
+    ItemRecord,
+    ItemsCall,
     PlaybackMark,
     ReplicaCall,
     SignalCall,
@@ -151,6 +153,19 @@ class Replicate:
     event_id: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RecordItems:
+    """Keep the conversation items that changed (and the front end's state of them) in the
+    engine, beside the conversation, so a front end that takes the session over serves every
+    item id (docs/scale.md). Fenced at the session's epoch when it is made."""
+
+    CALL: ClassVar[type[ItemsCall]] = ItemsCall
+    upserts: tuple[ItemRecord, ...] = ()
+    deletes: tuple[str, ...] = ()
+    state: bytes = b""
+    event_id: str | None = None
+
+
 EngineCommand = (
     Append
     | Commit
@@ -162,7 +177,10 @@ EngineCommand = (
     | Speculate
     | DeleteItem
     | Replicate
+    | RecordItems
 )
+#: engine commands fenced at the session's epoch when they are made (no epoch of their own)
+UNFENCED = (CloseSession, Replicate, RecordItems)
 
 
 # ---------------------------------------------------------------------------- local actions
@@ -276,6 +294,14 @@ class DropOutput:
 
 
 @dataclass(frozen=True, slots=True)
+class Resync:
+    """Tell the client ``session.resync_required{reason}``, numbered where its stream
+    stands (the runtime knows the seq): what was running is gone."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Release:
     """The attached transport is sent nothing more (it closes after what is queued); later
     events are only journaled."""
@@ -296,4 +322,5 @@ Action = (
     | SendStamped
     | DropOutput
     | Release
+    | Resync
 )

@@ -46,6 +46,7 @@ from duplex_contract.session_events import SessionEvent, SessionLifecycle, UserT
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.client_input import ClientInput, InputEvent
 from duplex_server.protocol.commands import (
+    UNFENCED,
     AckJournal,
     Action,
     Call,
@@ -56,7 +57,6 @@ from duplex_server.protocol.commands import (
     DropOutput,
     EngineCommand,
     Release,
-    Replicate,
     Send,
     Touch,
 )
@@ -191,6 +191,10 @@ class SessionMachine:
         if isinstance(event, SessionLifecycle):
             if event.state == "expiring":
                 return [Send(ev.SessionExpiring(in_s=event.in_s or 0.0, reason=event.reason))]
+            if event.state == "restored":  # the engine restarted (docs/scale.md)
+                if self.closed:
+                    return []
+                return self.responses.engine_restarted(event.dropped, self.config, now_ms)
             if self.closed and event.state == "closed":
                 return []
             self.closed = True
@@ -228,7 +232,7 @@ class SessionMachine:
                 self.responses.request_failed()
             if command.item_id is not None:
                 self.items.commit_failed(command.item_id)
-        if isinstance(command, CloseSession | Replicate):
+        if isinstance(command, UNFENCED):
             return []  # logged by the runtime: the client can do nothing about it
         return self.error(exc, command.event_id)
 

@@ -33,6 +33,7 @@ from duplex_server.protocol.commands import (
     Cancel,
     Commit,
     PurgeAudio,
+    Resync,
     Send,
     Touch,
 )
@@ -200,6 +201,24 @@ class ResponseTracker:
         out.append(PurgeAudio(self.position.epoch))
         out.append(Call(Cancel(old, kind, event_id=event_id)))  # type: ignore[arg-type]
         return out
+
+    def engine_restarted(
+        self, dropped: Fence | None, config: EffectiveSession, now_ms: float
+    ) -> list[Action]:
+        """The engine restarted and took the session back (docs/scale.md). The answer that
+        was running is gone (``dropped``: its fence): the response in progress ends (the
+        client is told ``session.resync_required{engine_restarted}``, then
+        ``response.done{cancelled, engine_restarted}``; one whose start never arrived is
+        started first) and the engine is told to drop the rest, as a cancel does. Answers
+        asked for and not started are answered by the restarted engine; a session with no
+        answer running never notices."""
+        out: list[Action] = []
+        if self.lifecycle.current is None:
+            if dropped is None or not self.lifecycle.queue:
+                return []
+            out = self._start(dropped, config, now_ms)  # its ResponseStarted was lost
+        cancel = self.cancel("response.cancel", "engine_restarted", None, now_ms)
+        return [Resync("engine_restarted"), *out, *cancel]
 
     def barge_in(
         self, td: ev.TurnDetection | None, speech_ms: float, now_ms: float

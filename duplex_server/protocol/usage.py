@@ -21,12 +21,15 @@ the measure itself.
 
 :class:`UsageMeter` keeps one session's figures: audio appended to the engine and not yet
 committed, committed and not yet answered, all audio received, and the sum of its
-responses' usage (``session.closed.usage``).
+responses' usage (``session.closed.usage``). They move with the session to a front end that
+takes it over (:class:`UsageState`, kept in the engine with the items; docs/scale.md).
 """
 
 from __future__ import annotations
 
 import math
+
+import msgspec
 
 from duplex_server.protocol import events as ev
 
@@ -57,6 +60,18 @@ def response_usage(
         input_audio_seconds=round(input_audio_ms / 1000.0, 3),
         output_audio_seconds=round(output_audio_ms / 1000.0, 3),
     )
+
+
+class UsageState(msgspec.Struct, frozen=True):
+    """A :class:`UsageMeter`'s figures, as kept in the engine."""
+
+    received_ms: float = 0.0
+    appended_ms: float = 0.0
+    committed_ms: float = 0.0
+    responses: int = 0
+    input: ev.InputTokenDetails = ev.InputTokenDetails()
+    output: ev.OutputTokenDetails = ev.OutputTokenDetails()
+    output_ms: float = 0.0
 
 
 class UsageMeter:
@@ -105,6 +120,26 @@ class UsageMeter:
             audio_tokens=self._output.audio_tokens + o.audio_tokens,
         )
         self._output_ms += usage.output_audio_seconds * 1000.0
+
+    def snapshot(self) -> UsageState:
+        return UsageState(
+            self.received_ms,
+            self._appended_ms,
+            self._committed_ms,
+            self.responses,
+            self._input,
+            self._output,
+            self._output_ms,
+        )
+
+    def restore(self, state: UsageState) -> None:
+        """Continue from ``state`` (a session taken over from another front end)."""
+        self.received_ms = state.received_ms
+        self._appended_ms = state.appended_ms
+        self._committed_ms = state.committed_ms
+        self.responses = state.responses
+        self._input, self._output = state.input, state.output
+        self._output_ms = state.output_ms
 
     def total(self) -> ev.SessionUsage:
         i, o = self._input, self._output

@@ -6,28 +6,35 @@ Every field of a call is written once on its way: in the contract
 (:mod:`duplex_contract.control`), where the engine command of the core
 (:mod:`duplex_server.protocol.commands`) takes it by name; :func:`engine_call` copies it and
 adds what only the runtime knows when the call is made: the fence and the lease generation.
+A live session makes its calls through :class:`WithOperations`, which adds each call's
+``operation_id`` (unique within the session) and, on an append or a commit, its
+``expected_epoch``: a call the engine client sends again (a deadline, an engine restart)
+acts once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+import msgspec
+
 from duplex_contract.batch import BatchItem, BatchJob
-from duplex_contract.control import ControlCall, ControlResult
+from duplex_contract.control import AppendCall, CommitCall, ControlCall, ControlResult
 from duplex_contract.fence import Fence
 from duplex_contract.session_events import SessionEvent
 from duplex_server.protocol.commands import (
     CORE_FIELDS,
+    UNFENCED,
     Append,
     Cancel,
-    CloseSession,
     EngineCommand,
-    Replicate,
 )
 
 log = logging.getLogger(__name__)
@@ -39,6 +46,11 @@ class EngineSessions(Protocol):
 
     @property
     def ready(self) -> bool: ...
+
+    @property
+    def restarting(self) -> bool:
+        """The engine process exited and comes back (its sessions kept; docs/scale.md)."""
+        ...
 
     async def call(self, call: ControlCall) -> ControlResult:
         """Make one control call; raise its error if the engine refused it."""
@@ -130,9 +142,9 @@ class CallQueue:
 
 def engine_call(cmd: EngineCommand, core: Position) -> ControlCall:
     """The contract call ``cmd`` stands for, fenced at the core's position now: the epoch
-    the core decided (a close or a replica: the current one), the turn and response
+    the core decided (a close, a replica or items: the current one), the turn and response
     counters of the results so far, and the current lease generation."""
-    epoch = core.epoch if isinstance(cmd, CloseSession | Replicate) else cmd.epoch
+    epoch = core.epoch if isinstance(cmd, UNFENCED) else cmd.epoch
     fence = core.fence_for(epoch)
     fields: dict[str, Any] = {
         f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd) if f.name not in CORE_FIELDS
@@ -144,8 +156,49 @@ def engine_call(cmd: EngineCommand, core: Position) -> ControlCall:
     return cmd.CALL(fence=fence, lease_generation=core.lease_generation, **fields)
 
 
+def operation_id() -> str:
+    """An ``operation_id`` for a call made once (an open, a resume)."""
+    return f"op-{uuid.uuid4().hex}"
+
+
+def with_operation(call: ControlCall, op_id: str) -> ControlCall:
+    """``call`` with its ``operation_id``; an append or a commit also expects its epoch."""
+    if isinstance(call, AppendCall | CommitCall):
+        return msgspec.structs.replace(call, operation_id=op_id, expected_epoch=call.fence.epoch)
+    return msgspec.structs.replace(call, operation_id=op_id)
+
+
+class WithOperations:
+    """One session's engine, each call with an ``operation_id`` of its own (a prefix of
+    the session's and a count; one the caller set is kept)."""
+
+    def __init__(self, engine: EngineSessions) -> None:
+        self.engine = engine
+        self._prefix = uuid.uuid4().hex[:12]
+        self._count = itertools.count(1)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.ready
+
+    @property
+    def restarting(self) -> bool:
+        return self.engine.restarting
+
+    async def call(self, call: ControlCall) -> ControlResult:
+        if call.operation_id is None:
+            call = with_operation(call, f"op-{self._prefix}-{next(self._count)}")
+        return await self.engine.call(call)
+
+    def session_events(self, session_id: str) -> AsyncIterator[SessionEvent]:
+        return self.engine.session_events(session_id)
+
+    def generate(self, job: BatchJob, request_id: str | None = None) -> AsyncIterator[BatchItem]:
+        return self.engine.generate(job, request_id)
+
+
 async def execute(engine: EngineSessions, core: Position, cmd: EngineCommand) -> Fence | None:
     """Make the engine call ``cmd`` stands for; the fence the engine accepted (None for a
-    close or a replica, which move no counter)."""
+    close, a replica or items, which move no counter)."""
     res = await engine.call(engine_call(cmd, core))
-    return None if isinstance(cmd, CloseSession | Replicate) else res.accepted_fence
+    return None if isinstance(cmd, UNFENCED) else res.accepted_fence

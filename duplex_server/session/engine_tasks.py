@@ -24,7 +24,7 @@ from duplex_contract.errors import ControlError, EngineDeadError, EngineError
 from duplex_contract.fence import Fence
 from duplex_contract.session_events import AudioChunk
 from duplex_server.ops.tracing import SessionTrace
-from duplex_server.protocol.commands import Action, CloseSession, Commit, EngineCommand, Replicate
+from duplex_server.protocol.commands import UNFENCED, Action, Commit, EngineCommand
 from duplex_server.protocol.machine import SessionMachine
 from duplex_server.session.engine_calls import CallQueue, EngineSessions, execute
 
@@ -101,7 +101,7 @@ class EngineTasks:
             try:
                 res_fence = await self._execute(cmd)
             except Exception as exc:  # every engine error is reported to the client
-                if isinstance(cmd, CloseSession | Replicate):
+                if isinstance(cmd, UNFENCED):
                     log.info("%s: %s failed: %s", self.session_id, type(cmd).__name__, exc)
                     continue
                 if not isinstance(exc, EngineError):  # a bug: the client sees server_error

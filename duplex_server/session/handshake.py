@@ -8,7 +8,8 @@ session opened or resumed for the transport.
 * :func:`connected` / :func:`disconnected`: the hub's set of live transports (the send
   watchdog and shutdown walk it) and the ``duplex_connections{state="open"}`` gauge.
 * :func:`open_session` / :func:`resume_session`: refused with ``engine_unavailable``
-  (close 1013, try again) while the server shuts down or the engine is not ready, else
+  (close 1013, try again; "try again in 2 s" while the engine restarts, docs/scale.md)
+  while the server shuts down or the engine is not ready, else
   the session runtime opens a session for the transport (a media transport's session
   settings follow as one ``session.update``) or resumes one onto it.
 * :func:`refusal`: a refused handshake's wire error and close code (1008 unless the error
@@ -64,9 +65,13 @@ def require_engine(hub: Hub) -> None:
             error_type="server_error",
         )
     if hub.closing or engine is None or not engine.ready:
-        raise SessionFatal(
-            "engine_unavailable", "the engine is not ready", close_code=CloseCode.TRY_AGAIN
+        restarting = not hub.closing and engine is not None and engine.restarting
+        why = (
+            "the engine is restarting; try again in 2 s"
+            if restarting
+            else "the engine is not ready"
         )
+        raise SessionFatal("engine_unavailable", why, close_code=CloseCode.TRY_AGAIN)
 
 
 async def open_session(

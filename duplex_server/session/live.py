@@ -54,6 +54,7 @@ from duplex_server.protocol.commands import (
     Release,
     Replay,
     Replicate,
+    Resync,
     Send,
     SendAudio,
     SendStamped,
@@ -68,7 +69,12 @@ from duplex_server.protocol.resume import new_resume_token
 from duplex_server.session import snapshot as replica
 from duplex_server.session.attach import Attachment, Journal, Outgoing, Stamper
 from duplex_server.session.audio_input import AudioInput
-from duplex_server.session.engine_calls import CallQueue, EngineSessions, execute
+from duplex_server.session.engine_calls import (
+    CallQueue,
+    EngineSessions,
+    WithOperations,
+    execute,
+)
 from duplex_server.session.engine_tasks import EngineTasks
 from duplex_server.session.input_lane import InputScheduler, VadBackend
 from duplex_server.session.meter import SessionMeter
@@ -133,7 +139,7 @@ class LiveSession:
         event_seq: int = 0,
         trace: SessionTrace | None = None,
     ) -> None:
-        self.engine = engine
+        self.engine = WithOperations(engine)  # every call with its operation_id
         self.core = core
         self.metrics = metrics
         self.trace = trace
@@ -336,8 +342,18 @@ class LiveSession:
                 outlet.close(action.code, action.reason)
             elif isinstance(action, Release):
                 outlet.release()
-        if self.core.config is not self._replicated_config and not self.core.closed:
+            elif isinstance(action, Resync):
+                seq = self.stamper.seq
+                event = ev.ResyncRequired(
+                    reason=action.reason, first_available_seq=seq + 1, last_seq=seq
+                )
+                self.emit(event)
+        if self.core.closed:
+            return
+        if self.core.config is not self._replicated_config:
             self._calls.put_nowait(Replicate(self.replica()))  # a session.update
+        if self.core.items.changed:  # kept in the engine beside the conversation
+            self._calls.put_nowait(replica.item_changes(self.core))
 
     def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0, pcm: bytes = b"") -> None:
         """Send ``event`` to the client (measured, traced, stamped when written); ``pcm``:
@@ -366,7 +382,12 @@ class LiveSession:
     async def run(self) -> None:
         """Serve the engine side until the engine session ends (all tasks in one group)."""
         tasks = EngineTasks(
-            self.engine, self.core, self._calls, apply=self.apply, clock=now_ms, trace=self.trace
+            self.engine,
+            self.core,
+            self._calls,
+            apply=self.apply,
+            clock=now_ms,
+            trace=self.trace,
         )
         try:
             await tasks.run()

@@ -7,7 +7,8 @@ session (lease, fence, conversation) and the old owner's replica
 (duplex_server/session/snapshot.py). This front end peeks at both, checks the resume token
 against the replica, renews the lease with the usual compare and swap (of two front ends
 racing for one session, one wins; ``stale_lease`` for the other), rebuilds the session core
-at the engine's position, keeps a replica of its own (the new token) and tells the client:
+at the engine's position with the conversation items (and usage) the engine kept for it,
+keeps a replica of its own (the new token) and tells the client:
 ``session.resync_required`` when events may have been lost with the old process, then
 ``session.resumed``. From then on the engine sends the session's events here.
 docs/scale.md describes what can be lost.
@@ -22,7 +23,7 @@ from collections.abc import Callable
 import msgspec
 
 from duplex_contract.audio import OUTPUT_RATE
-from duplex_contract.control import OpenCall, ResumeCall
+from duplex_contract.control import ControlResult, OpenCall, ResumeCall
 from duplex_contract.errors import ControlError
 from duplex_contract.voices import VoiceCatalog
 from duplex_server.ops.metrics import Metrics
@@ -33,10 +34,10 @@ from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.resume import new_resume_token, token_matches
 from duplex_server.protocol.session_config import EffectiveSession
 from duplex_server.session.attach import Attachment
-from duplex_server.session.engine_calls import EngineSessions
+from duplex_server.session.engine_calls import EngineSessions, operation_id
 from duplex_server.session.input_lane import InputScheduler
 from duplex_server.session.live import LiveSession, SessionLimits
-from duplex_server.session.snapshot import Replica, decode
+from duplex_server.session.snapshot import Replica, decode, restore_items
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,7 @@ class Sessions:
                     cfg.settings(),
                     route_key=self.route_key,
                     traceparent=trace.traceparent if trace is not None else None,
+                    operation_id=operation_id(),
                 )
             )
         except BaseException as exc:
@@ -171,12 +173,14 @@ class Sessions:
         engine = self.engine
         assert engine is not None
         sid = req.session_id
-        rep, lease_generation = await self._replica(req)
-        res = await engine.call(ResumeCall(sid, lease_generation))  # the compare and swap
+        rep, peek = await self._replica(req)
+        # the compare and swap
+        res = await engine.call(ResumeCall(sid, peek.lease_generation, operation_id=operation_id()))
         assert res.accepted_fence is not None
         core = SessionMachine(sid, rep.config, lease_generation=res.lease_generation)
         token, digest = new_resume_token()
         core.adopted(res.accepted_fence, res.input_seq or 0, digest)
+        restore_items(core, peek.items or (), peek.items_state or b"")
         client_seq = req.last_received_server_event_seq
         last = max(client_seq, rep.event_seq)  # numbering goes on after anything it could have
         session = LiveSession(engine, core, self.limits, self.inputs, self.metrics, event_seq=last)
@@ -192,15 +196,15 @@ class Sessions:
         )
         return session
 
-    async def _replica(self, req: ev.SessionResume) -> tuple[Replica, int]:
+    async def _replica(self, req: ev.SessionResume) -> tuple[Replica, ControlResult]:
         """The replica of the session ``req`` names, checked against its resume token, and
-        the session's lease generation now (a peek: nothing changes in the engine)."""
+        what the engine has of it now (a peek: nothing changes in the engine)."""
         engine = self.engine
         assert engine is not None
         sid = req.session_id
         not_found = SessionFatal("session_not_found", f"no live session {sid}")
         try:
-            peek = await engine.call(ResumeCall(sid, 0, peek=True))
+            peek = await engine.call(ResumeCall(sid, 0, peek=True, operation_id=operation_id()))
         except ControlError as exc:
             if exc.code in ("not_found", "session_expired"):
                 raise not_found from None
@@ -214,7 +218,7 @@ class Sessions:
             raise not_found from None
         if not token_matches(req.resume_token, rep.token_hash):
             raise SessionFatal("invalid_resume_token", "the resume token does not match")
-        return rep, peek.lease_generation
+        return rep, peek
 
     async def _run(self, session: LiveSession) -> None:
         try:

@@ -8,6 +8,13 @@ engine/api/inprocess.py, or a socket to an engine process, engine/api/remote_cli
 its :class:`Figures`. Every control call goes through one method, :meth:`EngineClient.call`,
 with a struct of :mod:`duplex_contract.control`; a fatal engine error fails every pending and
 later call and every stream with :class:`EngineDeadError`, whatever the transport.
+
+Retries: a call that carries an ``operation_id`` and gets no answer within
+``control_timeout_s`` is sent once more with the same id (the engine answers a repeat with
+its first answer, so it acts once), then fails with ``deadline_exceeded``. A client whose
+engine comes back after it exits (:class:`~engine.api.remote_client.RemoteEngine` of an
+engine with a session store) holds its calls while the engine is away and sends the one in
+flight again once it is back (:class:`~engine.api.waiters.LinkLost`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from duplex_contract.errors import ControlError, EngineDeadError
 from duplex_contract.session_events import SessionEvent
 from engine.api.inbox import EngineInbox
 from engine.api.inprocess import InProcessLink
+from engine.api.waiters import LinkLost
 from engine.config import EngineConfig
 from engine.messages import (
     AbortRequest,
@@ -91,6 +99,25 @@ class EngineLink(Protocol):
         ...
 
 
+class Comeback(Protocol):
+    """A link whose engine may go away and come back (engine/api/remote_client.py's
+    ``ReconnectingLink``): calls wait for it, and it keeps what it needs to take the
+    sessions back."""
+
+    @property
+    def restarting(self) -> bool:
+        """The engine went away and comes back: calls wait (:meth:`until_back`)."""
+        ...
+
+    async def until_back(self) -> None:
+        """Return once calls can be sent (at once, unless the engine is coming back)."""
+        ...
+
+    def answered(self, call: ControlCall, result: ControlResult) -> None:
+        """A call succeeded: keep what taking the sessions back needs of it."""
+        ...
+
+
 class Figures(Protocol):
     """The engine's figures: read off the orchestrator, or as an engine process pushed them."""
 
@@ -119,17 +146,35 @@ class EngineClient:
     """The engine's API in the server's loop, over any link (see the module docstring)."""
 
     def __init__(
-        self, config: EngineConfig, inbox: EngineInbox, link: EngineLink, figures: Figures
+        self,
+        config: EngineConfig,
+        inbox: EngineInbox,
+        link: EngineLink,
+        figures: Figures,
+        comeback: Comeback | None = None,
     ) -> None:
         self.config = config
         self.inbox = inbox
         self.link = link
         self.figures = figures
+        #: the link's engine may come back after it exits (None: its death is final)
+        self.comeback = comeback
         self._shutdown_lock = asyncio.Lock()
 
     @property
     def ready(self) -> bool:
         return self.link.open and self.inbox.dead is None
+
+    @property
+    def restarting(self) -> bool:
+        """The engine process exited and this client waits for it to come back (its
+        sessions kept: engine/api/remote_client.py); never for the in-process engine."""
+        return self.comeback is not None and self.comeback.restarting
+
+    def _link_failed(self, why: str) -> None:
+        """Sending failed: the link is gone; the engine too, unless it is coming back."""
+        if not self.restarting:
+            self.inbox.die(EngineDeadError(f"engine stopped: {why}"))
 
     def on_dead(self, hook: Callable[[EngineDeadError], None]) -> None:
         """Call ``hook`` (on this loop) once, when the engine dies or is shut down."""
@@ -144,28 +189,46 @@ class EngineClient:
         cid, fut = self.inbox.waiters.add()
         try:
             self.link.send(ControlRequest(control_id=cid, call=call))
-        except RuntimeError as exc:  # the engine is gone: the future fails with it
-            self.inbox.die(EngineDeadError(f"engine stopped: {exc}"))
+        except RuntimeError as exc:  # the link is gone: the future fails with it
+            self._link_failed(str(exc))
+            if not fut.done():
+                fut.set_exception(LinkLost(str(exc)))
         return fut
 
     async def call(self, call: ControlCall, wait_s: float | None = None) -> ControlResult:
         """Make one control call; raise its error if ``ok`` is False. An opened session's
-        mailbox exists from then on (its events wait there until someone reads them)."""
-        fut = self.submit(call)
-        try:
-            # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as
-            # the result does, and a session's caller cancelled then never ended (its session
-            # stayed live in the front end for good)
-            async with asyncio.timeout(wait_s or self.config.control_timeout_s):
-                res = await fut
-        except TimeoutError:
-            raise ControlError("engine did not answer in time", code="deadline_exceeded") from None
+        mailbox exists from then on (its events wait there until someone reads them).
+        A call with an ``operation_id`` is sent once more after a deadline, and again
+        after an engine restart (the module docstring)."""
+        retried = False
+        while True:
+            if self.comeback is not None:
+                await self.comeback.until_back()  # at once, unless the engine comes back
+            fut = self.submit(call)
+            try:
+                # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives
+                # as the result does, and a session's caller cancelled then never ended (its
+                # session stayed live in the front end for good)
+                async with asyncio.timeout(wait_s or self.config.control_timeout_s):
+                    res = await fut
+            except TimeoutError:
+                if retried or call.operation_id is None:
+                    raise ControlError(
+                        "engine did not answer in time", code="deadline_exceeded"
+                    ) from None
+                retried = True  # the same id: the engine acts on it once
+                continue
+            except LinkLost:
+                continue  # the engine restarts: once it is back, the same call again
+            break
         if not res.ok:
             assert res.error is not None
             raise res.error.to_exc()
         if isinstance(call, OpenCall):
             assert res.session_id is not None
             self.inbox.mailboxes.open_session(res.session_id)
+        if self.comeback is not None:
+            self.comeback.answered(call, res)
         return res
 
     # ------------------------------------------------------------------ streams
@@ -195,7 +258,7 @@ class EngineClient:
                 if isinstance(out.item, BatchDone):
                     return
         finally:
-            if boxes.close_batch(rid) and self.inbox.dead is None:
+            if boxes.close_batch(rid) and self.inbox.dead is None and self.link.open:
                 self._send(AbortRequest(request_id=rid))
 
     async def abort(self, request_id: str) -> None:
@@ -210,10 +273,9 @@ class EngineClient:
             raise self.inbox.dead
         try:
             self.link.send(msg)
-        except RuntimeError as exc:  # the engine is gone
-            self.inbox.die(EngineDeadError(f"engine stopped: {exc}"))
-            assert self.inbox.dead is not None
-            raise self.inbox.dead from None
+        except RuntimeError as exc:  # the link is gone (the engine died, or restarts)
+            self._link_failed(str(exc))
+            raise self.inbox.dead or EngineDeadError("the engine is restarting") from None
 
     # ------------------------------------------------------------------ figures
     def stats(self) -> EngineStats:

@@ -63,6 +63,23 @@ class Mailboxes:
                 closed = True
             yield item
 
+    def has_session(self, session_id: str) -> bool:
+        """Is the session's stream still open (its events still wanted)?"""
+        return session_id in self._sessions
+
+    def lose(self, session_id: str, exc: EngineDeadError) -> None:
+        """This one session is gone with the engine (a restarted engine did not have it):
+        its stream ends with ``exc``."""
+        box = self._sessions.get(session_id)
+        if box is not None:
+            box.put_nowait(exc)
+
+    def end_batches(self, exc: EngineDeadError) -> None:
+        """Every running batch job fails with ``exc`` (the engine restarts: they are lost);
+        the session streams go on."""
+        for bbox in self._batches.values():
+            bbox.put_nowait(exc)
+
     # ------------------------------------------------------------------ batch jobs
     def open_batch(self, request_id: str) -> None:
         box: asyncio.Queue[BatchItem] = asyncio.Queue()

@@ -200,9 +200,11 @@ class EngineServer:
                 return
             conn = _Conn(name=hello.name or "front-end", writer=writer)
             self._conns.add(conn)
-            writer.write(
-                frame(Welcome(protocol=PROTOCOL, engine_id=self.engine_id, config=self.config))
+            durable = self.config.duplex.store_path is not None
+            welcome = Welcome(
+                protocol=PROTOCOL, engine_id=self.engine_id, config=self.config, durable=durable
             )
+            writer.write(frame(welcome))
             self._send(conn, StatsPush(stats=engine.stats()))  # figures from the start
             log.info("front end %s attached (%d attached)", conn.name, len(self._conns))
             while (body := await read_frame(reader)) is not None:
@@ -356,7 +358,13 @@ async def serve_engine(config: EngineConfig, addr: str, tracer: Tracer | None = 
     server = EngineServer(config, tracer=tracer)
     try:
         bound = await server.start(addr)
-        print(f"duplex-server engine {server.engine_id} listening on {bound}", flush=True)
+        assert server.engine is not None
+        kept = len(server.engine.orchestrator.control.sessions)
+        print(
+            f"duplex-server engine {server.engine_id} listening on {bound}"
+            + (f" ({kept} session(s) taken back from the store)" if kept else ""),
+            flush=True,
+        )
         await server.dead.wait()
         raise SystemExit("the engine died")
     finally:

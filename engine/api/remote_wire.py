@@ -36,6 +36,9 @@ class Welcome(Msg, frozen=True, tag="welcome"):
     protocol: int
     engine_id: str
     config: EngineConfig
+    #: the engine keeps its sessions in a store (``engine.duplex.store_path``): when it
+    #: exits, a front end waits for it to come back and attaches its sessions again
+    durable: bool = False
 
 
 class Refused(Msg, frozen=True, tag="refused"):

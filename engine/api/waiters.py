@@ -17,6 +17,12 @@ from duplex_contract.control import ControlResult
 log = logging.getLogger(__name__)
 
 
+class LinkLost(Exception):
+    """The link to the engine broke with the call in flight, and the engine comes back (it
+    keeps its sessions: engine/api/remote_client.py): the caller sends the call again, with
+    its ``operation_id``, once the engine is back."""
+
+
 class CallWaiters:
     """The futures of the control calls sent and not yet answered, by ``control_id``."""
 

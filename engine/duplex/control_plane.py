@@ -13,14 +13,18 @@ It holds its parts, each with one job: the session table (engine/duplex/table.py
 sessions' lifecycle (lifecycle.py: open, resume, close, expiry, detach), input sequencing
 (sequencer.py: append and commit); it uses the epoch rules (epochs.py: cancels and new epochs),
 the other calls (signals.py: touch, pause, resume, item.delete, session.update), the fence
-checks (fencing.py), each session's operation-id cache (operations.py) and the replica
-(replica.py). Here: the dispatch, the fence and lease checks and the orchestrator's hooks.
-The orchestrator's effects are in engine/duplex/effects.py.
+checks (fencing.py), each session's operation-id cache (operations.py), the replica and the
+item records (replica.py) and the kept records (records.py). Here: the dispatch, retries
+(a call repeated with its ``operation_id`` gets its first answer), the fence and lease
+checks, what the session store must keep before an answer goes out (``Effects.save``), and
+the orchestrator's hooks. The orchestrator's effects are in engine/duplex/effects.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+import msgspec
 
 from duplex_contract.control import (
     AppendCall,
@@ -28,6 +32,7 @@ from duplex_contract.control import (
     CommitCall,
     ControlCall,
     ControlResult,
+    ItemsCall,
     OpenCall,
     ReplicaCall,
     ResumeCall,
@@ -36,16 +41,37 @@ from duplex_contract.control import (
 )
 from duplex_contract.errors import ControlError
 from duplex_contract.fence import Fence
-from duplex_contract.session_events import ErrorInfo
+from duplex_contract.session_events import ErrorInfo, SessionLifecycle
 from engine.config import DuplexRuntimeConfig
 from engine.duplex import epochs, replica, signals
 from engine.duplex.effects import Effects
 from engine.duplex.fencing import check_fresh, check_lease
 from engine.duplex.lifecycle import Lifecycle
-from engine.duplex.operations import digest_of
+from engine.duplex.operations import call_digest
+from engine.duplex.records import KeptSession, rebuild
 from engine.duplex.sequencer import InputSequencer
 from engine.duplex.session import DuplexSession, TurnJob
 from engine.duplex.table import SessionTable
+from engine.messages import SessionOutput
+
+#: signals whose effect the session store need not keep (a speculation hint)
+_UNSAVED_SIGNALS = ("input.pause", "input.resume")
+
+
+def saves(call: ControlCall) -> bool:
+    """Must the session store keep what ``call`` did before its answer goes out? Not for an
+    append (the front end keeps it until a later answer says ``saved``), a heartbeat or
+    attach, a speculation hint or a peek; a close is forgotten when the session ends; items
+    are kept on their own (``Effects.items``)."""
+    if isinstance(call, AppendCall | CloseCall | ItemsCall):
+        return False
+    if isinstance(call, TouchCall):
+        return call.activity == "playback_ack"
+    if isinstance(call, SignalCall):
+        return call.event not in _UNSAVED_SIGNALS
+    if isinstance(call, ResumeCall):
+        return not (call.peek or call.reattach)
+    return True
 
 
 class DuplexControl:
@@ -58,6 +84,9 @@ class DuplexControl:
         self.table = SessionTable(config.max_sessions)
         self.lifecycle = Lifecycle(config, self.table)
         self.input = InputSequencer(config)
+        #: a session store keeps the sessions (the orchestrator writes ``Effects.save``):
+        #: answers say ``saved``
+        self.durable = False
 
     @property
     def sessions(self) -> Mapping[str, DuplexSession]:
@@ -80,14 +109,23 @@ class DuplexControl:
         elif not isinstance(call, OpenCall):
             sid = call.fence.session_id
         try:
+            replayed = self._replay(call, sid, control_id)
+            if replayed is not None:
+                return replayed, effects
             if isinstance(call, OpenCall):
                 result = self.lifecycle.open(call, control_id, now)
+                sid = result.session_id
             elif isinstance(call, ResumeCall):
                 result = self.lifecycle.resume(call, control_id, now)
             elif isinstance(call, CloseCall):
                 result = self.lifecycle.close(call, control_id, effects)
             elif isinstance(call, ReplicaCall):
                 result = replica.keep(self.table, call, control_id)
+            elif isinstance(call, ItemsCall):
+                result, changes = replica.items(self.table, call, control_id)
+                if self.durable:
+                    effects.items.append(changes)
+                    result = msgspec.structs.replace(result, saved=True)
             else:
                 result = self._fenced(call, control_id, now, effects)
         except ControlError as exc:
@@ -97,7 +135,42 @@ class DuplexControl:
                 session_id=sid,
                 error=ErrorInfo.from_exc(exc, session_id=sid),
             )
+        if result.ok and sid is not None:
+            if self.durable and saves(call):
+                effects.save.append(sid)
+                result = msgspec.structs.replace(result, saved=True)
+            self._remember(call, sid, result)
         return result, effects
+
+    # ------------------------------------------------------------------ retries
+    def _replay(self, call: ControlCall, sid: str | None, control_id: int) -> ControlResult | None:
+        """The first answer of a call repeated with its ``operation_id`` (None: a new one).
+        Raises ``invalid_argument`` for an id used on another call."""
+        op_id = call.operation_id
+        if op_id is None or (isinstance(call, ResumeCall) and call.peek):
+            return None
+        if isinstance(call, OpenCall):
+            opened = self.table.opened.get(op_id)
+            session = self.table.get(opened) if opened is not None else None
+            return None if session is None else session.ok(control_id, deduplicated=True)
+        session = self.table.get(sid) if sid is not None else None
+        if session is None:
+            return None
+        return session.ops.replay(op_id, call_digest(call), control_id)
+
+    def _remember(self, call: ControlCall, sid: str, result: ControlResult) -> None:
+        op_id = call.operation_id
+        if op_id is None or (isinstance(call, ResumeCall) and call.peek):
+            return
+        session = self.table.get(sid)
+        if session is None:
+            return
+        if isinstance(call, OpenCall):
+            session.open_op = op_id
+            self.table.remember_open(op_id, sid)
+            return
+        cap = self.config.operation_cache
+        session.ops.remember(op_id, type(call).__name__, call_digest(call), result, cap)
 
     def _fenced(
         self,
@@ -106,17 +179,10 @@ class DuplexControl:
         now: float,
         effects: Effects,
     ) -> ControlResult:
-        """A call on an open session: the lease and operation-id checks, then the fence
-        (a newer epoch is adopted, an older fence refused; a cancel brings its own)."""
+        """A call on an open session: the lease check, then the fence (a newer epoch is
+        adopted, an older fence refused; a cancel brings its own)."""
         session = self.table.lookup(call.fence.session_id)
         check_lease(call.lease_generation, session.lease.generation)
-        op_id = None if isinstance(call, TouchCall) else call.operation_id
-        digest = ""
-        if op_id is not None:
-            digest = digest_of(type(call).__name__, call)
-            replayed = session.ops.replay(op_id, digest, control_id)
-            if replayed is not None:
-                return replayed
         if isinstance(call, SignalCall) and call.event in epochs.CANCEL_REASONS:
             epochs.cancel(session, call, now, effects)
             result = session.ok(control_id)
@@ -133,10 +199,6 @@ class DuplexControl:
                 result = signals.touch(session, call, control_id, now)
             else:
                 result = signals.signal(session, call, control_id, effects)
-        if op_id is not None and result.ok:
-            session.ops.remember(
-                op_id, type(call).__name__, digest, result, self.config.operation_cache
-            )
         return result
 
     # ------------------------------------------------------------------ orchestrator hooks
@@ -179,3 +241,24 @@ class DuplexControl:
     def counts(self) -> dict[str, int]:
         """Sessions by state; safe to call from another thread (metrics)."""
         return self.table.counts()
+
+    def restore(self, kept: list[KeptSession], now: float) -> Effects:
+        """Take back the sessions of the session store after an engine restart
+        (engine/duplex/records.py: detached, the running answer dropped, the turns not
+        answered queued again). Each gets ``SessionLifecycle(restored)`` (with the dropped
+        answer's fence), which waits for its front end."""
+        effects = Effects()
+        self.durable = True
+        for one in kept:
+            session, dropped = rebuild(one, self.config.history_budget_chars, now)
+            sid = session.session_id
+            self.table.add(session)
+            if session.open_op is not None:
+                self.table.remember_open(session.open_op, sid)
+            lifecycle = SessionLifecycle(
+                session_id=sid, state="restored", reason="engine_restarted", dropped=dropped
+            )
+            effects.events.append(SessionOutput(session_id=sid, event=lifecycle))
+            if session.jobs:
+                effects.start.append(sid)
+        return effects

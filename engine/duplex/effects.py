@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from duplex_contract.control import ItemRecord
 from duplex_contract.fence import Fence
 from engine.duplex.session import TurnJob
 from engine.messages import SessionOutput
@@ -20,6 +21,17 @@ class Cancel:
     reason: str
 
 
+@dataclass(frozen=True)
+class ItemChanges:
+    """Item records the session store must keep (an :class:`~duplex_contract.control.ItemsCall`
+    applied): written alone, not with the whole session."""
+
+    session_id: str
+    upserts: tuple[ItemRecord, ...]
+    gone: tuple[str, ...]  # deleted, or forgotten past the bound
+    state: bytes  # empty: unchanged
+
+
 @dataclass
 class Effects:
     start: list[str] = field(default_factory=list)  # sessions with newly queued jobs
@@ -33,3 +45,7 @@ class Effects:
     input_reset: list[str] = field(default_factory=list)  # the input buffer was taken/cleared
     # committed turns with audio: (session, the job's audio, where it starts on the input clock)
     committed: list[tuple[str, bytes, float | None]] = field(default_factory=list)
+    # sessions the session store must keep (whole) before the call's answer goes out
+    save: list[str] = field(default_factory=list)
+    # ... and item records it must keep (an ItemsCall)
+    items: list[ItemChanges] = field(default_factory=list)

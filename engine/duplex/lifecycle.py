@@ -46,7 +46,8 @@ class Lifecycle:
         return session.ok(control_id)
 
     def resume(self, call: ResumeCall, control_id: int, now: float) -> ControlResult:
-        """Renew the lease (compare and swap on its generation); ``peek`` changes nothing."""
+        """Renew the lease (compare and swap on its generation); ``peek`` changes nothing;
+        ``reattach`` (the owner, after an engine restart) keeps the generation."""
         session = self.table.lookup(call.session_id)
         if call.peek:
             return replica.peek(session, control_id)
@@ -56,6 +57,9 @@ class Lifecycle:
                 f"({session.lease.generation})",
                 code="stale_lease",
             )
+        if call.reattach:
+            session.lease.attach(now)
+            return session.ok(control_id, input_seq=session.last_seq)
         session.lease.generation += 1
         session.lease.attach(now)
         return session.ok(control_id, input_seq=session.last_seq)

@@ -1,7 +1,8 @@
 """The operation-id cache of one session: a call retried with the same ``operation_id``
 (a front end that lost the answer) gets the first answer again, ``deduplicated``, and
 changes nothing; the same id on a different call is refused. The newest ``cap`` operations
-are kept; a new epoch forgets them all."""
+are kept; a new epoch forgets them all. The engine's session store keeps them
+(:meth:`OperationCache.entries`), so a call retried across an engine restart acts once."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from duplex_contract.control import ControlResult
+import msgspec
+
+from duplex_contract.control import ControlCall, ControlResult
 from duplex_contract.errors import ControlError
+
+_ENCODER = msgspec.msgpack.Encoder()
 
 
 @dataclass(frozen=True)
@@ -36,15 +41,7 @@ class OperationCache:
             raise ControlError(
                 f"operation_id {op_id} was used for a different call", code="invalid_argument"
             )
-        return ControlResult(
-            control_id=control_id,
-            ok=True,
-            session_id=cached.result.session_id,
-            accepted_fence=cached.result.accepted_fence,
-            lease_generation=cached.result.lease_generation,
-            clamped_ms=cached.result.clamped_ms,
-            deduplicated=True,
-        )
+        return msgspec.structs.replace(cached.result, control_id=control_id, deduplicated=True)
 
     def remember(self, op_id: str, kind: str, digest: str, result: ControlResult, cap: int) -> None:
         """Keep ``result`` as the answer of ``op_id``; the oldest go past ``cap``."""
@@ -56,8 +53,23 @@ class OperationCache:
     def clear(self) -> None:
         self._ops.clear()
 
+    def entries(self) -> list[tuple[str, CachedOp]]:
+        """The cached answers, oldest first (the session store keeps them)."""
+        return list(self._ops.items())
+
+    @classmethod
+    def restore(cls, entries: list[tuple[str, CachedOp]]) -> OperationCache:
+        cache = cls()
+        cache._ops.update(entries)
+        return cache
+
     def __len__(self) -> int:
         return len(self._ops)
+
+
+def call_digest(call: ControlCall) -> str:
+    """The digest of a whole call (a retry must repeat it exactly)."""
+    return digest_of(type(call).__name__, _ENCODER.encode(call))
 
 
 def digest_of(*parts: object) -> str:

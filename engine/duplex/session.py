@@ -10,6 +10,7 @@ from duplex_contract.control import ControlResult
 from duplex_contract.fence import Fence
 from duplex_contract.settings import SessionSettings
 from duplex_contract.tools import ResponseOptions, ToolOutput
+from engine.duplex.item_book import ItemBook
 from engine.duplex.lease import Lease
 from engine.duplex.operations import OperationCache
 from engine.orchestration.history import ConversationHistory
@@ -51,6 +52,8 @@ class DuplexSession:
     tool_outputs: list[ToolOutput] = field(default_factory=list)
     last_seq: int | None = None
     replica: bytes = b""  # the owning front end's state (engine/duplex/replica.py)
+    items: ItemBook = field(default_factory=ItemBook)  # the front end's item records
+    open_op: str | None = None  # the operation_id of the open call (a retried open)
     jobs: deque[TurnJob] = field(default_factory=deque)
     active: TurnJob | None = None
     ops: OperationCache = field(default_factory=OperationCache)  # by operation_id
@@ -105,6 +108,7 @@ class DuplexSession:
         deduplicated: bool = False,
         replica: bytes | None = None,
         input_seq: int | None = None,
+        saved: bool = False,
     ) -> ControlResult:
         """The call succeeded: the session's position and lease generation now."""
         return ControlResult(
@@ -117,4 +121,5 @@ class DuplexSession:
             deduplicated=deduplicated,
             replica=replica,
             input_seq=input_seq,
+            saved=saved,
         )

@@ -17,6 +17,8 @@ from engine.duplex.session import DuplexSession
 
 #: ended sessions remembered (a late call to one says "has ended", not "unknown")
 TOMBSTONES = 100_000
+#: open calls remembered by their operation_id (a retried open opens one session)
+OPENED = 4096
 
 
 class SessionTable:
@@ -30,6 +32,12 @@ class SessionTable:
         self.lock = threading.Lock()
         self.tombstones: OrderedDict[str, str] = OrderedDict()  # session id -> why it ended
         self.admissions = {"accepted": 0, "rejected": 0}
+        self.opened: OrderedDict[str, str] = OrderedDict()  # open operation_id -> session id
+
+    def remember_open(self, op_id: str, session_id: str) -> None:
+        self.opened[op_id] = session_id
+        while len(self.opened) > OPENED:
+            self.opened.popitem(last=False)
 
     def reserve(self) -> None:
         """Room for one more session, or ``resource_exhausted`` (counted as a rejection)."""

@@ -42,6 +42,10 @@ Prompt (:meth:`ConversationHistory.messages`)
     message.
     Turns that can no longer reach the prompt are forgotten, so a long session's memory stays
     bounded; truncating a forgotten turn raises ``KeyError`` like an unknown one.
+
+Keeping (:meth:`ConversationHistory.snapshot`, :meth:`ConversationHistory.restore`)
+    The turns as plain tagged structs (:data:`TurnState`), for the engine's session store
+    (engine/duplex/store.py): a history restored from them renders the same prompt.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Literal
+
+import msgspec
 
 from duplex_contract.batch import ChatMessage
 from duplex_contract.session_events import ResponseStatus
@@ -60,7 +66,13 @@ from duplex_contract.tools import (
     tool_result_note,
 )
 
-__all__ = ["ConversationHistory"]
+__all__ = [
+    "AssistantTurnState",
+    "ConversationHistory",
+    "ToolTurnState",
+    "TurnState",
+    "UserTurnState",
+]
 
 _EPS_MS = 1e-6
 _JOIN = "\n"
@@ -160,6 +172,32 @@ def _keep_tail(text: str, budget: int) -> str:
 
 
 Role = Literal["user", "assistant", "system"]  # system: a tool note
+
+
+class UserTurnState(msgspec.Struct, frozen=True, tag="user"):
+    turn_id: int
+    text: str
+    item_id: str | None = None
+
+
+class ToolTurnState(msgspec.Struct, frozen=True, tag="tool"):
+    turn_id: int
+    output: ToolOutput
+    arguments: str | None = None
+
+
+class AssistantTurnState(msgspec.Struct, frozen=True, tag="assistant"):
+    turn_id: int
+    response_seq: int
+    pieces: list[tuple[str, float | None, float]] = []  # text, start_ms, end_ms
+    produced_ms: float = 0.0
+    heard_ms: float | None = None
+    status: ResponseStatus | None = None
+    call: ToolCall | None = None
+
+
+#: one turn of a kept history (:meth:`ConversationHistory.snapshot`)
+TurnState = UserTurnState | ToolTurnState | AssistantTurnState
 
 
 class ConversationHistory:
@@ -333,6 +371,51 @@ class ConversationHistory:
             turns[-1] = ("system", f"{turns[-1][1]}\n{TOOL_ANSWER_HINT}")
         system = ChatMessage(role="system", content=instructions)
         return (system, *(ChatMessage(role=r, content=c) for r, c in turns))
+
+    # ------------------------------------------------------------------------ keeping
+    def snapshot(self) -> list[TurnState]:
+        """The turns held, as plain structs (the engine's session store keeps them)."""
+        out: list[TurnState] = []
+        for t in self._turns:
+            if isinstance(t, _UserTurn):
+                out.append(UserTurnState(t.turn_id, t.text, t.item_id))
+            elif isinstance(t, _ToolTurn):
+                out.append(ToolTurnState(t.turn_id, t.output, t.arguments))
+            else:
+                pieces = [(p.text, p.start_ms, p.end_ms) for p in t.pieces]
+                state = AssistantTurnState(
+                    t.turn_id, t.response_seq, pieces, t.produced_ms, t.heard_ms, t.status, t.call
+                )
+                out.append(state)
+        return out
+
+    @classmethod
+    def restore(cls, budget_chars: int, turns: list[TurnState]) -> ConversationHistory:
+        """A history holding ``turns`` (from :meth:`snapshot`)."""
+        history = cls(budget_chars)
+        for t in turns:
+            if isinstance(t, UserTurnState):
+                history._turns.append(_UserTurn(t.turn_id, t.text, t.item_id))
+            elif isinstance(t, ToolTurnState):
+                tool = _ToolTurn(t.turn_id, t.output, max(1, budget_chars // 2), t.arguments)
+                history._turns.append(tool)
+            else:
+                turn = _AssistantTurn(
+                    t.turn_id,
+                    t.response_seq,
+                    [_Piece(text, start, end) for text, start, end in t.pieces],
+                    t.produced_ms,
+                    t.heard_ms,
+                    t.status,
+                    t.call,
+                )
+                history._assistant[(t.turn_id, t.response_seq)] = turn
+                history._turns.append(turn)
+        return history
+
+    def unfinished(self) -> list[tuple[int, int]]:
+        """The assistant turns not finished yet (their responses were running)."""
+        return [k for k, t in self._assistant.items() if t.status is None]
 
     # ------------------------------------------------------------------------ internals
     def _merged(self) -> list[tuple[Role, str]]:

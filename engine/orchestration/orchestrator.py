@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import janus
+import msgspec
 
 from duplex_contract.control import (
     AppendCall,
@@ -36,6 +38,7 @@ from duplex_contract.session_events import ErrorInfo
 from engine.config import EngineConfig
 from engine.duplex.control_plane import DuplexControl
 from engine.duplex.effects import Effects
+from engine.duplex.store import SessionStore
 from engine.messages import (
     AbortRequest,
     ControlRequest,
@@ -118,6 +121,7 @@ class Orchestrator:
         self.cleanup: SessionCleanup | None = None
         self.reaper: Reaper | None = None
         self.batches: BatchJobs | None = None
+        self.store: SessionStore | None = None  # engine.duplex.store_path (docs/scale.md)
 
     # ------------------------------------------------------------------ figures
     def stages_down(self) -> dict[str, str]:
@@ -187,6 +191,7 @@ class Orchestrator:
                 self.started.set_exception(exc)
             return
         reaper = self._build()
+        self._restore()
         try:
             self.started.set_result(self.request_q.sync_q)
         except concurrent.futures.InvalidStateError:  # the starter gave up while models loaded
@@ -202,6 +207,18 @@ class Orchestrator:
             await self._stop_everything()
             self.request_q.close()
             await self.request_q.wait_closed()
+            if self.store is not None:
+                self.store.close()
+
+    def _restore(self) -> None:
+        """Open the session store (if configured) and take its sessions back."""
+        path = self.config.duplex.store_path
+        if path is None:
+            return
+        self.store = SessionStore(path)
+        kept = self.store.load()
+        self._apply(self.control.restore(kept, time.monotonic()))
+        log.info("session store %s: %d session(s) taken back", path, len(kept))
 
     async def _start_stages(self) -> None:
         """Build the stage graph (validated before any model loads), then start the
@@ -281,6 +298,7 @@ class Orchestrator:
             emit=output.emit,
             abort=self.aborts.abort,
             track=self.background.track,
+            keep=self._keep_conversation,
         )
         cleanup = SessionCleanup(
             config.duplex.cleanup_timeout_s,
@@ -381,7 +399,10 @@ class Orchestrator:
     def _dispatch(self, msg: EngineRequest) -> None:
         if isinstance(msg, ControlRequest):
             call = msg.call
-            result, effects = self.control.handle(call, msg.control_id, time.monotonic())
+            now = time.monotonic()
+            result, effects = self.control.handle(call, msg.control_id, now)
+            if (effects.save or effects.items) and not self._save(effects, now):
+                result = msgspec.structs.replace(result, saved=False)
             if isinstance(call, OpenCall) and result.ok and result.session_id is not None:
                 self.tracing.session_opened(result.session_id, call.traceparent)
             self._rpc.put_nowait(result)
@@ -419,3 +440,36 @@ class Orchestrator:
     def _finish_close(self, sid: str) -> None:
         """A session's clean-up is done: the control plane frees it."""
         self._apply(self.control.finish_close(sid))
+        if self.store is not None:
+            try:
+                self.store.forget(sid)
+            except sqlite3.Error:
+                log.exception("session store: %s not forgotten", sid)
+
+    # ------------------------------------------------------------------ the session store
+    def _save(self, effects: Effects, now: float) -> bool:
+        """Keep what a call changed (before its answer goes out): the sessions whole, or
+        item records; False if the store failed (the answer then does not say ``saved``)."""
+        if self.store is None:
+            return False
+        try:
+            for sid in effects.save:
+                session = self.control.sessions.get(sid)
+                if session is not None:
+                    self.store.save(session, now)
+            for changes in effects.items:
+                self.store.save_items(changes)
+        except sqlite3.Error:
+            log.exception("session store: a call's changes not saved")
+            return False
+        return True
+
+    def _keep_conversation(self, sid: str) -> None:
+        """A turn moved on (the user's words heard, a response ended): keep the history."""
+        session = self.control.sessions.get(sid)
+        if self.store is None or session is None or session.state != "open":
+            return
+        try:
+            self.store.save_conversation(session)
+        except sqlite3.Error:
+            log.exception("session store: %s's conversation not saved", sid)

@@ -78,6 +78,7 @@ class TurnRunner:
         emit: Emit,
         abort: Callable[[str, str], None],
         track: Callable[[asyncio.Task[Any]], None],
+        keep: Callable[[str], None] = lambda sid: None,
     ) -> None:
         self._runners = runners
         self._control = control
@@ -89,6 +90,7 @@ class TurnRunner:
         self._emit = emit
         self._abort = abort
         self._track = track
+        self._keep = keep  # the session store keeps the conversation (a turn moved on)
 
     def ensure(self, sid: str) -> None:
         """The session has a job to run: start its runner unless one runs."""
@@ -133,6 +135,7 @@ class TurnRunner:
                     ResponseDone(fence=job.fence, status="cancelled", reason=cancel.reason),
                     final=True,
                 )
+                self._keep(sid)
         self._abort(sid, prefix)
 
     async def _run_session(self, sid: str) -> None:
@@ -165,6 +168,7 @@ class TurnRunner:
                     runner.job = None
                 self._drafts.drop(sid)  # one the turn did not adopt
             control.job_done(sid, job, time.monotonic())
+            self._keep(sid)
 
     def _fail_turn(self, sid: str, job: TurnJob, runner: Runner, exc: EngineError) -> None:
         if not job.respond:
@@ -195,6 +199,7 @@ class TurnRunner:
         if heard and not job.audio_deleted:
             history.add_user(heard, fence.turn_id, job.audio_item)
         job.heard = True
+        self._keep(sid)
         if not job.respond:
             return
         runner.started = True

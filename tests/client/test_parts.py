@@ -74,6 +74,16 @@ def test_the_stream_drops_what_it_delivered_and_keeps_the_session() -> None:
     asyncio.run(main())
 
 
+def test_a_session_goes_on_after_an_engine_restart_but_not_after_other_resyncs() -> None:
+    stream = EventStream()
+    restarted = ev.ResyncRequired(reason="engine_restarted", first_available_seq=4, last_seq=3)
+    assert not ends_session(restarted)
+    stream.deliver(msgspec.structs.replace(restarted, server_event_seq=4))
+    assert not stream.ended
+    journal = ev.ResyncRequired(reason="journal", first_available_seq=9, last_seq=12)
+    assert ends_session(journal)
+
+
 def test_the_stream_ends_after_a_terminal_event_and_stays_ended() -> None:
     async def main() -> None:
         stream = EventStream()

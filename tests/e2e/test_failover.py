@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from duplex_client import DuplexClient
 from duplex_client import events as ev
@@ -196,6 +197,77 @@ def test_sigterm_drains_and_hands_sessions_over(two_fronts: Cluster) -> None:
             for client in movers:
                 assert client.resumes == 1
                 assert client.duplicates_dropped == 0
+        finally:
+            for client in clients:
+                await client.close()
+
+    asyncio.run(run())
+
+
+async def _reply_to(client: DuplexClient, event: ev.ClientEvent, kind: type[ev.ServerEvent]) -> Any:
+    """Send ``event``; its reply (``kind``), or an assertion naming the error."""
+    eid = f"check_{id(event)}"
+    await client.send_event(msgspec.structs.replace(event, event_id=eid))
+    while True:
+        got = await client.next_event(20 * UNIT)
+        if isinstance(got, kind):
+            return got
+        assert not (isinstance(got, ev.Error) and got.error.event_id == eid), got
+
+
+def test_every_earlier_item_works_by_its_id_after_a_front_end_is_killed(
+    two_fronts: Cluster,
+) -> None:
+    """Items live with the conversation in the engine: the front end that takes a session
+    over serves each earlier item id (retrieve, truncate, delete) and numbers new ones
+    after them."""
+    c = two_fronts
+
+    async def run() -> None:
+        clients = await _open(c, 4)
+        items: dict[str, dict[str, ev.AnyItem]] = {cl.session_id: {} for cl in clients}
+        try:
+            for client in clients:  # a second turn; every item of both is remembered
+                await client.send_text("bravo")
+                while True:
+                    event = await client.next_event(20 * UNIT)
+                    if isinstance(event, ev.ItemDone):
+                        items[client.session_id][event.item.id] = event.item
+                    if isinstance(event, ev.ResponseDone):
+                        break
+            victims = [cl for cl in clients if route_key_of(cl.session_id) == "w1"]
+            await asyncio.to_thread(c.kill, "w1")
+            for client in victims:
+                await _until(client, ev.ResyncRequired)
+                earlier = items[client.session_id]
+                assert len(earlier) == 2  # the user's and the answer's
+                for item_id, item in earlier.items():
+                    got = await _reply_to(
+                        client, ev.ConversationItemRetrieve(item_id=item_id), ev.ItemRetrieved
+                    )
+                    assert got.item == item
+                answer = next(i for i, it in earlier.items() if it.role == "assistant")
+                user = next(i for i, it in earlier.items() if it.role == "user")
+                cut = ev.ConversationItemTruncate(item_id=answer, audio_end_ms=100)
+                truncated = await _reply_to(client, cut, ev.ItemTruncated)
+                assert truncated.item_id == answer and truncated.audio_end_ms == 100
+                gone = await _reply_to(
+                    client, ev.ConversationItemDelete(item_id=user), ev.ItemDeleted
+                )
+                assert gone.item_id == user
+                # the deleted item is out of the prompt, the truncated answer is cut there,
+                # and the next items are numbered after the old ones
+                await client.send_text("charlie")
+                while True:
+                    event = await client.next_event(20 * UNIT)
+                    if isinstance(event, ev.ItemAdded):
+                        assert event.item.id not in earlier
+                    if isinstance(event, ev.ResponseDone) and event.response.status == "completed":
+                        text = event.response.output[0].content[0].transcript or ""
+                        # neither the deleted item nor the answer cut before it is left
+                        assert "bravo" not in text, text
+                        assert "alpha" in text and "charlie" in text, text
+                        break
         finally:
             for client in clients:
                 await client.close()
