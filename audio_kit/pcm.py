@@ -143,23 +143,41 @@ def edge_trim(audio: Float32Array, sample_rate: int, margin_ms: float) -> Float3
     """The utterance with its quiet edges made canonical, for a transcription that does not
     depend on where a VAD (or a file) cut it.
 
-    Leading audio quieter than ``EDGE_REL`` of the loudest 20 ms window is cut to
-    ``margin_ms`` before the first sound; trailing audio is cut at the end of the last sound
-    and exactly ``margin_ms`` of digital silence is appended. So a turn committed after a
-    500 ms silence, its speculative transcription 96 ms into that silence and the same words
-    sent to the batch route give the decoder the same input. Audio with no sound is
-    returned as it is.
+    A sample is "sound" when the 20 ms window centred on it (the audio taken as silence
+    beyond its ends) is louder than ``EDGE_REL`` of the loudest such window. Leading audio
+    is cut to ``margin_ms`` before the first sound; trailing audio at the end of the last
+    sound, and exactly ``margin_ms`` of digital silence is appended. The windows slide by one
+    sample, so the cut does not depend on where the audio began (20 ms windows on a grid
+    from its first sample moved it by up to 20 ms, and G.711 questions were heard
+    differently live and in batch). So a turn committed after a 500 ms silence, its
+    speculative transcription 96 ms into that silence and the same words sent to the batch
+    route (which puts silence around a clip, duplex_server/http/codecs.py) give the decoder
+    the same input. Audio with no sound is returned as it is.
     """
     win = max(1, sample_rate // 50)
-    rms = _window_rms(audio, win)
-    if rms.size == 0 or float(rms.max()) <= EDGE_FLOOR:
+    if audio.size == 0:
+        return audio
+    # the audio with a window of silence each side: a window may hear a first sound that
+    # lies right at the audio's start from before it
+    ext = np.concatenate([np.zeros(win), np.asarray(audio, dtype=np.float32), np.zeros(win)])
+    rms = _centred_rms(ext, win)
+    if float(rms.max()) <= EDGE_FLOOR:
         return audio
     loud = np.nonzero(rms > max(EDGE_REL * float(rms.max()), EDGE_FLOOR))[0]
     margin = int(sample_rate * margin_ms / 1000)
-    start = max(0, int(loud[0]) * win - margin)
-    end = min(audio.size, (int(loud[-1]) + 1) * win)
-    tail = np.zeros(margin, dtype=np.float32)
-    return np.concatenate([audio[start:end].astype(np.float32), tail])
+    start = max(win, int(loud[0]) - margin)  # (ext has ``win`` samples before the audio)
+    end = min(win + audio.size, int(loud[-1]) + 1)
+    return np.concatenate([ext[start:end], np.zeros(margin)]).astype(np.float32)
+
+
+def _centred_rms(x: npt.NDArray[np.floating], win: int) -> npt.NDArray[np.float64]:
+    """The RMS of the ``win``-sample window centred on each sample (zeros beyond the ends)."""
+    half = win // 2
+    padded = np.concatenate([np.zeros(half), x.astype(np.float64), np.zeros(win - half)])
+    sums = np.concatenate([[0.0], np.cumsum(padded * padded)])
+    power = np.maximum(sums[win:] - sums[:-win], 0.0)[: x.size] / win
+    rms: npt.NDArray[np.float64] = np.sqrt(power)
+    return rms
 
 
 def quiet_level(head: bytes | bytearray) -> float:

@@ -29,6 +29,10 @@ import numpy as np
 import soundfile
 import soxr
 
+from audio_kit.pcm import float32_to_pcm16, resample
+
+#: silence (s) put around an uploaded clip: more than the ASR's edge margin (0.15 s)
+_EDGE_PAD_S = 0.2
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
 SPEECH_FORMATS: tuple[SpeechFormat, ...] = ("wav", "pcm", "flac", "mp3", "opus")
 CONTENT_TYPES: dict[SpeechFormat, str] = {
@@ -210,7 +214,13 @@ def decode_audio(data: bytes, target_rate: int) -> tuple[bytes, float]:
         raise AudioDecodeError(f"cannot decode audio; {READABLE}") from None
     mono = samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0]
     duration = mono.shape[0] / rate if rate else 0.0
+    # silence around the clip, as a live session hears words: a file that starts or ends on
+    # a word then gets the resampler's edges and the ASR's margins (audio_kit.pcm.edge_trim)
+    # a live turn gets, so both give Whisper the same samples (within 1 LSB), not a clip
+    # 150 ms shorter (G.711 questions were heard differently live and in batch)
+    pad = np.zeros(int(rate * _EDGE_PAD_S), dtype=np.float32)
+    mono = np.concatenate([pad, mono.astype(np.float32), pad])
     if rate != target_rate:
-        mono = soxr.resample(mono, rate, target_rate)
-    pcm = (np.clip(mono, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-    return pcm, duration
+        mono = resample(mono, rate, target_rate)
+    # rounded as the live input path rounds (a 16 kHz PCM16 upload keeps its samples)
+    return float32_to_pcm16(mono), duration

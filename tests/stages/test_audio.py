@@ -123,6 +123,25 @@ def test_edge_trim_makes_the_cut_point_irrelevant() -> None:
     assert edge_trim(silent, rate, 150) is silent  # nothing to anchor on: untouched
 
 
+def test_edge_trim_does_not_depend_on_where_the_audio_begins() -> None:
+    """A live turn starts wherever the VAD's prefix padding reaches back to (any sample):
+    the ASR gets the same samples. With 20 ms windows on a grid from the first sample the
+    cut moved by up to 20 ms (G.711 questions were transcribed differently live and in
+    batch)."""
+    rate = 16000
+    speech = _tone(rate, 0.5)
+    speech[:37] = 0.0  # sound that begins and ends off any 20 ms grid
+    speech[-53:] = 0.0
+    pad = np.zeros(rate, dtype=np.float32)
+    cuts = [
+        edge_trim(np.concatenate([pad[:lead], speech, pad[:100]]), rate, 150)
+        for lead in (3200, 3201, 3361, 4801, 7777)
+    ]
+    for other in cuts[1:]:
+        assert np.array_equal(cuts[0], other)
+    assert np.all(cuts[0][: 2400 + 37 - 170] == 0) and np.all(cuts[0][-2400 - 53 + 170 :] == 0)
+
+
 def test_quiet_after_tells_silence_from_a_soft_word() -> None:
     loud = float32_to_pcm16(_tone(16000, 0.5))
     soft = float32_to_pcm16(_tone(16000, 0.2) * 0.1)  # -20 dB: a soft word
