@@ -155,7 +155,7 @@ async def run(addr: str, args: argparse.Namespace) -> dict[str, float]:
     busy, during = await with_burst(addr, args.turns, args.burst)
     results |= {
         "ttfa_alone_p50_ms": pct(quiet, 0.5),
-        "audible_alone_p50_ms": pct(audible, 0.5) if audible else None,
+        "audible_alone_p50_ms": pct(audible, 0.5) if audible else float("nan"),
         "ttfa_alone_p90_ms": pct(quiet, 0.9),
         "ttfa_burst_p50_ms": pct(busy, 0.5),
         "ttfa_burst_p90_ms": pct(busy, 0.9),
@@ -183,7 +183,7 @@ def main() -> int:
         print(f"{key:32} {value:10.1f}")
     print(
         f"\nsession TTFA p50: alone {results['ttfa_alone_p50_ms']:.0f} ms"
-        f" (first audible {results['audible_alone_p50_ms']} ms) | "
+        f" (first audible {results['audible_alone_p50_ms']:.0f} ms) | "
         f"with {args.burst} concurrent batch requests {results['ttfa_burst_p50_ms']:.0f} ms"
     )
     if args.json:
