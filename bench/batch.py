@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import statistics
 import sys
@@ -31,6 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "clients")]
 from duplex_client import DuplexClient  # noqa: E402
 from duplex_client import events as ev  # noqa: E402
 
+from audio_kit.pcm import AudibleStart  # noqa: E402
 from duplex_server.app import create_app  # noqa: E402
 from duplex_server.config import load_app_config  # noqa: E402
 
@@ -88,7 +90,9 @@ async def batch_alone(addr: str, requests: int, concurrency: int) -> dict[str, f
     }
 
 
-async def session_ttfa(addr: str, turns: int) -> list[float]:
+async def session_ttfa(addr: str, turns: int, audible: list[float] | None = None) -> list[float]:
+    """Each turn's first audio byte (ms after response.create); ``audible`` gets its first
+    audible sample (audio_kit.pcm.AudibleStart: -40 dBFS, as a player reaches it)."""
     out: list[float] = []
     async with await DuplexClient.connect(f"ws://{addr}/v1/realtime") as client:
         await client.update_session({"audio": {"input": {"turn_detection": None}}})
@@ -99,14 +103,20 @@ async def session_ttfa(addr: str, turns: int) -> list[float]:
             start = time.monotonic()
             await client.create_response()
             first: float | None = None
+            heard = AudibleStart()
             while True:
                 event = await client.next_event(300)
-                if isinstance(event, ev.AudioDelta) and first is None:
-                    first = time.monotonic() - start
+                if isinstance(event, ev.AudioDelta):
+                    now = time.monotonic()
+                    if first is None:
+                        first = now - start
+                    heard.feed(now, base64.b64decode(event.delta), 24000)
                 if isinstance(event, ev.ResponseDone):
                     break
             if first is not None:
                 out.append(first * 1000)
+            if audible is not None and heard.at is not None:
+                audible.append((heard.at - start) * 1000)
     return out
 
 
@@ -140,10 +150,12 @@ def pct(values: list[float], q: float) -> float:
 
 async def run(addr: str, args: argparse.Namespace) -> dict[str, float]:
     results = await batch_alone(addr, args.requests, args.burst)
-    quiet = await session_ttfa(addr, args.turns)
+    audible: list[float] = []
+    quiet = await session_ttfa(addr, args.turns, audible)
     busy, during = await with_burst(addr, args.turns, args.burst)
     results |= {
         "ttfa_alone_p50_ms": pct(quiet, 0.5),
+        "audible_alone_p50_ms": pct(audible, 0.5) if audible else float("nan"),
         "ttfa_alone_p90_ms": pct(quiet, 0.9),
         "ttfa_burst_p50_ms": pct(busy, 0.5),
         "ttfa_burst_p90_ms": pct(busy, 0.9),
@@ -170,7 +182,8 @@ def main() -> int:
     for key, value in results.items():
         print(f"{key:32} {value:10.1f}")
     print(
-        f"\nsession TTFA p50: alone {results['ttfa_alone_p50_ms']:.0f} ms | "
+        f"\nsession TTFA p50: alone {results['ttfa_alone_p50_ms']:.0f} ms"
+        f" (first audible {results['audible_alone_p50_ms']:.0f} ms) | "
         f"with {args.burst} concurrent batch requests {results['ttfa_burst_p50_ms']:.0f} ms"
     )
     if args.json:

@@ -10,7 +10,11 @@ word). ``--voices espeak`` streams short questions rendered by the project's eSp
 voices, digital silence between words, no pause inside a sentence. Measured at the client:
 
 * ``live_ttfa_ms``: the last voiced frame sent -> the first ``response.output_audio.delta``
-  of a response created after it (p50, p90 over the turns);
+  of a response created after it (p50, p90 over the turns), the first byte;
+* ``live_audible_ms``: the last voiced frame sent -> the first *audible* sample of that
+  answer (a 5 ms window at -40 dBFS, ``audio_kit.pcm.AudibleStart``: a player that starts
+  at the first byte plays it that much later, or when its delta arrives if later): what a
+  listener hears, whatever silence a voice opens with;
 * ``false_turn_ends``: turns ended (``speech_stopped``) before the utterance's last voiced
   frame was sent (a pause inside a sentence ended the turn);
 * ``bargein_flush_ms``: speech onset (first voiced frame sent) ->
@@ -44,6 +48,7 @@ import json
 import os
 import re
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +62,11 @@ import soxr
 import websockets
 from serverproc import ROOT, running_server
 
+sys.path.insert(0, str(ROOT))
+from audio_kit.pcm import AudibleStart
+
 RATES = (24000, 16000)  # the client's microphone rate (the session input format)
+OUTPUT_RATE = 24000  # the session's output audio (PCM16, the default rate)
 DATA = ROOT / "tests" / "data"
 
 
@@ -180,6 +189,7 @@ class Turn:
 
     def row(self, batch_text: str, transcripts_by_item: dict[str, str]) -> dict[str, Any]:
         ttfa = None
+        audible = AudibleStart()
         started = None
         stopped_early = 0
         transcripts: list[str] = []
@@ -199,6 +209,7 @@ class Turn:
             elif kind == "response.output_audio.delta" and ev.get("response_id") in new_responses:
                 if ttfa is None:
                     ttfa = (t - self.last_voice) * 1000
+                audible.feed(t, ev["pcm"], OUTPUT_RATE)
             elif kind == "response.done" and ev["response"]["id"] in new_responses:
                 t_info = ev["response"].get("timing") or {}
                 if not timing and t_info:
@@ -226,6 +237,9 @@ class Turn:
             "utterance": self.utt.name,
             "paused": self.utt.paused,
             "ttfa_ms": None if ttfa is None else round(ttfa, 1),
+            "audible_ms": None
+            if audible.at is None
+            else round((audible.at - self.last_voice) * 1000, 1),
             "false_turn_ends": stopped_early,
             "flush_ms": None if started is None else round((started - self.onset) * 1000, 1),
             "live_transcript": live,
@@ -295,7 +309,8 @@ async def session(addr: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 if ev["type"] == "error":
                     print("server error:", ev.get("error"))
                 if ev["type"] == "response.output_audio.delta":
-                    ev["delta"] = len(base64.b64decode(ev["delta"]))
+                    ev["pcm"] = base64.b64decode(ev["delta"])
+                    ev["delta"] = len(ev["pcm"])
                 if current:
                     current[-1].events.append((now, ev))
                 if ev["type"] == "response.done" and current:
@@ -368,6 +383,7 @@ def p(vals: list[float], q: float) -> float | None:
 
 def summarize(rows: list[dict[str, Any]], args: argparse.Namespace, load: str) -> dict[str, Any]:
     ttfa = [r["ttfa_ms"] for r in rows if r["ttfa_ms"] is not None]
+    audible = [r["audible_ms"] for r in rows if r["audible_ms"] is not None]
     flush = [r["flush_ms"] for r in rows if r["flush_ms"] is not None]
     segs: dict[str, list[float]] = {}
     for r in rows:
@@ -385,6 +401,8 @@ def summarize(rows: list[dict[str, Any]], args: argparse.Namespace, load: str) -
         "load_average": load,
         "live_ttfa_ms_p50": p(ttfa, 50),
         "live_ttfa_ms_p90": p(ttfa, 90),
+        "live_audible_ms_p50": p(audible, 50),
+        "live_audible_ms_p90": p(audible, 90),
         "false_turn_ends": sum(r["false_turn_ends"] for r in rows),
         "bargein_flush_ms_p50": p(flush, 50),
         "stream_vs_batch_wer": round(live_wer - batch_wer, 3),
@@ -464,14 +482,19 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     out["loadavg_1m_before"] = round(load_before[0], 2)
     out["probe_ms"] = probe
     out["speculation"] = speculation
-    print(f"{'turn':<12} {'ttfa ms':>8} {'false':>5} {'flush':>6}  live | batch transcript")
+    print(
+        f"{'turn':<12} {'ttfa ms':>8} {'audible':>8} {'false':>5} {'flush':>6}"
+        "  live | batch transcript"
+    )
     for r in rows:
         print(
             f"{r['utterance']:<12} {r['ttfa_ms'] or float('nan'):>8.1f} "
+            f"{r['audible_ms'] or float('nan'):>8.1f} "
             f"{r['false_turn_ends']:>5} {r['flush_ms'] or float('nan'):>6.1f}  "
             f"{r['live_transcript']!r} | {r['batch_transcript']!r}"
         )
-    keys = ["live_ttfa_ms_p50", "live_ttfa_ms_p90", "false_turn_ends", "bargein_flush_ms_p50"]
+    keys = ["live_ttfa_ms_p50", "live_ttfa_ms_p90", "live_audible_ms_p50", "live_audible_ms_p90"]
+    keys += ["false_turn_ends", "bargein_flush_ms_p50"]
     keys += ["stream_vs_batch_wer", "live_wer", "batch_wer", "breakdown_ms_p50", "load_average"]
     keys += ["probe_ms", "speculation"]
     for k in keys:
@@ -510,20 +533,27 @@ def main() -> int:
         )
         runs.append(one_run(args))
     out: dict[str, Any] = {"input_rate": args.input_rate, "voices": args.voices}
-    for key in ("live_ttfa_ms_p50", "live_ttfa_ms_p90", "false_turn_ends"):
+    medians = ("live_ttfa_ms_p50", "live_ttfa_ms_p90", "live_audible_ms_p50", "live_audible_ms_p90")
+    for key in (*medians, "false_turn_ends"):
         vals = [r[key] for r in runs if r[key] is not None]
         out[key] = statistics.median(vals) if vals else None
     out["runs"] = runs
-    print(f"{'run':<4} {'p50 ms':>8} {'p90 ms':>8} {'false':>5} {'load':>5} {'probe ms':>8}")
+    print(
+        f"{'run':<4} {'p50 ms':>8} {'p90 ms':>8} {'aud p50':>8} {'aud p90':>8} {'false':>5}"
+        f" {'load':>5} {'probe ms':>8}"
+    )
+    nan = float("nan")
     for i, r in enumerate(runs, 1):
         print(
-            f"{i:<4} {r['live_ttfa_ms_p50'] or float('nan'):>8.1f} "
-            f"{r['live_ttfa_ms_p90'] or float('nan'):>8.1f} {r['false_turn_ends']:>5} "
+            f"{i:<4} {r['live_ttfa_ms_p50'] or nan:>8.1f} "
+            f"{r['live_ttfa_ms_p90'] or nan:>8.1f} {r['live_audible_ms_p50'] or nan:>8.1f} "
+            f"{r['live_audible_ms_p90'] or nan:>8.1f} {r['false_turn_ends']:>5} "
             f"{r['loadavg_1m_before']:>5.2f} {r['probe_ms']:>8.1f}"
         )
     print(
-        f"median of {len(runs)}: p50 {out['live_ttfa_ms_p50']} ms, "
-        f"p90 {out['live_ttfa_ms_p90']} ms, false turn ends {out['false_turn_ends']}"
+        f"median of {len(runs)}: first byte p50 {out['live_ttfa_ms_p50']} ms, "
+        f"p90 {out['live_ttfa_ms_p90']} ms; first audible p50 {out['live_audible_ms_p50']} ms,"
+        f" p90 {out['live_audible_ms_p90']} ms; false turn ends {out['false_turn_ends']}"
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 
 from audio_kit.pcm import (
+    AudibleStart,
     PcmChunker,
     StreamResampler,
     edge_trim,
+    first_audible,
     float32_to_pcm16,
+    lead_trim,
     pcm16_to_float32,
     quiet_after,
     resample,
@@ -150,3 +153,35 @@ def test_quiet_after_tells_silence_from_a_soft_word() -> None:
     assert quiet_after(loud + noise, len(loud))
     assert not quiet_after(loud + bytes(3200) + soft, len(loud))
     assert quiet_after(loud, len(loud))
+
+
+def test_first_audible_finds_the_end_of_a_known_leading_silence() -> None:
+    """A tone after 73 ms of silence (and -60 dBFS noise): the first 5 ms window at -40 dBFS
+    starts within a window of 73 ms; quieter audio is never audible."""
+    rate = 24000
+    rng = np.random.default_rng(0)
+    lead = (rng.standard_normal(int(rate * 0.073)) * 1e-3).astype(np.float32)  # -60 dBFS
+    audio = np.concatenate([lead, _tone(rate, 0.2)])
+    at = first_audible(audio, rate)
+    assert at is not None and abs(at - lead.size) <= rate * 0.005
+    assert first_audible(lead, rate) is None
+    trimmed = lead_trim(audio, rate)
+    assert first_audible(trimmed, rate) is not None
+    assert first_audible(trimmed, rate) <= rate * 0.01
+    assert lead_trim(lead, rate) is lead
+
+
+def test_audible_start_is_when_a_player_reaches_the_first_audible_sample() -> None:
+    """Pieces of 100 ms at 24 kHz: two silent, then the tone 20 ms into the third. Arriving
+    in time, it is heard 220 ms after the first byte; arriving late, when it arrives."""
+    rate = 24000
+    silent = bytes(2 * 2400)
+    loud = float32_to_pcm16(np.concatenate([np.zeros(480, np.float32), _tone(rate, 0.08)]))
+    on_time = AudibleStart()
+    for t, piece in ((10.0, silent), (10.01, silent), (10.02, loud)):
+        on_time.feed(t, piece, rate)
+    assert on_time.first_byte_at == 10.0 and on_time.at == pytest.approx(10.22)
+    late = AudibleStart()
+    for t, piece in ((10.0, silent), (10.01, silent), (10.5, loud)):
+        late.feed(t, piece, rate)
+    assert late.at == pytest.approx(10.5)
