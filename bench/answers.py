@@ -253,6 +253,7 @@ class Turn:
     audio_ms: float = 0.0
     first_audio: float | None = None
     responses: set[str] = field(default_factory=set)
+    segments_ms: dict[str, float] = field(default_factory=dict)  # the server's timeline
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def row(self) -> dict[str, Any]:
@@ -269,6 +270,7 @@ class Turn:
             "looped": v.looped,
             "ttfa_ms": None if self.ttfa_ms is None else round(self.ttfa_ms, 1),
             "audio_ms": round(self.audio_ms),
+            "segments_ms": self.segments_ms,
         }
 
 
@@ -304,6 +306,8 @@ async def ask(
                 elif kind == "response.created" and now >= turn.last_voice > 0:
                     turn.responses.add(ev["response"]["id"])
                 elif kind == "response.done" and ev["response"]["id"] in turn.responses:
+                    timing = ev["response"].get("timing") or {}
+                    turn.segments_ms = dict(timing.get("segments_ms", {}))
                     turn.done.set()
                 elif ev.get("response_id") not in turn.responses:
                     continue
@@ -345,6 +349,11 @@ async def ask(
                     await send(silence)
             for _ in range(40):
                 await send(silence)
+            if args.verbose:
+                r = turn.row()
+                mark = "ok " if r["ok"] else "BAD"
+                print(f"  {mark} {r['question']!r} -> {r['answer']!r}", flush=True)
+                print(f"      {r['ttfa_ms']} ms: {r['segments_ms']}", flush=True)
         task.cancel()
     return turns
 
@@ -407,6 +416,7 @@ def main() -> int:
     ap.add_argument("--input-rate", type=int, choices=(16000, 24000), default=16000)
     ap.add_argument("--answer-timeout-s", type=float, default=60.0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--verbose", action="store_true", help="print each turn as it ends")
     args = ap.parse_args()
     runs = []
     for i in range(args.runs):

@@ -114,6 +114,25 @@ class SchedulingConfig(_Frozen, frozen=True):
     batch_wait_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
 
 
+class PromptConfig(_Frozen, frozen=True):
+    """How a response's prompt is built around the conversation
+    (engine/orchestration/prompt.py; docs/engine.md, "The prompt")."""
+
+    # "Reply in English." (the session's transcription language) at the end of the system
+    # message: a small model otherwise drifts into the language a name sounds like.
+    language_hint: bool = True
+    # Example exchanges (user, assistant) put between the system message and the conversation
+    # of a spoken reply: they show a small model the length and tone of an answer.
+    spoken_examples: tuple[tuple[str, str], ...] = ()
+    # Earlier turns as a note in the system message ("Earlier in this conversation: ...")
+    # instead of chat messages: a small model then answers the newest question instead of
+    # repeating an earlier answer. false: the conversation as chat messages.
+    history_note: bool = False
+    # A spoken reply ends after this many sentences (its text and audio; the LLM request is
+    # stopped). null: only max_output_tokens ends it. Text replies are never cut this way.
+    spoken_max_sentences: PositiveInt | None = 2
+
+
 class EngineConfig(_Frozen, frozen=True):
     # Named stages and the routes work takes through them (engine/pipeline/graph.py,
     # docs/engine.md).
@@ -127,6 +146,7 @@ class EngineConfig(_Frozen, frozen=True):
     output_sample_rate: PositiveInt = 24000
     default_instructions: str = "You are a helpful voice assistant. Answer briefly."
     max_output_tokens: PositiveInt = 96
+    prompt: PromptConfig = PromptConfig()
     # Answer a pause's speculative transcript ahead of the commit and hold the output until
     # the turn commits (engine/orchestration/drafts.py); false: a response starts at the commit.
     speculative_response: bool = True

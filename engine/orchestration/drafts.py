@@ -28,6 +28,7 @@ from duplex_contract.batch import ChatMessage
 from duplex_contract.settings import Tool
 from duplex_contract.tools import ResponseOptions, active_tools, tools_prompt
 from engine.messages import Priority
+from engine.orchestration.prompt import build_prompt
 from engine.pipeline.pipeline import LlmResult, Pipeline, SpokenChunk, Urgency
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class ResponsePlan:
     sample_rate: int
     tools: tuple[Tool, ...]
     tool_required: bool
+    max_sentences: int | None = None  # a spoken reply ends after this many sentences
 
 
 class Draft:
@@ -138,15 +140,18 @@ def response_plan(
         )
     else:
         messages = session.history.messages(instructions, pending_user)
+    spoken = "audio" in modalities
+    messages = build_prompt(messages, config.prompt, spoken=spoken, language=cfg.language)
     return ResponsePlan(
         messages=messages,
-        route="voice" if "audio" in modalities else "text",
+        route="voice" if spoken else "text",
         max_tokens=opts.max_output_tokens or cfg.max_output_tokens or config.max_output_tokens,
         temperature=next((t for t in (opts.temperature, cfg.temperature) if t is not None), 0.0),
         voice=cfg.voice,
         sample_rate=cfg.output_sample_rate,
         tools=tools,
         tool_required=required,
+        max_sentences=config.prompt.spoken_max_sentences if spoken and not tools else None,
     )
 
 
@@ -179,6 +184,7 @@ async def start_response(
         tools=plan.tools,
         tool_required=plan.tool_required,
         on_call=on_call,
+        max_sentences=plan.max_sentences,
     )
 
 

@@ -31,7 +31,8 @@ Tools and deletion
     turn so the next prompt no longer contains it.
 
 Prompt (:meth:`ConversationHistory.messages`)
-    The system message, then the turns in order, with contents stripped; empty turns (an
+    The system message, then the turns in order, with contents stripped; an assistant turn
+    cut before its end shows what was heard followed by ``... (interrupted)``; empty turns (an
     assistant turn cancelled before any audio was heard) are dropped and consecutive messages
     of one role are merged with ``"\\n"``. The messages after the first are trimmed from the
     oldest so their total length stays within ``budget_chars``: the newest user message is
@@ -76,6 +77,9 @@ __all__ = [
 
 _EPS_MS = 1e-6
 _JOIN = "\n"
+#: ends an assistant turn the listener cut off, in the prompt: a small model otherwise takes
+#: the fragment ("I'm sorry for any") for a whole answer and repeats it
+_CUT_MARK = "... (interrupted)"
 
 
 @dataclass
@@ -128,6 +132,13 @@ class _AssistantTurn:
     heard_ms: float | None = None  # None: not truncated
     status: ResponseStatus | None = None
     call: ToolCall | None = None
+
+    @property
+    def cut(self) -> bool:
+        """Truncated before its end: the listener did not hear all of its text."""
+        if self.call is not None or self.heard_ms is None:
+            return False
+        return self.content().strip() != "".join(p.text for p in self.pieces).strip()
 
     def content(self) -> str:
         if self.call is not None:
@@ -434,6 +445,8 @@ class ConversationHistory:
             content = turn.content().strip()
             if not content:
                 continue
+            if isinstance(turn, _AssistantTurn) and turn.cut:
+                content = f"{content}{_CUT_MARK}"
             if merged and merged[-1][0] == role:
                 merged[-1] = (role, merged[-1][1] + _JOIN + content)
             else:

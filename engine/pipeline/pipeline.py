@@ -47,6 +47,7 @@ from engine.messages import (
 )
 from engine.pipeline.chunkers import Chunk, Chunker, default_chunker
 from engine.pipeline.graph import Graph, Route, StageInfo
+from engine.pipeline.segmenter import SentenceStop
 from engine.stages.base import ChunkerSource
 from engine.stages.edges import Edge
 from engine.stages.pool import StagePool
@@ -145,7 +146,7 @@ class Pipeline:
         chunker = replica.make_chunker() if isinstance(replica, ChunkerSource) else None
         return chunker or default_chunker(stage.consumes, self.config.segmenter)
 
-    async def _run(self, stage: StageInfo, req: StageRequest) -> AsyncIterator[StageOutput]:
+    async def _run(self, stage: StageInfo, req: StageRequest) -> AsyncGenerator[StageOutput, None]:
         async with self.slots.slot(stage.name, req) as ticket:
             async for out in self.pools[stage.name].submit(req):
                 ticket.output(not isinstance(out, StageDone))
@@ -412,12 +413,14 @@ class Pipeline:
         tools: tuple[Tool, ...] = (),
         tool_required: bool = False,
         on_call: Callable[[str], None] | None = None,
+        max_sentences: int | None = None,
     ) -> LlmResult:
         """Stream the responder's text to ``on_text`` and through the output stages.
 
         With ``tools``, an output that opens with ``{`` (always, under ``tool_required``) is
         a function call: its text goes to ``on_call`` only (``LlmResult.call``), never to the
-        output stages."""
+        output stages. ``max_sentences``: the text ends after that many sentences (the LLM
+        request is stopped there; finish reason ``stop``)."""
         r = self.route(route)
         if r.responder is None:
             raise StageError(f"route {route!r} has no responder", code="route_unavailable")
@@ -458,27 +461,38 @@ class Pipeline:
         # None: not known yet whether the output is a call (the first non-space decides)
         calling: bool | None = None if tools else False
         held = ""
+        stop = SentenceStop(max_sentences) if max_sentences is not None else None
+        pieces = 0
         try:
-            async for out in self._run(r.responder, req):
-                if isinstance(out, TextOut) and calling is None:
-                    held += out.text
-                    if not held.strip():
-                        continue
-                    calling = tool_required or held.lstrip().startswith("{")
-                    out = TextOut(request_id=out.request_id, text=held)
-                if isinstance(out, TextOut) and calling:
-                    parts.append(out.text)
-                    if on_call is not None:
-                        on_call(out.text)
-                elif isinstance(out, TextOut):
-                    parts.append(out.text)
-                    on_text(out.text)
-                    if chunker is not None:
-                        feed(chunker.push(out))
-                elif isinstance(out, StageDone):
-                    result.tokens = out.tokens
-                    result.prompt_tokens = out.prompt_tokens
-                    result.finish_reason = out.finish_reason
+            async with contextlib.aclosing(self._run(r.responder, req)) as outs:
+                async for out in outs:
+                    if isinstance(out, TextOut):
+                        pieces += 1
+                    if isinstance(out, TextOut) and calling is None:
+                        held += out.text
+                        if not held.strip():
+                            continue
+                        calling = tool_required or held.lstrip().startswith("{")
+                        out = TextOut(request_id=out.request_id, text=held)
+                    if isinstance(out, TextOut) and calling:
+                        parts.append(out.text)
+                        if on_call is not None:
+                            on_call(out.text)
+                    elif isinstance(out, TextOut):
+                        if stop is not None:
+                            out = TextOut(request_id=out.request_id, text=stop.push(out.text))
+                        if out.text:
+                            parts.append(out.text)
+                            on_text(out.text)
+                            if chunker is not None:
+                                feed(chunker.push(out))
+                        if stop is not None and stop.stopped:  # closing outs stops the request
+                            result.tokens, result.finish_reason = pieces, "stop"
+                            break
+                    elif isinstance(out, StageDone):
+                        result.tokens = out.tokens
+                        result.prompt_tokens = out.prompt_tokens
+                        result.finish_reason = out.finish_reason
             if chunker is not None:
                 feed(chunker.flush())
             first.put_nowait(_END)

@@ -24,6 +24,9 @@ text, and every segment holds at least one word unless the whole text is whitesp
 Segmentation does not depend on how the text was chunked: streaming gives the same segments
 as pushing the whole text at once.
 
+:class:`SentenceStop` uses the same sentence rule to end a spoken answer after its n-th
+sentence (``engine.prompt.spoken_max_sentences``).
+
 A segment that ends in whitespace-only tokens (``"\\n\\n"`` as its own LLM token) is released
 with the next token that starts a word, or by :meth:`Segmenter.flush` at the end.
 """
@@ -35,7 +38,7 @@ from enum import IntEnum
 
 from engine.config import SegmenterConfig
 
-__all__ = ["Segmenter"]
+__all__ = ["Segmenter", "SentenceStop"]
 
 _TOKEN_RE = re.compile(r"\s+|\S+")
 # Characters that may trail the punctuation of a boundary: closing quotes, brackets, markdown.
@@ -159,3 +162,42 @@ class Segmenter:
                     return clause_cut
                 return cut
         return None
+
+
+class SentenceStop:
+    """Ends a spoken answer after its ``sentences``-th sentence (pure: the pipeline's).
+
+    Text deltas pass through unchanged until the whitespace that follows the word ending
+    that sentence (the segmenter's rule: ``. ! ? …`` not in an abbreviation, or a newline);
+    the text before that whitespace is the last passed on, and :attr:`stopped` is set.
+    Deciding at the whitespace keeps numbers whole: ``"3."`` then ``"5"`` is ``3.5``.
+    """
+
+    def __init__(self, sentences: int) -> None:
+        if sentences < 1:
+            raise ValueError(f"sentences must be >= 1, got {sentences}")
+        self._left = sentences
+        self._word = ""  # the word being read (no whitespace yet after it)
+        self._leading = True  # it is the first word of the answer or of a line
+        self.stopped = False
+
+    def push(self, delta: str) -> str:
+        """The part of ``delta`` to pass on (``""`` once stopped)."""
+        if self.stopped:
+            return ""
+        for i, ch in enumerate(delta):
+            if not ch.isspace():
+                self._word += ch
+                continue
+            if self._word:
+                kind = _boundary_after(self._word, ch, leading=self._leading)
+                if kind is _Boundary.SENTENCE:
+                    self._left -= 1
+                    if self._left == 0:
+                        self.stopped = True
+                        return delta[:i]
+                self._word = ""
+                self._leading = False
+            if ch == "\n":
+                self._leading = True
+        return delta

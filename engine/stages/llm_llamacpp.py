@@ -7,8 +7,15 @@ same way; tokens are then generated one at a time with ``Llama.generate`` so tha
 * every token piece is streamed as its own :class:`TextOut` (UTF-8 split across tokens is
   held back by an incremental decoder until the character is complete),
 * ``cancelled`` is checked between tokens (an abort stops within one token),
-* generation stops at an end-of-generation token (``<|im_end|>``) or at ``max_tokens``,
-  and the exact numbers of generated and prompt tokens are reported in :class:`StageDone`.
+* generation stops at an end-of-generation token (``<|im_end|>``), at ``max_tokens``, or when
+  it loops: the last ``loop_ngram`` tokens occurred twice before in this answer
+  (:class:`LoopGuard`; finish reason ``stop``), and the exact numbers of generated and prompt
+  tokens are reported in :class:`StageDone`.
+
+Repetition: ``repeat_penalty`` (llama.cpp's, over the last 64 tokens, applied under greedy
+decoding too) makes a loop less likely; :class:`LoopGuard` ends one that happens anyway.
+SmolLM2-135M with neither answered "What is the capital of France?" with a 96-token French
+loop; configs/cpu.yaml sets 1.1 (1.2-1.3 answered held-out questions no better and wordier).
 
 One ``Llama`` instance lives as long as the worker thread: ``generate`` keeps the KV cache
 of the previous prompt and re-evaluates only the new suffix, so the turns of a session
@@ -72,7 +79,30 @@ class LlamaCppOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.95
     min_p: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     repeat_penalty: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # End the answer when its last N tokens occurred twice before in it (a loop; the 3rd
+    # time; configs/cpu.yaml: 8). None: never. Not applied to a tool call's JSON (its grammar
+    # decides).
+    loop_ngram: Annotated[int, msgspec.Meta(ge=2)] | None = None
     seed: int = 1234
+
+
+class LoopGuard:
+    """Finds a loop in generated tokens: the newest ``n`` tokens occurred twice before."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._tokens: list[int] = []
+        self._seen: dict[tuple[int, ...], int] = {}
+
+    def push(self, token: int) -> bool:
+        """Add a token; True when the answer now loops."""
+        self._tokens.append(token)
+        if len(self._tokens) < self.n:
+            return False
+        key = tuple(self._tokens[-self.n :])
+        count = self._seen.get(key, 0) + 1
+        self._seen[key] = count
+        return count >= 3
 
 
 def open_llama(options: LlamaCppOptions) -> Any:
@@ -228,6 +258,8 @@ class LlamaCppLlm:
         reason: Literal["stop", "length", "aborted"] = "length"
         grammar = self._grammar(tools) if tools and tool_required else None
         peek = bool(tools) and not tool_required  # auto: the first token decides
+        ngram = self.opts.loop_ngram
+        guard = LoopGuard(ngram) if ngram is not None else None
         self._fit_threads()
         while budget > 0:
             restart = False
@@ -253,6 +285,9 @@ class LlamaCppLlm:
                     if piece.lstrip().startswith(b"{"):  # a call: again, under the grammar
                         grammar, restart = self._grammar(tools), True
                         break
+                if guard is not None and grammar is None and guard.push(token):
+                    reason = "stop"  # a loop: this token would start its 3rd time round
+                    break
                 generated.append(token)
                 text = decoder.decode(piece)
                 if text:

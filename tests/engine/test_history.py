@@ -70,7 +70,8 @@ def test_partially_played_chunk_is_cut_at_a_word_boundary() -> None:
     h.truncate(2, 1, 350.0)
     assert h.assistant_text(2, 1) == "Sure. "
     h.finish_assistant(2, 1, "cancelled")
-    assert roles_and_texts(h.messages(SYS))[-1] == ("assistant", "Sure.")
+    # the prompt marks the cut (a small model would take "Sure." for the whole answer)
+    assert roles_and_texts(h.messages(SYS))[-1] == ("assistant", "Sure.... (interrupted)")
 
 
 def test_text_mark_spans_following_chunks_without_text() -> None:
@@ -241,7 +242,10 @@ def histories(draw: st.DrawFn) -> tuple[int, list[tuple[str, str]], Conversation
                 h.truncate(turn, 1, h.produced_ms(turn, 1) * played / max(len(chunks), 1))
                 heard = chunks[:played]
         h.finish_assistant(turn, 1, draw(st.sampled_from(["completed", "cancelled"])))
-        ref.append(("assistant", "".join(heard)))
+        said = "".join(heard)
+        if said.strip() and said.strip() != "".join(chunks).strip():  # cut: marked
+            said = f"{said.strip()}... (interrupted)"
+        ref.append(("assistant", said))
     merged: list[tuple[str, str]] = []
     for role, text in ref:
         text = text.strip()
