@@ -152,13 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=int(config.server.shutdown_grace_s) + 1,
     )
     logs.quiet_access_log(level)
-    if args.engine is not None:  # a session can live on in another front end: drain
-        s = config.server
-        server: uvicorn.Server = DrainingServer(
-            uv_config, app.state.hub, s.drain_s, s.drain_health_s
-        )
-    else:  # the engine dies with this process: SIGTERM stops at once (sockets get 1001)
-        server = uvicorn.Server(uv_config)
+    # With --engine a session can live on in another front end: SIGTERM hands it over.
+    # Alone, the engine stops with this process: SIGTERM or Ctrl-C lets answers in flight
+    # finish, then tells each session it is over (server_shutdown, close 1001).
+    s = config.server
+    server = DrainingServer(
+        uv_config, app.state.hub, s.drain_s, s.drain_health_s, handover=args.engine is not None
+    )
     log.info("listening on %s (Ctrl-C to stop)", listen.bound_url(sock))
     _run(server, sock)
     if not server.started:

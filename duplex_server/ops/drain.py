@@ -14,8 +14,16 @@
    that gets the resume takes the session over (``Sessions.adopt``,
    duplex_server/session/registry.py) with nothing lost.
 
-:class:`DrainingServer` is uvicorn's server with SIGTERM mapped to a drain followed by the
-usual ordered shutdown (a second SIGTERM, or SIGINT, stops at once).
+:func:`shut_down` is the end of a server whose sessions no other process can take over (the
+single-process ``duplex-server serve``: its engine stops with it): no new sessions, answers in
+flight get up to ``server.drain_s``, then every session is told it is over and cannot be
+resumed (``error{server_shutdown}``, ``session.closed{server_shutdown}``, close 1001:
+docs/protocol.md §10), so clients stop retrying and say why. Without it uvicorn closed the
+sockets with 1012 and the clients tried to resume on a server that was gone.
+
+:class:`DrainingServer` is uvicorn's server with those signals mapped to a drain (``handover``:
+SIGTERM hands sessions over; SIGINT stops at once) or to :func:`shut_down` (SIGTERM and
+SIGINT), followed by the usual ordered shutdown; a second signal stops at once.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.errors import CloseCode
+from duplex_server.protocol.errors import CloseCode, SessionFatal
 from duplex_server.session.live import LiveSession
 
 if TYPE_CHECKING:
@@ -85,14 +93,52 @@ async def hand_over(session: LiveSession) -> None:
         att.close(CloseCode.SERVICE_RESTART, "server_draining")
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server; the first SIGTERM drains ``hub`` before the ordered shutdown."""
+async def shut_down(hub: Hub, drain_s: float) -> int:
+    """End every session of ``hub`` for good (see the module docstring); returns how many
+    were told."""
+    hub.draining = True  # new sessions and resumes: server_draining (1013)
+    live = hub.sessions.live
+    log.info("shutting down: %d session(s), up to %.1f s for answers in flight", len(live), drain_s)
+    start = time.monotonic()
+    while time.monotonic() - start < drain_s:
+        if not any(s.core.responses.active and not s.core.closed for s in live.values()):
+            break
+        await asyncio.sleep(0.05)
+    sessions = [s for s in live.values() if not s.core.closed]
+    notice = SessionFatal(
+        "server_shutdown",
+        "the server is shutting down; this session has ended and cannot be resumed",
+    )
+    for session in sessions:
+        session.apply(session.core.cut_for_handover("server_shutdown"))  # drain_s was up
+        session.apply(session.core.close("server_shutdown", notice))
+    deadline = time.monotonic() + _FLUSH_S
+    while time.monotonic() < deadline and any(  # noqa: ASYNC110
+        s.attachment is not None and s.attachment.queued_bytes for s in sessions
+    ):
+        await asyncio.sleep(0.01)  # the notices reach their sockets
+    log.info("told %d session(s) the server stops (server_shutdown, 1001)", len(sessions))
+    return len(sessions)
 
-    def __init__(self, config: uvicorn.Config, hub: Hub, drain_s: float, health_s: float):
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server; the first SIGTERM (``handover``) or SIGTERM/SIGINT (else) drains
+    ``hub`` before the ordered shutdown."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        hub: Hub,
+        drain_s: float,
+        health_s: float,
+        *,
+        handover: bool = True,
+    ):
         super().__init__(config)
         self.hub = hub
         self.drain_s = drain_s
         self.health_s = health_s
+        self.handover = handover
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[int] | None = None
 
@@ -102,7 +148,8 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         loop = self._loop
-        if sig != signal.SIGTERM or self._drain is not None or loop is None or not self.started:
+        drains = (signal.SIGTERM,) if self.handover else (signal.SIGTERM, signal.SIGINT)
+        if sig not in drains or self._drain is not None or loop is None or not self.started:
             super().handle_exit(sig, frame)
             return
         loop.call_soon_threadsafe(self._start_drain)
@@ -113,7 +160,9 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> int:
         try:
-            return await drain(self.hub, self.drain_s, self.health_s)
+            if self.handover:
+                return await drain(self.hub, self.drain_s, self.health_s)
+            return await shut_down(self.hub, self.drain_s)
         except Exception:
             log.exception("drain failed; shutting down")
             return 0

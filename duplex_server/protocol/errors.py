@@ -11,7 +11,8 @@ Exception tree::
     └── SessionFatal            the session (or this socket) ends after the error is sent;
                                 carries the WebSocket close code
                                 (resource_exhausted 1013, unauthorized 1008, client_too_slow
-                                1008, frame_too_large 1009, engine_unavailable 1011, ...)
+                                1008, frame_too_large 1009, engine_unavailable 1011,
+                                server_shutdown 1001, ...)
 
 Engine errors (:mod:`duplex_contract.errors`) are mapped by :func:`to_wire_error` through
 their ``code``; anything unexpected becomes ``server_error`` and never leaks a traceback
@@ -53,6 +54,7 @@ FATAL_CODES: Final[dict[str, int]] = {
     "client_too_slow": CloseCode.POLICY,
     "frame_too_large": CloseCode.TOO_BIG,
     "engine_unavailable": CloseCode.INTERNAL,
+    "server_shutdown": CloseCode.GOING_AWAY,  # the server stops; the session is over
     "session_expired": CloseCode.NORMAL,
     "session_not_found": CloseCode.POLICY,
     "invalid_resume_token": CloseCode.POLICY,
@@ -106,7 +108,7 @@ class ProtocolError(Exception):
 
 #: wire codes that are the server's fault, not the client's: error type ``server_error``
 #: (as over HTTP), every other code is an ``invalid_request_error``
-SERVER_CODES: Final = frozenset({"engine_unavailable", "server_error"})
+SERVER_CODES: Final = frozenset({"engine_unavailable", "server_error", "server_shutdown"})
 
 
 class SessionFatal(ProtocolError):

@@ -205,13 +205,14 @@ class SessionMachine:
             return self.input.on_transcript(event, now_ms)
         return self.responses.on_engine_event(event, self.config, now_ms)
 
-    def cut_for_handover(self) -> list[Action]:
+    def cut_for_handover(self, reason: str = "server_draining") -> list[Action]:
         """The front end drains and ``drain_s`` is up: an answer still running is
-        cancelled (``response.done{cancelled}``, reason ``server_draining``) before the
-        session moves, never cut silently."""
+        cancelled (``response.done{cancelled}``, ``reason``: ``server_draining``, or
+        ``server_shutdown`` when the server stops for good) before the session moves or
+        ends, never cut silently."""
         if not self.responses.active:
             return []
-        return self.responses.cancel("response.cancel", "server_draining", None, self.now_ms)
+        return self.responses.cancel("response.cancel", reason, None, self.now_ms)
 
     # ------------------------------------------------------------------ call results
     def on_result(self, command: EngineCommand, accepted: Fence | None) -> None:
@@ -245,15 +246,22 @@ class SessionMachine:
             out.append(CloseSocket(close, detail.code))
         return out
 
-    def close(self, reason: str) -> list[Action]:
+    def close(self, reason: str, notice: SessionFatal | None = None) -> list[Action]:
+        """End the session: ``session.closed{reason}``, close 1000. ``notice``: the error
+        that says why, sent first, and its close code (the server stopping for good:
+        ``server_shutdown``, 1001)."""
         if self.closed:
             return []
         self.closed = True
-        return [
-            Call(CloseSession(reason)),
-            Send(ev.SessionClosed(reason=reason, usage=self.usage.total())),
-            CloseSocket(CloseCode.NORMAL, reason),
-        ]
+        out: list[Action] = [Call(CloseSession(reason))]
+        code: int = CloseCode.NORMAL
+        if notice is not None:
+            detail, close = to_wire_error(notice)
+            out.append(Send(ev.Error(error=detail)))
+            code = close or code
+        out.append(Send(ev.SessionClosed(reason=reason, usage=self.usage.total())))
+        out.append(CloseSocket(code, reason))
+        return out
 
     def too_slow(self) -> list[Action]:
         """The client does not read its output fast enough: the session ends."""

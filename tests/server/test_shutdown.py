@@ -105,3 +105,77 @@ def test_a_taken_port_fails_at_once_before_any_model_loads(tmp_path: Path) -> No
             for started in ("loaded", "engine ready", "Started server process", "front end"):
                 assert started not in output, output  # nothing started, no model loaded
             assert took < 30 * UNIT, took
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_live_session_is_told_the_server_stops_and_not_to_resume(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """SIGTERM or Ctrl-C of the single-process server: the answer in flight finishes (it gets
+    server.drain_s), then the session gets error{server_shutdown}, session.closed and close
+    1001 (never the 1012 a client resumes after), and the server exits 0."""
+    from tests.server.harness import REALTIME_TTS, write_config
+
+    config = write_config(tmp_path, engine=REALTIME_TTS, server={"drain_s": 10.0})
+    port = free_port()
+    log = tmp_path / "server.log"
+    with serve(config, port, log) as proc:
+        addr = f"127.0.0.1:{port}"
+        wait_healthy(proc, addr, log, 60)
+        with websockets.sync.client.connect(f"ws://{addr}/v1/realtime") as ws:
+            assert json.loads(ws.recv(timeout=10 * UNIT))["type"] == "session.created"
+            item = {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hi"}],
+            }
+            ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+            ws.send(json.dumps({"type": "response.create"}))
+            kinds: list[str] = []
+            while "response.output_audio.delta" not in kinds:
+                kinds.append(json.loads(ws.recv(timeout=10 * UNIT))["type"])
+            os.killpg(proc.pid, sig)
+            events = []
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    events.append(json.loads(ws.recv(timeout=20 * UNIT)))
+        code = closed.value.rcvd.code if closed.value.rcvd is not None else None
+        assert code == 1001, (code, [e["type"] for e in events])
+        done = [e for e in events if e["type"] == "response.done"]
+        assert done and done[0]["response"]["status"] == "completed"  # drained, not cut
+        error = next(e for e in events if e["type"] == "error")["error"]
+        assert error["code"] == "server_shutdown" and error["type"] == "server_error"
+        assert "cannot be resumed" in error["message"]
+        assert events[-1]["type"] == "session.closed"
+        assert events[-1]["reason"] == "server_shutdown"
+        assert proc.wait(30 * UNIT) == 0, log.read_text()
+        text = log.read_text()
+        assert "told 1 session(s) the server stops" in text, text
+        assert "Traceback" not in text, text
+
+
+def test_the_sdk_stops_at_the_shutdown_notice_without_resuming(tmp_path: Path) -> None:
+    """The SDK's event stream ends with the notice (session.closed): no resume attempt."""
+    import asyncio
+
+    from duplex_client import DuplexClient
+
+    port = free_port()
+    log = tmp_path / "server.log"
+    with serve(TEST_YAML, port, log) as proc:
+        addr = f"127.0.0.1:{port}"
+        wait_healthy(proc, addr, log, 60)
+
+        async def run() -> tuple[list[str], int]:
+            client = await DuplexClient.connect(f"ws://{addr}/v1/realtime")
+            async with client:
+                os.killpg(proc.pid, signal.SIGTERM)
+                seen = []
+                async for event in client.events():
+                    seen.append(type(event).__name__)
+                return seen, client.resumes
+
+        seen, resumes = asyncio.run(asyncio.wait_for(run(), 30 * UNIT))
+        assert seen[-2:] == ["Error", "SessionClosed"], seen
+        assert resumes == 0
+        assert proc.wait(30 * UNIT) == 0
