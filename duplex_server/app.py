@@ -27,6 +27,7 @@ from duplex_contract.errors import ConfigError, EngineDeadError
 from duplex_contract.voices import VoiceCatalog
 from duplex_server.auth import HttpAuth
 from duplex_server.config import AppConfig
+from duplex_server.http import secrets_route
 from duplex_server.http.routes import routes as http_routes
 from duplex_server.ops.metrics import BatchTiming, Metrics
 from duplex_server.ops.tracing import Tracing
@@ -200,6 +201,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         WebSocketRoute("/v1/live/sessions", live_endpoint),
         *webrtc.routes(hub),
         *live_webrtc.routes(hub, handle.get),
+        *secrets_route.routes(hub.secrets, config.server.model_name),
         *http_routes(handle.get, config.server.batch, config.server.model_name, voices),
     ]
     static = Path(config.server.static_dir)
@@ -207,7 +209,11 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
         routes.append(Mount("/", StaticFiles(directory=static, html=True), name="web"))
     s = config.server
     auth = Middleware(
-        HttpAuth, keys=hub.keys, allowed_origins=s.allowed_origins, metrics_access=s.metrics_access
+        HttpAuth,
+        keys=hub.keys,
+        allowed_origins=s.allowed_origins,
+        metrics_access=s.metrics_access,
+        secrets=hub.secrets,
     )
     app = Starlette(
         routes=routes,

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import sys
 import tempfile
 from collections.abc import Sequence
 
+from duplex_server import client_secrets
 from duplex_server.ops.supervise import FrontEnd, Policy, Supervisor
 
 
@@ -81,6 +83,8 @@ def serve_workers(
     tmp = tempfile.mkdtemp(prefix="duplex-")
     addr = f"unix://{tmp}/engine.sock"
     store = f"{tmp}/sessions.db"
+    # one key for every front end: a client secret minted on one opens a session on any
+    os.environ.setdefault(client_secrets.KEY_ENV, secrets.token_hex(32))
     base = [sys.executable, "-m", "duplex_server"]
     engine = [*base, "engine", "--config", config, "--listen", addr, "--log-level", log_level]
     engine += ["--state", store]

@@ -50,6 +50,10 @@ _ENGINE_CODES: Final[dict[str, str]] = {
 FATAL_CODES: Final[dict[str, int]] = {
     "resource_exhausted": CloseCode.TRY_AGAIN,
     "unauthorized": CloseCode.POLICY,
+    "invalid_client_secret": CloseCode.POLICY,  # forged, or another server's
+    "client_secret_expired": CloseCode.POLICY,
+    "client_secret_used": CloseCode.POLICY,  # a secret opens one session
+    "client_secret_wrong_route": CloseCode.POLICY,  # e.g. Twilio: an API key is needed
     "origin_not_allowed": CloseCode.POLICY,
     "client_too_slow": CloseCode.POLICY,
     "frame_too_large": CloseCode.TOO_BIG,

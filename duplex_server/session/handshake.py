@@ -20,11 +20,13 @@ session opened or resumed for the transport.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from duplex_contract.errors import EngineError
 from duplex_server.auth import AccessDecision, admit
+from duplex_server.client_secrets import Use
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
 from duplex_server.session.attach import Attachment
@@ -34,11 +36,23 @@ from duplex_server.session.registry import Prepare
 
 
 def admit_socket(
-    hub: Hub, headers: Mapping[str, str], subprotocols: Sequence[str]
+    hub: Hub,
+    headers: Mapping[str, str],
+    subprotocols: Sequence[str],
+    secret_use: Use | None = None,
 ) -> AccessDecision:
-    """A WebSocket upgrade: its API key and origin (and the subprotocol to echo)."""
+    """A WebSocket upgrade: its API key and origin (and the subprotocol to echo);
+    ``secret_use``: what a client secret may do on this socket (None: refused)."""
     s = hub.config.server
-    return admit(headers, subprotocols, keys=hub.keys, allowed_origins=s.allowed_origins)
+    return admit(
+        headers,
+        subprotocols,
+        keys=hub.keys,
+        allowed_origins=s.allowed_origins,
+        secrets=hub.secrets,
+        secret_use=secret_use,
+        now=time.time(),
+    )
 
 
 def connected(hub: Hub, transport: Transport) -> None:

@@ -13,6 +13,7 @@ from concurrent.futures import Executor
 from typing import Protocol
 
 from duplex_contract.voices import VoiceCatalog
+from duplex_server.client_secrets import ClientSecrets
 from duplex_server.config import AppConfig
 from duplex_server.ops.metrics import Metrics
 from duplex_server.ops.tracing import Tracing
@@ -51,6 +52,7 @@ class Hub:
     ) -> None:
         s, e = config.server, config.engine
         self.config, self.metrics, self.keys = config, metrics, s.keys()
+        self.secrets = ClientSecrets.from_env()  # ephemeral client secrets (mint and check)
         limits = SessionLimits(
             s.journal_max_bytes, s.journal_max_age_s, s.input_backlog_bytes, e.vad.backend
         )

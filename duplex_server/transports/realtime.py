@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex_contract.errors import EngineError
+from duplex_server.client_secrets import Use
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.codec import decode_client_event, encode_server_event
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
@@ -138,12 +140,13 @@ class SocketTransport:
 
 async def realtime_endpoint(ws: WebSocket) -> None:
     hub: Hub = ws.app.state.hub
-    adm = handshake.admit_socket(hub, ws.headers, ws.scope.get("subprotocols", []))
+    use: Use = "resume" if ws.query_params.get("intent") == "resume" else "open"
+    adm = handshake.admit_socket(hub, ws.headers, ws.scope.get("subprotocols", []), use)
     await ws.accept(subprotocol=adm.subprotocol)
     sock = SocketTransport(hub, ws)
     handshake.connected(hub, sock.writer)
     try:
-        outcome = await _handshake(hub, sock, adm.ok, adm.code, adm.message)
+        outcome = await _handshake(hub, sock, adm.ok, adm.code, adm.message, adm.session)
         handshake.outcome(hub, outcome)
         if outcome != "disconnected":
             await sock.serve()
@@ -161,9 +164,17 @@ async def realtime_endpoint(ws: WebSocket) -> None:
             log.debug("socket already closed", exc_info=True)
 
 
-async def _handshake(hub: Hub, sock: SocketTransport, ok: bool, code: str, msg: str) -> str:
+async def _handshake(
+    hub: Hub,
+    sock: SocketTransport,
+    ok: bool,
+    code: str,
+    msg: str,
+    patch: dict[str, Any] | None = None,
+) -> str:
     """Admitted, then open a new session or resume one (:mod:`duplex_server.session.handshake`).
-    Returns the outcome label."""
+    ``patch``: a client secret's session object, applied to a new session. Returns the
+    outcome label."""
     ws = sock.ws
     try:
         if not ok:
@@ -172,7 +183,9 @@ async def _handshake(hub: Hub, sock: SocketTransport, ok: bool, code: str, msg: 
         if ws.query_params.get("intent") != "resume":
             beta = "realtime=v1" in ws.headers.get("openai-beta", "")
             beta = beta or ws.query_params.get("event_names") == "beta"
-            sock.writer.session = await handshake.open_session(hub, sock.writer, beta=beta)
+            sock.writer.session = await handshake.open_session(
+                hub, sock.writer, beta=beta, patch=patch
+            )
             return "opened"
         first = await asyncio.wait_for(ws.receive(), hub.config.server.resume_wait_s)
         if first["type"] == "websocket.disconnect":

@@ -39,12 +39,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from duplex_contract.errors import EngineError
+from duplex_server.auth import SECRET_SESSION
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import CloseCode, ProtocolError, SessionFatal, to_wire_error
 from duplex_server.session import handshake
 from duplex_server.session.hub import Hub
 from duplex_server.session.live import LiveSession
-from duplex_server.transports.media import MediaLink, check_session_patch
+from duplex_server.transports.media import MediaLink, check_session_patch, merge_patch
 from duplex_server.transports.webrtc_peer import WebRtcPeer, use_host_addresses
 from duplex_server.transports.webrtc_track import TRACK_RATE, ReplyTrack
 
@@ -232,6 +233,9 @@ def routes(hub: Hub) -> list[BaseRoute]:
         except ProtocolError as exc:
             detail, _ = to_wire_error(exc)
             return _error(400, detail.code, detail.message, detail.param)
+        minted = request.scope.get("state", {}).get(SECRET_SESSION)
+        if minted:  # admitted by a client secret: its session first, the form's over it
+            patch = merge_patch(minted, patch)
         call = WebRtcCall(hub)
         try:
             answer = await call.peer.answer(offer)
