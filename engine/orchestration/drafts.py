@@ -50,7 +50,8 @@ class ResponsePlan:
     sample_rate: int
     tools: tuple[Tool, ...]
     tool_required: bool
-    max_sentences: int | None = None  # a spoken reply ends after this many sentences
+    max_sentences: int | None = None  # a spoken reply ends after this many sentences ...
+    max_words: int | None = None  # ... or the first one ending past this many words
 
 
 class Draft:
@@ -152,6 +153,7 @@ def response_plan(
         tools=tools,
         tool_required=required,
         max_sentences=config.prompt.spoken_max_sentences if spoken and not tools else None,
+        max_words=config.prompt.spoken_max_words if spoken and not tools else None,
     )
 
 
@@ -185,6 +187,7 @@ async def start_response(
         tool_required=plan.tool_required,
         on_call=on_call,
         max_sentences=plan.max_sentences,
+        max_words=plan.max_words,
     )
 
 

@@ -47,8 +47,8 @@ class Chunker(Protocol):
 class SegmentChunker:
     """Text deltas -> segments (engine.segmenter settings)."""
 
-    def __init__(self, config: SegmenterConfig) -> None:
-        self._seg = Segmenter(config)
+    def __init__(self, config: SegmenterConfig, *, early_first: bool = True) -> None:
+        self._seg = Segmenter(config, early_first=early_first)
 
     def push(self, out: StageOutput) -> list[Chunk]:
         if isinstance(out, TextOut | TranscriptOut) and out.text:
@@ -106,9 +106,12 @@ class WindowChunker:
         return []
 
 
-def default_chunker(consumes: Edge, segmenter: SegmenterConfig) -> Chunker:
+def default_chunker(
+    consumes: Edge, segmenter: SegmenterConfig, *, early_first: bool = True
+) -> Chunker:
+    """``early_first=False``: text known whole (batch speech): sentence-sized segments only."""
     if consumes is Edge.TEXT:
-        return SegmentChunker(segmenter)
+        return SegmentChunker(segmenter, early_first=early_first)
     return WindowChunker(WindowOptions())
 
 

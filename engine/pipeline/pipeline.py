@@ -141,10 +141,11 @@ class Pipeline:
     def route(self, name: str) -> Route:
         return self.graph.route(name)
 
-    def _chunker(self, stage: StageInfo) -> Chunker:
+    def _chunker(self, stage: StageInfo, *, early_first: bool = True) -> Chunker:
         replica = self.pools[stage.name].replicas[0]
         chunker = replica.make_chunker() if isinstance(replica, ChunkerSource) else None
-        return chunker or default_chunker(stage.consumes, self.config.segmenter)
+        segmenter = self.config.segmenter
+        return chunker or default_chunker(stage.consumes, segmenter, early_first=early_first)
 
     async def _run(self, stage: StageInfo, req: StageRequest) -> AsyncGenerator[StageOutput, None]:
         async with self.slots.slot(stage.name, req) as ticket:
@@ -382,7 +383,7 @@ class Pipeline:
         if r.responder is not None or not stages or stages[0].consumes is not Edge.TEXT:
             raise StageError(f"route {route!r} cannot speak text", code="route_unavailable")
         first: asyncio.Queue[tuple[Chunk, str] | None] = asyncio.Queue()
-        chunker = self._chunker(stages[0])
+        chunker = self._chunker(stages[0], early_first=False)  # whole sentences: no pause
         for c in [*chunker.push(TextOut(request_id=prefix, text=text)), *chunker.flush()]:
             first.put_nowait((c, c.text))
         first.put_nowait(_END)
@@ -414,13 +415,15 @@ class Pipeline:
         tool_required: bool = False,
         on_call: Callable[[str], None] | None = None,
         max_sentences: int | None = None,
+        max_words: int | None = None,
     ) -> LlmResult:
         """Stream the responder's text to ``on_text`` and through the output stages.
 
         With ``tools``, an output that opens with ``{`` (always, under ``tool_required``) is
         a function call: its text goes to ``on_call`` only (``LlmResult.call``), never to the
-        output stages. ``max_sentences``: the text ends after that many sentences (the LLM
-        request is stopped there; finish reason ``stop``)."""
+        output stages. ``max_sentences``: the text ends after that many sentences, or after
+        the first that ends past ``max_words`` words (the LLM request is stopped there;
+        finish reason ``stop``)."""
         r = self.route(route)
         if r.responder is None:
             raise StageError(f"route {route!r} has no responder", code="route_unavailable")
@@ -461,7 +464,7 @@ class Pipeline:
         # None: not known yet whether the output is a call (the first non-space decides)
         calling: bool | None = None if tools else False
         held = ""
-        stop = SentenceStop(max_sentences) if max_sentences is not None else None
+        stop = SentenceStop(max_sentences, max_words) if max_sentences is not None else None
         pieces = 0
         try:
             async with contextlib.aclosing(self._run(r.responder, req)) as outs:

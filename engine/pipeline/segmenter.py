@@ -89,12 +89,17 @@ def _boundary_after(word: str, space: str, *, leading: bool) -> _Boundary:
 
 
 class Segmenter:
-    """Streaming text segmenter for one response; reusable after :meth:`flush`."""
+    """Streaming text segmenter for one response; reusable after :meth:`flush`.
 
-    def __init__(self, config: SegmenterConfig) -> None:
+    ``early_first=False``: no early first segment, every segment is sentence-sized (a text
+    known whole, batch speech: a clause spoken alone is followed by the TTS's pause, in the
+    middle of a sentence)."""
+
+    def __init__(self, config: SegmenterConfig, *, early_first: bool = True) -> None:
         self._config = config
+        self._early_first = early_first
         self._buf = ""
-        self._first = True
+        self._first = early_first
 
     @property
     def pending(self) -> str:
@@ -122,7 +127,7 @@ class Segmenter:
     def reset(self) -> None:
         """Drop pending text (a cancelled response) and start a new stream."""
         self._buf = ""
-        self._first = True
+        self._first = self._early_first
 
     def _find_cut(self) -> int | None:
         """Index in the buffer where the next segment ends, or None if none is ready yet.
@@ -165,7 +170,8 @@ class Segmenter:
 
 
 class SentenceStop:
-    """Ends a spoken answer after its ``sentences``-th sentence (pure: the pipeline's).
+    """Ends a spoken answer after its ``sentences``-th sentence, or after the first sentence
+    that ends with ``words`` words or more in the answer (pure: the pipeline's).
 
     Text deltas pass through unchanged until the whitespace that follows the word ending
     that sentence (the segmenter's rule: ``. ! ? …`` not in an abbreviation, or a newline);
@@ -173,10 +179,12 @@ class SentenceStop:
     Deciding at the whitespace keeps numbers whole: ``"3."`` then ``"5"`` is ``3.5``.
     """
 
-    def __init__(self, sentences: int) -> None:
-        if sentences < 1:
-            raise ValueError(f"sentences must be >= 1, got {sentences}")
+    def __init__(self, sentences: int, words: int | None = None) -> None:
+        if sentences < 1 or (words is not None and words < 1):
+            raise ValueError(f"sentences and words must be >= 1, got {sentences}, {words}")
         self._left = sentences
+        self._words_max = words
+        self._words = 0  # whole words so far
         self._word = ""  # the word being read (no whitespace yet after it)
         self._leading = True  # it is the first word of the answer or of a line
         self.stopped = False
@@ -190,10 +198,12 @@ class SentenceStop:
                 self._word += ch
                 continue
             if self._word:
+                self._words += 1
                 kind = _boundary_after(self._word, ch, leading=self._leading)
                 if kind is _Boundary.SENTENCE:
                     self._left -= 1
-                    if self._left == 0:
+                    long = self._words_max is not None and self._words >= self._words_max
+                    if self._left == 0 or long:
                         self.stopped = True
                         return delta[:i]
                 self._word = ""

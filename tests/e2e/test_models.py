@@ -143,3 +143,32 @@ def test_real_model_forced_tool_call_round_trip(cpu_server: str) -> None:
         await client.close()
 
     asyncio.run(run())
+
+
+def test_batch_speech_has_no_pause_inside_a_sentence(cpu_server: str) -> None:
+    """POST /v1/audio/speech with Piper: one sentence is spoken in one piece. (The live
+    answer's early first clause once split it here too: "Full duplex means both." then 0.25 s
+    of silence, then "sides can talk at once.")"""
+    import io
+
+    import httpx
+    import numpy as np
+
+    body = {
+        "model": "tts-1",
+        "input": "Full duplex means both sides can talk at the same time.",
+        "voice": "alloy",
+        "response_format": "wav",
+    }
+    resp = httpx.post(f"http://{cpu_server}/v1/audio/speech", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    audio, rate = soundfile.read(io.BytesIO(resp.content), dtype="float32")
+    win = rate // 100  # 10 ms windows
+    rms = np.sqrt(np.convolve(audio**2, np.ones(win) / win, mode="same"))[::win]
+    voiced = np.nonzero(rms > 0.02 * rms.max())[0]
+    inside = rms[voiced[0] : voiced[-1] + 1] > 0.02 * rms.max()
+    longest, run = 0, 0
+    for v in inside:
+        run = 0 if v else run + 1
+        longest = max(longest, run)
+    assert longest * 10 < 150, f"a {longest * 10} ms pause inside the sentence"

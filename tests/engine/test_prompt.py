@@ -103,6 +103,17 @@ def test_sentence_stop_ends_after_the_nth_sentence_whatever_the_chunking() -> No
     assert _stream(stop, ["Hi. There."]) == "Hi." and stop.push("more") == ""
     with pytest.raises(ValueError):
         SentenceStop(0)
+    # a long first sentence is answer enough: stop there when it ends past the word budget
+    long = ["I can help with many things like facts and jokes. Ask me anything. More."]
+    assert (
+        _stream(SentenceStop(2, words=8), long)
+        == "I can help with many things like facts and jokes."
+    )
+    assert (
+        _stream(SentenceStop(2, words=20), long)
+        == "I can help with many things like facts and jokes. Ask me anything."
+    )
+    assert _stream(SentenceStop(2, words=3), ["Yes. I can. Go."]) == "Yes. I can."
 
 
 def test_a_cut_answer_is_marked_in_the_prompt_only() -> None:

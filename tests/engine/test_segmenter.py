@@ -274,3 +274,21 @@ def test_numbers_stay_whole(number: str, data: st.DataObject) -> None:
     _, chunks = data.draw(chunked(st.just(text)))
     out = segments(chunks)
     assert sum(s.count(number) for s in out) == 3
+
+
+def test_text_known_whole_is_cut_into_sentences_only() -> None:
+    """Batch speech (early_first=False): no early first clause, so no TTS pause in the
+    middle of the first sentence."""
+    from engine.config import SegmenterConfig
+    from engine.orchestration.segmenter import Segmenter
+
+    text = "Full duplex means both sides can talk at once. It is like a phone call."
+    early = Segmenter(SegmenterConfig(first_min_words=2, first_max_words=4))
+    assert early.push(text)[0] == "Full duplex means both "
+    whole = Segmenter(SegmenterConfig(first_min_words=2, first_max_words=4), early_first=False)
+    assert [*whole.push(text), *whole.flush()] == [
+        "Full duplex means both sides can talk at once. ",
+        "It is like a phone call.",
+    ]
+    whole.reset()
+    assert whole.push("One. Two three four five six. ")[0] == "One. "  # still no early cut
