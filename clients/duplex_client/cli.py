@@ -13,10 +13,12 @@ import asyncio
 import os
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import httpx
 import soundfile
+from websockets.exceptions import WebSocketException
 
 from duplex_client import events as ev
 from duplex_client.client import DuplexClient
@@ -25,6 +27,29 @@ from duplex_client.offer import make_offer
 from duplex_client.talk import talk
 
 DEFAULT_URL = os.environ.get("DUPLEX_URL", "ws://127.0.0.1:8000/v1/realtime")
+
+
+ENDPOINTS = ("/v1/realtime", "/v1/duplex")
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with a ``--url`` and the one that would work (None: nothing)."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("ws", "wss") or not parts.netloc:
+        return (
+            f"--url {url!r} is not a WebSocket URL; the server's is like "
+            "--url ws://127.0.0.1:8000/v1/realtime"
+        )
+    path = parts.path.rstrip("/")
+    fixed = urllib.parse.urlunsplit(
+        (scheme, parts.netloc, path if path in ENDPOINTS else ENDPOINTS[0], parts.query, "")
+    )
+    if parts.scheme != scheme:
+        return f"--url {url!r} is an HTTP URL; the realtime socket is a WebSocket: --url {fixed}"
+    if path not in ENDPOINTS:
+        return f"--url {url!r} names no realtime endpoint (/v1/realtime): --url {fixed}"
+    return None
 
 
 def _http_base(ws_url: str) -> str:
@@ -117,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_talk.add_argument("--out", type=Path, help="write the reply here (24 kHz WAV)")
     p_talk.add_argument("--fast", action="store_true", help="send faster than real time")
     p_talk.add_argument(
+        "--talk-over",
+        action="store_true",
+        help="stream the WAV straight through, interrupting answers (default: wait for each)",
+    )
+    p_talk.add_argument(
         "--interrupt-mode",
         choices=["immediate", "confirm"],
         help="how speech over an answer is judged (docs/protocol.md §6.1; default: the server's)",
@@ -137,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = url_problem(args.url) if args.command != "offer" else None
+    if problem is not None:
+        print(f"duplex-client: {problem}", file=sys.stderr)
+        return 2
     try:
         if args.command == "talk":
             return asyncio.run(
@@ -146,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.wav,
                     args.out,
                     args.fast,
+                    talk_over=args.talk_over,
                     interrupt_mode=args.interrupt_mode,
                 )
             )
@@ -155,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.write(sdp)
             else:
                 args.out.write_text(sdp)
+                n = sum(line.startswith("a=candidate:") for line in sdp.splitlines())
+                print(
+                    f"wrote {args.out}: an SDP offer ({len(sdp)} bytes: Opus audio, the "
+                    f"oai-events data channel, {n} ICE candidate(s)); POST it to "
+                    "/v1/realtime/calls (its peer is gone: the answer shows the exchange only)"
+                )
             return 0
         if args.command == "say":
             base = _http_base(args.url)
@@ -164,7 +205,14 @@ def main(argv: list[str] | None = None) -> int:
         hint = " (pass --api-key KEY or set DUPLEX_API_KEY)" if exc.code == "unauthorized" else ""
         print(f"duplex-client: {exc}{hint}", file=sys.stderr)
         return 1
-    except (OSError, ConnectionError) as exc:
+    except ConnectionRefusedError:
+        where = urllib.parse.urlsplit(args.url).netloc
+        print(
+            f"duplex-client: nothing listens at {where} (start the server: make serve)",
+            file=sys.stderr,
+        )
+        return 1
+    except (OSError, ConnectionError, WebSocketException) as exc:
         print(f"duplex-client: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

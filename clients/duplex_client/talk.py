@@ -1,20 +1,26 @@
 """``duplex-client talk``: stream a WAV as a microphone and report what happened, turn by turn.
 
 A recording usually holds several utterances, and server VAD ends a turn at each pause long
-enough, so one WAV makes as many turns as the server detects; a reply still playing when the
-recording speaks again is interrupted (barge-in), as it would be for a person. The report
-says so: per turn its transcript, its answer (completed or interrupted) and the answer's
+enough, so one WAV makes as many turns as the server detects. By default the microphone
+then waits, as a polite person would: once a turn has ended it sends silence until the answer
+has played (its audio's length from its first delta), then goes on with the recording.
+``talk_over`` (``--talk-over``) streams the recording straight through instead: a reply still
+playing when the recording speaks again is interrupted (barge-in). The report says what
+happened: per turn its transcript, its answer (completed or interrupted) and the answer's
 TTFA, then a summary (turns detected, transcripts, answers by status, TTFA).
+
+TTFA is timed here, at the client, as bench/live_latency.py times it: from the *last voiced
+frame sent* to the first ``response.output_audio.delta`` of the answer. The end of speech is
+the server's own: ``speech_stopped.audio_end_ms`` (the VAD's end of speech, in ms of the
+session's input audio) is mapped back to the moment the client sent that audio. (An earlier
+version called a frame voiced above 5% of the recording's loudest frame, so a breath in a
+pause counted as speech and TTFA came out tens of ms.) That is the user's wait;
+``speech_stopped`` itself arrives a silence window (500 ms by default) later.
 
 With ``interrupt_mode: confirm`` (``--interrupt-mode confirm``; docs/protocol.md §6.1) the
 server pauses an answer for speech over it (``output_audio_buffer.paused``) and either stops
 it (interrupted, as above) or takes the cut back (``output_audio_buffer.resumed``: a
 listener's "mm-hm", a cough): the report says so on the answer and in the summary.
-
-TTFA is timed here, at the client: from the *last voiced frame sent* before the turn ended
-(a 20 ms frame is voiced when its RMS is over ``VOICED_REL`` of the recording's loudest
-frame) to the first ``response.output_audio.delta`` of the answer. That is the user's wait;
-``speech_stopped`` would start the clock a silence window (500 ms by default) later.
 
 :class:`TalkReport` is the pure part (events and times in, lines out); :func:`talk` runs it
 against a server.
@@ -45,6 +51,8 @@ OUT_RATE = 24000
 TRAILING_SILENCE_S = 1.0  # after the WAV, so the VAD hears the last turn end
 IDLE_S = 30.0  # after the WAV: stop when no event came for this long
 QUIET_S = 3.0  # ... or this long, with no speech and no answer in progress
+ANSWER_WAIT_S = 10.0  # waiting for an answer: the longest wait for it to begin
+AFTER_ANSWER_S = 0.5  # ... and the pause after it has played before speaking on
 
 
 def frames_of(pcm: bytes, rate: int = RATE, frame_ms: int = FRAME_MS) -> list[bytes]:
@@ -70,6 +78,7 @@ class Turn:
     item_id: str
     voiced_end: float | None  # when the last voiced frame before the turn's end was sent
     transcript: str | None = None
+    ended_at: float | None = None  # when speech_stopped arrived
 
 
 @dataclass
@@ -102,6 +111,7 @@ class TalkReport:
         self.answers: list[Answer] = []
         self.errors: list[str] = []
         self.last_voiced: float | None = None
+        self.sent_at: list[float] = []  # when each 20 ms frame of session input was sent
         self.speaking = False
         self._by_item: dict[str, Turn] = {}
         self._by_response: dict[str, Answer] = {}
@@ -111,8 +121,29 @@ class TalkReport:
         self._held: dict[str, float | None] = {}
 
     def sent_frame(self, voiced: bool, now: float) -> None:
+        self.sent_at.append(now)
         if voiced:
             self.last_voiced = now
+
+    def sent_time(self, audio_ms: float) -> float | None:
+        """When the frame holding ``audio_ms`` of session input was sent (None: not sent)."""
+        index = int(audio_ms // FRAME_MS)
+        return self.sent_at[index] if 0 <= index < len(self.sent_at) else None
+
+    def holding(self, now: float) -> bool:
+        """Should the microphone wait (send silence) for an answer? A turn has ended and its
+        answer has not begun (at most ``ANSWER_WAIT_S``), runs, or is still playing."""
+        if self.speaking or not self.turns:
+            return False
+        last = self.turns[-1]
+        answer = self.answers[-1] if self.answers and self.answers[-1].turn is last else None
+        if answer is None:
+            return last.ended_at is not None and now - last.ended_at < ANSWER_WAIT_S
+        if answer.status == "in_progress":
+            return True
+        if answer.first_audio is None:
+            return False
+        return now < answer.first_audio + answer.audio_s + AFTER_ANSWER_S
 
     @property
     def idle(self) -> bool:
@@ -132,16 +163,21 @@ class TalkReport:
             self._speech_item = event.item_id
         elif isinstance(event, ev.SpeechStopped):
             self.speaking = False
+            sent = self.sent_time(event.audio_end_ms)  # the server's end of speech
+            voiced_end = sent if sent is not None else self.last_voiced
             if event.item_id in self._held:
-                self._held[event.item_id] = self.last_voiced
+                self._held[event.item_id] = voiced_end
             else:
-                self._turn(event.item_id).voiced_end = self.last_voiced
+                turn = self._turn(event.item_id)
+                turn.voiced_end = voiced_end
+                turn.ended_at = now
         elif isinstance(event, ev.InputCommitted):
             held = event.item_id in self._held
             voiced_end = self._held.pop(event.item_id, None)
             turn = self._turn(event.item_id)
             if held:
                 turn.voiced_end = voiced_end
+                turn.ended_at = now
         elif isinstance(event, ev.InputTranscriptCompleted):
             turn = self._turn(event.item_id)
             turn.transcript = event.transcript
@@ -268,10 +304,12 @@ async def talk(
     out: Path | None,
     fast: bool,
     idle_s: float = IDLE_S,
+    talk_over: bool = False,
     interrupt_mode: str | None = None,
 ) -> int:
-    """Stream ``wav`` as a microphone (server VAD ends the turns); print the report
-    (``interrupt_mode``: the session's, ``immediate`` or ``confirm``; None: the server's)."""
+    """Stream ``wav`` as a microphone (server VAD ends the turns); print the report.
+    ``talk_over``: never wait for an answer (the recording interrupts them);
+    ``interrupt_mode``: the session's, ``immediate`` or ``confirm`` (None: the server's)."""
     detection: dict[str, str] = {"type": "server_vad"}
     if interrupt_mode is not None:
         detection["interrupt_mode"] = interrupt_mode
@@ -298,12 +336,21 @@ async def talk(
 
         async def send() -> None:  # events are read meanwhile: TTFA is timed as they arrive
             start = time.monotonic()
+            mic = frames + silence
             flags = voiced + [False] * len(silence)
-            for i, (frame, is_voiced) in enumerate(zip(frames + silence, flags, strict=True)):
+            quiet = silence[0]
+            i = sent = 0
+            while i < len(mic):
+                if not talk_over and report.holding(time.monotonic()):
+                    frame, is_voiced = quiet, False  # waiting for the answer
+                else:
+                    frame, is_voiced = mic[i], flags[i]
+                    i += 1
                 await client.send_audio(frame, RATE)
                 report.sent_frame(is_voiced, time.monotonic())
+                sent += 1
                 if not fast:
-                    due = start + (i + 1) * FRAME_MS / 1000
+                    due = start + sent * FRAME_MS / 1000
                     await asyncio.sleep(max(0.0, due - time.monotonic()))
 
         sender = asyncio.create_task(send(), name="microphone")

@@ -183,7 +183,7 @@ def test_cli_talk_two_utterances_reports_two_turns(server: str, tmp_path: Path) 
         )
     out = tmp_path / "reply.wav"
     url = f"ws://{server}/v1/realtime"
-    talk = _cli("--url", url, "talk", "--wav", str(src), "--out", str(out))
+    talk = _cli("--url", url, "talk", "--wav", str(src), "--out", str(out), "--talk-over")
     assert talk.returncode == 0, talk.stderr
     text = talk.stdout
     assert (
@@ -199,3 +199,59 @@ def test_cli_talk_two_utterances_reports_two_turns(server: str, tmp_path: Path) 
     assert "one spoken turn" not in text
     with wave.open(str(out)) as w:
         assert w.getframerate() == 24000 and w.getnframes() > 0
+
+
+def test_ttfa_counts_from_the_server_s_end_of_speech_not_a_breath() -> None:
+    """The end of speech is the server's (speech_stopped.audio_end_ms mapped to the moment
+    that audio was sent): a breath-loud frame in the pause after it does not move the clock."""
+    r = TalkReport()
+    for i in range(100):  # 2 s of input, frame i sent at 10 + i * 0.02 s
+        r.sent_frame(i < 40 or i == 70, 10 + i * 0.02)  # speech to 0.8 s, a breath at 1.4 s
+    assert r.sent_time(790) == 10 + 39 * 0.02 and r.sent_time(5000) is None
+    r.on_event(ev.SpeechStarted(audio_start_ms=0, item_id="u1"), 10.1)
+    r.on_event(ev.SpeechStopped(audio_end_ms=800, item_id="u1"), 11.9)
+    r.on_event(ev.ResponseCreated(response=_response("r1", "in_progress")), 11.95)
+    r.on_event(_audio("r1"), 12.0)
+    answer = r.answers[0]
+    assert answer.ttfa_ms is not None and round(answer.ttfa_ms) == 1200  # from 10.8 s
+    # the old rule (the last frame over 5% of the loudest) would have said 600 ms: the breath
+
+
+def test_holding_waits_for_the_answer_to_play_out() -> None:
+    r = TalkReport()
+    assert not r.holding(0.0)  # nothing said yet
+    r.on_event(ev.SpeechStarted(audio_start_ms=0, item_id="u1"), 1.0)
+    assert not r.holding(1.1)  # the user speaks
+    r.on_event(ev.SpeechStopped(audio_end_ms=900, item_id="u1"), 1.5)
+    assert r.holding(1.6)  # the turn ended: wait for its answer ...
+    assert not r.holding(1.5 + 10.5)  # ... but not for ever when none comes
+    r.on_event(ev.ResponseCreated(response=_response("r1", "in_progress")), 2.0)
+    r.on_event(_audio("r1", ms=1000), 2.5)  # 1 s of answer audio from 2.5 s
+    r.on_event(ev.ResponseDone(response=_response("r1", "completed")), 2.6)
+    assert r.holding(3.4)  # still playing
+    assert r.holding(3.8)  # the pause after it
+    assert not r.holding(4.1)  # played out: speak on
+
+
+def test_cli_talk_waits_for_each_answer_and_times_from_the_end_of_speech(
+    server: str, tmp_path: Path
+) -> None:
+    """Two utterances 1.2 s apart with a faint breath in the pause: by default the second
+    waits until the first answer has played, so both answers complete; each TTFA runs from
+    the server's end of speech (the breath does not count), so it holds the 500 ms silence
+    window and no less."""
+    src = tmp_path / "two.wav"
+    with wave.open(str(src), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        pause = silence(500, 16000) + tone(60, 16000, amp=0.03) + silence(640, 16000)
+        w.writeframes(silence(200, 16000) + tone(700, 16000) + pause + tone(700, 16000))
+    url = f"ws://{server}/v1/realtime"
+    talk = _cli("--url", url, "talk", "--wav", str(src))
+    assert talk.returncode == 0, talk.stderr
+    text = talk.stdout
+    assert "2 turns detected by server VAD, 2 transcripts, 2 answers (2 completed)" in text, text
+    ttfas = [int(t) for t in re.findall(r"\[completed, TTFA (\d+) ms\]", text)]
+    assert len(ttfas) == 2, text
+    assert all(450 <= t < 3000 * UNIT for t in ttfas), text
