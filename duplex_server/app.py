@@ -17,9 +17,10 @@ from pathlib import Path
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
@@ -83,6 +84,35 @@ def speaking_voices(config: AppConfig) -> VoiceCatalog | None:
         return None
 
 
+async def http_error(request: Request, exc: Exception) -> Response:
+    """An unknown route or method: OpenAI's error shape under ``/v1`` (``Invalid URL (GET
+    /v1/x)``, code ``unknown_url``, 404; a route's wrong method: 405 naming the ones it takes),
+    plain text elsewhere (the browser page's files). Under ``/v1`` the route table decides,
+    not the error: the page's static files answer 405 to any POST they cannot serve."""
+    assert isinstance(exc, HTTPException)
+    path = request.url.path
+    if not (path == "/v1" or path.startswith("/v1/")):
+        return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
+    allowed = sorted(
+        m
+        for r in request.app.router.routes
+        if isinstance(r, Route) and r.methods and r.path_regex.match(path)
+        for m in r.methods
+        if m != "HEAD"
+    )
+    if allowed:
+        status, code = 405, "method_not_allowed"
+        message = f"{request.method} is not allowed on {path} (allowed: {', '.join(allowed)})"
+        headers = {"Allow": ", ".join(allowed)}
+    else:
+        status, code, headers = 404, "unknown_url", {}
+        message = f"Invalid URL ({request.method} {path})"
+    body = {
+        "error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    }
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
 class EngineHandle:
     """The app's one engine (the only process-wide state is what this holds)."""
 
@@ -117,6 +147,12 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
             handle.engine = engine
             hub.sessions.engine = engine
             log.info("engine ready")
+            if hub.simulated:
+                log.warning(
+                    "stages %s are simulated (backend sim): they only take the time a GPU "
+                    "would, and sessions hear silence (docs/gpu.md, 'Simulated GPU')",
+                    ", ".join(hub.simulated),
+                )
         except Exception as exc:  # start-up failure: /health stays 503 and says why
             log.exception("engine failed to start")
             handle.error = f"{type(exc).__name__}: {exc}"
@@ -218,6 +254,7 @@ def create_app(config: AppConfig, engine_addr: str | None = None) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        exception_handlers={404: http_error, 405: http_error},
         middleware=[auth, Middleware(BatchTiming, metrics=metrics)],
     )
     app.state.hub = hub
