@@ -8,7 +8,7 @@ CONFIG ?= configs/cpu.yaml
 HOST ?= 127.0.0.1
 PORT ?= 8000
 # llama.cpp portable build: a -march=native build (GGML_NATIVE) segfaults on AMX Xeons, in
-# its weight-repack path (noted in engine/stages/llm_llamacpp.py); these flags keep AVX2,
+# its weight-repack path (docs/development.md, "Build notes"); these flags keep AVX2,
 # FMA and F16C and leave the native-only paths out.
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF
 LLAMA_VERSION := 0.3.36

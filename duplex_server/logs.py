@@ -4,9 +4,11 @@ At the default level (``--log-level info``) the server logs what it does (start-
 sessions that end, shutdown) and the third-party libraries below log warnings and errors
 only: aioice logs every ICE check of every WebRTC call at INFO, faster-whisper every
 transcription, httpx every request of the ``openai`` stage. ``--log-level debug`` shows
-them all. Health probes (``GET /health`` answered 200, e.g. HAProxy's checks every second
-in ``serve-scaled``) are left out of the access log unless at debug level; a failed probe is
-still logged.
+them all, except each WebSocket frame (the websockets library logs every frame sent and
+received, ~700 lines for one short session, nearly all of it audio): those only at
+``--log-level trace`` (:class:`FrameFilter`). Health probes (``GET /health`` answered 200,
+e.g. HAProxy's checks every second in ``serve-scaled``) are left out of the access log
+unless at debug level; a failed probe is still logged.
 """
 
 from __future__ import annotations
@@ -23,7 +25,19 @@ CHATTY: tuple[str, ...] = (
     "httpcore",
 )
 
+TRACE = 5  # uvicorn's level below DEBUG
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+#: loggers the WebSocket protocol logs its frames to (uvicorn hands it "uvicorn.error")
+FRAME_LOGGERS: tuple[str, ...] = ("uvicorn.error", "websockets.server", "websockets.client")
+
+
+class FrameFilter(logging.Filter):
+    """Drops the websockets library's per-frame records (``< BINARY ...``, ``> TEXT ...``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.DEBUG and record.msg in ("< %s", "> %s"))
 
 
 class HealthProbeFilter(logging.Filter):
@@ -38,10 +52,15 @@ class HealthProbeFilter(logging.Filter):
 
 
 def level_of(name: str) -> int:
-    """``info``, ``DEBUG``, ``warning``... -> the logging level (ValueError if unknown)."""
+    """``info``, ``DEBUG``, ``warning``, ``trace``... -> the logging level (ValueError if
+    unknown). ``trace`` (5, uvicorn's) is debug plus every WebSocket frame."""
+    if name.lower() == "trace":
+        return TRACE
     level = logging.getLevelName(name.upper())
     if not isinstance(level, int):
-        raise ValueError(f"unknown log level {name!r} (debug, info, warning, error, critical)")
+        raise ValueError(
+            f"unknown log level {name!r} (trace, debug, info, warning, error, critical)"
+        )
     return level
 
 
@@ -53,6 +72,12 @@ def configure(level_name: str) -> int:
     quiet = logging.WARNING if level > logging.DEBUG else logging.NOTSET
     for name in CHATTY:
         logging.getLogger(name).setLevel(quiet)
+    for name in FRAME_LOGGERS:
+        logger = logging.getLogger(name)
+        for f in [f for f in logger.filters if isinstance(f, FrameFilter)]:
+            logger.removeFilter(f)
+        if level >= logging.DEBUG:  # frames only at trace (5)
+            logger.addFilter(FrameFilter())
     return level
 
 

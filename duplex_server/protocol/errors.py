@@ -85,6 +85,7 @@ ERROR_CODES: Final = frozenset(
         "stale_fence",
         "deadline_exceeded",
         "server_error",
+        "simulated_stages",
         *FATAL_CODES,
     }
 )

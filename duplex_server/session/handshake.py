@@ -95,6 +95,16 @@ async def open_session(
     ``session.update``). Raises :class:`ProtocolError` or an engine error if refused."""
     require_engine(hub)
     session = await hub.sessions.open(attachment, hub.capabilities(), beta=beta)
+    if hub.simulated:  # say why the answers are silent (a simulated GPU config)
+        message = (
+            f"stages {', '.join(hub.simulated)} are simulated (backend sim): answers take "
+            "the time a GPU would and are silent (docs/gpu.md, 'Simulated GPU')"
+        )
+        session.emit(
+            ev.Error(
+                error=ev.ErrorDetail(type="server_error", code="simulated_stages", message=message)
+            )
+        )
     if patch:
         session.receive_text(json.dumps({"type": "session.update", "session": patch}))
     return session

