@@ -131,8 +131,8 @@ class PromptConfig(_Frozen, frozen=True):
     # A spoken reply ends after this many sentences (its text and audio; the LLM request is
     # stopped). null: only max_output_tokens ends it. Text replies are never cut this way.
     spoken_max_sentences: PositiveInt | None = 2
-    # ... or after the first sentence that ends with at least this many words in the reply
-    # (a long first sentence is answer enough). null: sentences only.
+    # ... and a sentence after the first is spoken only if the reply then has at most this
+    # many words (it is held until it ends; one that runs past is left out). null: no limit.
     spoken_max_words: PositiveInt | None = None
 
 

@@ -496,6 +496,13 @@ class Pipeline:
                         result.tokens = out.tokens
                         result.prompt_tokens = out.prompt_tokens
                         result.finish_reason = out.finish_reason
+            done = stop is not None and result.finish_reason != "aborted"
+            tail = stop.flush() if stop is not None and done else ""  # a held last sentence
+            if tail:
+                parts.append(tail)
+                on_text(tail)
+                if chunker is not None:
+                    feed(chunker.push(TextOut(request_id=req.request_id, text=tail)))
             if chunker is not None:
                 feed(chunker.flush())
             first.put_nowait(_END)

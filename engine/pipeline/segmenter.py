@@ -170,44 +170,71 @@ class Segmenter:
 
 
 class SentenceStop:
-    """Ends a spoken answer after its ``sentences``-th sentence, or after the first sentence
-    that ends with ``words`` words or more in the answer (pure: the pipeline's).
+    """Ends a spoken answer after its ``sentences``-th sentence, and keeps it within ``words``
+    words past its first sentence (pure: the pipeline's).
 
-    Text deltas pass through unchanged until the whitespace that follows the word ending
-    that sentence (the segmenter's rule: ``. ! ? …`` not in an abbreviation, or a newline);
-    the text before that whitespace is the last passed on, and :attr:`stopped` is set.
-    Deciding at the whitespace keeps numbers whole: ``"3."`` then ``"5"`` is ``3.5``.
+    The first sentence passes through as it comes (the first audio waits for it). With
+    ``words``, each later sentence is held until it ends and passed on only if the answer
+    then has at most ``words`` words; one that runs past is dropped, and the answer ends
+    before it. A sentence ends at the whitespace after its last word (the segmenter's rule:
+    ``. ! ? …`` not in an abbreviation, or a newline), so numbers stay whole (``"3."`` then
+    ``"5"`` is ``3.5``); :attr:`stopped` is set once the answer is complete. At the end of
+    the text, :meth:`flush` gives what is still held.
     """
 
     def __init__(self, sentences: int, words: int | None = None) -> None:
         if sentences < 1 or (words is not None and words < 1):
             raise ValueError(f"sentences and words must be >= 1, got {sentences}, {words}")
-        self._left = sentences
-        self._words_max = words
+        self._max = sentences
+        self._budget = words
+        self._done = 0  # sentences ended
         self._words = 0  # whole words so far
         self._word = ""  # the word being read (no whitespace yet after it)
         self._leading = True  # it is the first word of the answer or of a line
+        self._held = ""  # the sentence being read after the first (with ``words``)
         self.stopped = False
 
     def push(self, delta: str) -> str:
         """The part of ``delta`` to pass on (``""`` once stopped)."""
         if self.stopped:
             return ""
-        for i, ch in enumerate(delta):
-            if not ch.isspace():
-                self._word += ch
-                continue
-            if self._word:
+        out: list[str] = []
+        for ch in delta:
+            if ch.isspace() and self._word:
                 self._words += 1
-                kind = _boundary_after(self._word, ch, leading=self._leading)
-                if kind is _Boundary.SENTENCE:
-                    self._left -= 1
-                    long = self._words_max is not None and self._words >= self._words_max
-                    if self._left == 0 or long:
+                if self._holding and self._budget is not None and self._words > self._budget:
+                    self.stopped = True  # this sentence runs past the budget: not spoken
+                    return "".join(out)
+                if _boundary_after(self._word, ch, leading=self._leading) is _Boundary.SENTENCE:
+                    self._done += 1
+                    out.append(self._held)  # within the budget: spoken
+                    self._held = ""
+                    if self._done >= self._max:
                         self.stopped = True
-                        return delta[:i]
+                        return "".join(out)
                 self._word = ""
                 self._leading = False
+            elif not ch.isspace():
+                self._word += ch
             if ch == "\n":
                 self._leading = True
-        return delta
+            if self._holding:
+                self._held += ch
+            else:
+                out.append(ch)
+        return "".join(out)
+
+    def flush(self) -> str:
+        """The end of the answer: a held last sentence, if it fits the budget."""
+        if self.stopped:
+            return ""
+        self.stopped = True
+        words = self._words + (1 if self._word else 0)
+        if self._budget is not None and words > self._budget:
+            return ""
+        held, self._held = self._held, ""
+        return held
+
+    @property
+    def _holding(self) -> bool:
+        return self._budget is not None and self._done >= 1

@@ -85,7 +85,7 @@ def _stream(stop: SentenceStop, deltas: list[str]) -> str:
         out += stop.push(d)
         if stop.stopped:
             break
-    return out
+    return out + stop.flush()  # the end of the text
 
 
 def test_sentence_stop_ends_after_the_nth_sentence_whatever_the_chunking() -> None:
@@ -103,17 +103,16 @@ def test_sentence_stop_ends_after_the_nth_sentence_whatever_the_chunking() -> No
     assert _stream(stop, ["Hi. There."]) == "Hi." and stop.push("more") == ""
     with pytest.raises(ValueError):
         SentenceStop(0)
-    # a long first sentence is answer enough: stop there when it ends past the word budget
-    long = ["I can help with many things like facts and jokes. Ask me anything. More."]
-    assert (
-        _stream(SentenceStop(2, words=8), long)
-        == "I can help with many things like facts and jokes."
-    )
-    assert (
-        _stream(SentenceStop(2, words=20), long)
-        == "I can help with many things like facts and jokes. Ask me anything."
-    )
-    assert _stream(SentenceStop(2, words=3), ["Yes. I can. Go."]) == "Yes. I can."
+    # a word budget: a later sentence is spoken only if the answer stays within it
+    long = "I can help with many things. Ask me about facts, jokes, words, numbers or anything."
+    assert _stream(SentenceStop(2, words=8), [long]) == "I can help with many things."
+    assert _stream(SentenceStop(2, words=20), [long]) == long
+    tokens = [w + " " for w in long.split()]  # streamed: held, then dropped or passed on
+    assert _stream(SentenceStop(2, words=8), tokens) == "I can help with many things."
+    assert _stream(SentenceStop(2, words=20), tokens) == long
+    first = "The first sentence is long enough to pass the budget on its own. Then more."
+    assert _stream(SentenceStop(2, words=5), [first]) == first.split(" Then")[0]
+    assert _stream(SentenceStop(3, words=3), ["Yes. I can. Go."]) == "Yes. I can."
 
 
 def test_a_cut_answer_is_marked_in_the_prompt_only() -> None:
