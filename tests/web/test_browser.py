@@ -251,6 +251,15 @@ def backchannel_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
         yield addr
 
 
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    path = write_config(
+        tmp_path_factory.mktemp("web-keyed"), engine=REALTIME_TTS, server={"api_keys": ["sk-app"]}
+    )
+    with running_server(Path(path)) as addr:
+        yield addr
+
+
 def _backchannel_wav(path: Path, rate: int = 16000) -> None:
     """A question, then a short "mm-hm" (0.35 s) 1.2 s into the answer, then quiet."""
     gap = [np.zeros(int(rate * ms / 1000)) for ms in (500, 1200, 9000)]
@@ -303,3 +312,32 @@ def test_a_backchannel_over_the_answer_shows_a_cut_taken_back(
     bubble = browser.find_element("css selector", "#log li.assistant.taken-back")
     assert bubble.is_displayed() and bubble.text.startswith("Hello there."), bubble.text
     assert browser.find_element("id", "takenback").text == str(state["takenBack"])
+
+
+@pytest.mark.parametrize("mode", ["websocket", "webrtc"])
+def test_the_page_opens_a_session_with_a_client_secret(
+    keyed_server: str, browser: Any, mode: str
+) -> None:
+    """The app's server mints a secret with its key; the page (which never sees the key)
+    opens its session with the secret in the key field: one turn answered, on both wires."""
+    import httpx
+
+    minted = httpx.post(
+        f"http://{keyed_server}/v1/realtime/client_secrets",
+        json={"session": {"instructions": "Be brief."}},
+        headers={"Authorization": "Bearer sk-app"},
+    )
+    assert minted.status_code == 200, minted.text
+    secret = minted.json()["value"]
+    _open(browser, f"http://{keyed_server}/")
+    browser.find_element("id", "key").send_keys(secret)
+    if mode == "webrtc":
+        browser.find_element("id", "webrtc").click()
+    browser.find_element("id", "connect").click()
+    deadline = time.monotonic() + 30 * UNIT
+    state = _state(browser)
+    while time.monotonic() < deadline and "completed" not in state["responses"]:
+        time.sleep(0.2)
+        state = _state(browser)
+    assert state["connected"] and state["sessionId"].startswith("sess_"), state
+    assert "completed" in state["responses"], state
