@@ -29,8 +29,8 @@ from starlette.routing import BaseRoute, Route
 from duplex_server.client_secrets import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, ClientSecrets
 from duplex_server.http.batch_api import ApiError, error_response, read_json
 from duplex_server.protocol import events as ev
-from duplex_server.protocol.config import EffectiveSession, apply_patch
 from duplex_server.protocol.errors import ProtocolError
+from duplex_server.protocol.session_config import EffectiveSession, apply_patch
 
 MAX_BODY = 256 * 1024
 

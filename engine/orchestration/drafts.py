@@ -29,7 +29,8 @@ from duplex_contract.settings import Tool
 from duplex_contract.tools import ResponseOptions, active_tools, tools_prompt
 from engine.messages import Priority
 from engine.orchestration.prompt import build_prompt
-from engine.pipeline.pipeline import LlmResult, Pipeline, SpokenChunk, Urgency
+from engine.pipeline.pipeline import LlmResult, Pipeline, SpokenChunk
+from engine.pipeline.stage_slots import Urgency
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig

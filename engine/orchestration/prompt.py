@@ -23,7 +23,7 @@ longest common prefix): a note inside the first system message, before the examp
 every turn re-evaluate ~250 tokens (~2 s of CPU on this machine's shared cores).
 
 A spoken reply is also ended after ``spoken_max_sentences`` sentences, by the pipeline
-(:class:`~engine.orchestration.segmenter.SentenceStop`), not by the prompt.
+(:class:`~engine.pipeline.segmenter.SentenceStop`), not by the prompt.
 """
 
 from __future__ import annotations

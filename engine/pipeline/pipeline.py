@@ -26,9 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from duplex_contract.audio import duration_ms
 from duplex_contract.batch import AudioOut, ChatMessage, TextOut, TranscriptOut
@@ -48,31 +47,12 @@ from engine.messages import (
 from engine.pipeline.chunkers import Chunk, Chunker, default_chunker
 from engine.pipeline.graph import Graph, Route, StageInfo
 from engine.pipeline.segmenter import SentenceStop
+from engine.pipeline.stage_slots import Slots, Urgency, urgency_of
 from engine.stages.base import ChunkerSource
 from engine.stages.edges import Edge
 from engine.stages.pool import StagePool
 
-__all__ = ["LlmResult", "Pipeline", "SlotTicket", "Slots", "SpokenChunk", "Urgency", "urgency_of"]
-
-
-class SlotTicket(Protocol):
-    """A request's place in a stage's load, told of each output the request yields
-    (``work``: it carries tokens, frames, audio or text, not only the request's end)."""
-
-    def output(self, work: bool) -> None: ...
-
-
-class Slots(Protocol):
-    """When a request may use a stage: the orchestrator's scheduler
-    (engine/orchestration/scheduling.py) holds the request's place for the whole of it."""
-
-    def slot(
-        self, stage: str, request: StageRequest
-    ) -> AbstractAsyncContextManager[SlotTicket]: ...
-
-    def capacity_of(self, stage: str) -> int:
-        """The requests ``stage`` runs at once (its slots)."""
-        ...
+__all__ = ["LlmResult", "Pipeline", "SpokenChunk"]
 
 
 @dataclass(frozen=True)
@@ -111,18 +91,6 @@ async def _drained(q: asyncio.Queue[Any]) -> AsyncIterator[StageOutput]:
         if isinstance(item, Exception):
             raise item
         yield item
-
-
-#: The priority of the next stage request of a piece of work, asked for each one it makes:
-#: a draft's requests are ``DRAFT`` until its turn adopts it, then ``REALTIME``
-#: (engine/orchestration/drafts.py).
-Urgency = Callable[[], Priority]
-
-
-def urgency_of(priority: Priority | Urgency) -> Urgency:
-    if isinstance(priority, Priority):
-        return lambda: priority
-    return priority
 
 
 class Pipeline:

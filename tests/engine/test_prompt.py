@@ -1,5 +1,5 @@
 """The prompt around a conversation (engine/orchestration/prompt.py), the sentence stop of a
-spoken reply (engine/orchestration/segmenter.py) and a cut answer's mark in the history."""
+spoken reply (engine/pipeline/segmenter.py) and a cut answer's mark in the history."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from duplex_contract.batch import ChatMessage
 from engine.config import PromptConfig
 from engine.orchestration.history import ConversationHistory
 from engine.orchestration.prompt import build_prompt, language_name
-from engine.orchestration.segmenter import SentenceStop
+from engine.pipeline.segmenter import SentenceStop
 from engine.stages.llm_llamacpp import LoopGuard
 
 EXAMPLES = (("Can you hear me?", "Yes."),)

@@ -280,7 +280,7 @@ def test_text_known_whole_is_cut_into_sentences_only() -> None:
     """Batch speech (early_first=False): no early first clause, so no TTS pause in the
     middle of the first sentence."""
     from engine.config import SegmenterConfig
-    from engine.orchestration.segmenter import Segmenter
+    from engine.pipeline.segmenter import Segmenter
 
     text = "Full duplex means both sides can talk at once. It is like a phone call."
     early = Segmenter(SegmenterConfig(first_min_words=2, first_max_words=4))

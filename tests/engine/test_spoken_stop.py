@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from duplex_contract.control import AppendCall, CommitCall, OpenCall
-from duplex_contract.events import AudioChunk, ResponseDone, TextDelta
+from duplex_contract.session_events import AudioChunk, ResponseDone, TextDelta
 from duplex_contract.settings import Modality, SessionSettings
 from engine.config import PromptConfig
 from tests.engine.conftest import UNIT, collect, make_config, open_engine, run, stages

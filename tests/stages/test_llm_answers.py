@@ -13,7 +13,7 @@ from duplex_contract.batch import ChatMessage
 from engine.config import load_engine_config
 from engine.orchestration.history import ConversationHistory
 from engine.orchestration.prompt import build_prompt
-from engine.orchestration.segmenter import SentenceStop
+from engine.pipeline.segmenter import SentenceStop
 from engine.stages.llm_llamacpp import LlamaCppLlm, LlamaCppOptions
 
 pytestmark = pytest.mark.models
