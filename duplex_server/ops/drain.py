@@ -24,6 +24,9 @@ sockets with 1012 and the clients tried to resume on a server that was gone.
 :class:`DrainingServer` is uvicorn's server with those signals mapped to a drain (``handover``:
 SIGTERM hands sessions over; SIGINT stops at once) or to :func:`shut_down` (SIGTERM and
 SIGINT), followed by the usual ordered shutdown; a second signal stops at once.
+``FINAL_STOP`` (SIGUSR1) is :func:`shut_down` for a front end that would hand its sessions
+over: ``serve --workers`` stopping for good sends it, since no front end is left to take them
+(duplex_server/ops/supervise.py).
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ import contextlib
 import logging
 import signal
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
 
+from duplex_server.ops.supervise import FINAL_STOP
 from duplex_server.protocol import events as ev
 from duplex_server.protocol.errors import CloseCode, SessionFatal
 from duplex_server.session.live import LiveSession
@@ -146,21 +152,41 @@ class DrainingServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's SIGINT and SIGTERM, and :data:`FINAL_STOP` (main thread only)."""
+        with super().capture_signals():
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = signal.signal(FINAL_STOP, self._final_stop)
+            try:
+                yield
+            finally:
+                signal.signal(FINAL_STOP, previous)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         loop = self._loop
         drains = (signal.SIGTERM,) if self.handover else (signal.SIGTERM, signal.SIGINT)
         if sig not in drains or self._drain is not None or loop is None or not self.started:
             super().handle_exit(sig, frame)
             return
-        loop.call_soon_threadsafe(self._start_drain)
+        loop.call_soon_threadsafe(self._start_drain, False)
 
-    def _start_drain(self) -> None:
+    def _final_stop(self, sig: int, frame: FrameType | None) -> None:
+        loop = self._loop
+        if self._drain is not None or loop is None or not self.started:
+            super().handle_exit(signal.SIGTERM, frame)  # stop now, as a second signal does
+            return
+        loop.call_soon_threadsafe(self._start_drain, True)
+
+    def _start_drain(self, final: bool) -> None:
         if self._drain is None:
-            self._drain = asyncio.ensure_future(self._drain_then_exit())
+            self._drain = asyncio.ensure_future(self._drain_then_exit(final))
 
-    async def _drain_then_exit(self) -> int:
+    async def _drain_then_exit(self, final: bool) -> int:
         try:
-            if self.handover:
+            if self.handover and not final:
                 return await drain(self.hub, self.drain_s, self.health_s)
             return await shut_down(self.hub, self.drain_s)
         except Exception:

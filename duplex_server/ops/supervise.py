@@ -15,8 +15,10 @@ kept running (docs/scale.md, "Deploys and crashes under `serve --workers`").
   are handed over to the others), wait for it to exit, start it again, wait until its
   ``/health`` answers 200, then the next. A SIGHUP during a roll is queued: once the roll
   ends, one more roll runs (any number of SIGHUPs during a roll make one more).
-- SIGTERM or SIGINT: every front end drains at the same time, then the engine stops; exit
-  status 0.
+- SIGTERM or SIGINT: a final stop. Every front end gets :data:`FINAL_STOP` at the same
+  time: answers in flight finish, then each session is told ``server_shutdown`` (close 1001,
+  not resumable: no front end is left to resume on; duplex_server/ops/drain.py); then the
+  engine stops; exit status 0.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
+
+#: a front end's final stop (``serve --workers`` stopping for good): its sessions cannot live
+#: on elsewhere, so they are told so (duplex_server/ops/drain.py ``shut_down``), not handed over
+FINAL_STOP = signal.SIGUSR1
 
 _TICK_S = 0.1  # how often the supervisor looks at its processes
 _HEALTH_EVERY_S = 0.25
@@ -144,7 +150,9 @@ class Supervisor:
         self.hup = True
 
     def _start(self, front: FrontEnd) -> None:
-        front.proc = subprocess.Popen(front.cmd)
+        # a process group of its own: Ctrl-C in a terminal reaches the supervisor only, which
+        # stops its children in order (a final stop, then the engine)
+        front.proc = subprocess.Popen(front.cmd, process_group=0)
         front.draining = False
         front.restart_at = None
 
@@ -245,12 +253,14 @@ class Supervisor:
             self.roll = []
 
     def _stop_all(self) -> None:
-        """Every front end drains at once (SIGTERM), then the engine stops."""
+        """Every front end stops at once (:data:`~duplex_server.ops.drain.FINAL_STOP`: answers
+        in flight finish, then each session is told ``server_shutdown``: no front end is left
+        to take it over), then the engine stops."""
         live = [f for f in self.fronts if f.proc is not None and f.proc.poll() is None]
         for front in live:
-            if not front.draining:  # one a roll drains already: a 2nd SIGTERM stops it at once
+            if not front.draining:  # one a roll drains already: its sessions go elsewhere
                 assert front.proc is not None
-                front.proc.send_signal(signal.SIGTERM)
+                front.proc.send_signal(FINAL_STOP)
         deadline = time.monotonic() + self.policy.stop_timeout_s
         for front in live:
             assert front.proc is not None

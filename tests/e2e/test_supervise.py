@@ -310,3 +310,53 @@ def test_a_front_end_that_keeps_dying_makes_the_supervisor_give_up(tmp_path: Pat
         "giving up, stopping all"
     ], lines
     assert "already in use" in w.stderr.read_text()  # each restart said why it failed
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_final_stop_tells_every_session_it_ended(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM or SIGINT to ``serve --workers``: no front end is left to resume on, so the answer in
+    flight finishes and each session on each front end gets error{server_shutdown},
+    session.closed and close 1001 (never the handover and 1012 of a deploy's drain, which
+    would send its client resuming on a server that is gone); the supervisor exits 0."""
+    import json
+
+    import websockets.sync.client
+
+    with workers(tmp_path, lb=False) as w:
+        sockets = [
+            websockets.sync.client.connect(f"ws://{addr}/v1/realtime") for addr in w.fronts.values()
+        ]
+        try:
+            for ws in sockets:
+                assert json.loads(ws.recv(timeout=10 * UNIT))["type"] == "session.created"
+                item = {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "alpha"}],
+                }
+                ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+                ws.send(json.dumps({"type": "response.create"}))
+                while json.loads(ws.recv(timeout=10 * UNIT))["type"] != (
+                    "response.output_audio.delta"
+                ):
+                    pass
+            w.sup.send_signal(sig)
+            for ws in sockets:
+                events = []
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    while True:
+                        events.append(json.loads(ws.recv(timeout=30 * UNIT)))
+                kinds = [e["type"] for e in events]
+                code = closed.value.rcvd.code if closed.value.rcvd is not None else None
+                assert code == 1001, (code, kinds)
+                assert "session.handover" not in kinds, kinds
+                done = [e for e in events if e["type"] == "response.done"]
+                assert done and done[0]["response"]["status"] == "completed", kinds
+                error = next(e for e in events if e["type"] == "error")["error"]
+                assert error["code"] == "server_shutdown", error
+                assert events[-1]["type"] == "session.closed", kinds
+                assert events[-1]["reason"] == "server_shutdown", events[-1]
+        finally:
+            for ws in sockets:
+                ws.close()
+        assert w.sup.wait(60) == 0, w.stderr.read_text()

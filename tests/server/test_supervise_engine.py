@@ -44,7 +44,7 @@ def test_an_engine_that_exits_is_started_again_and_the_front_ends_stay(
     assert "the engine process started again" in err
     got = lines(log)
     assert got.count("start w1") == got.count("start w2") == 1, got  # never restarted
-    assert got.index("term w1") > got.index("start engine", 1)  # stopped only at the end
+    assert got.index("final w1") > got.index("start engine", 1)  # stopped only at the end
 
 
 def test_an_engine_that_keeps_exiting_makes_the_supervisor_give_up(
@@ -70,4 +70,4 @@ def test_an_engine_that_keeps_exiting_makes_the_supervisor_give_up(
     assert err.count("duplex-server: the engine process started again") == 2  # 3 runs
     got = lines(log)  # (an exiting stand-in logs no start)
     assert got.count("start w1") == got.count("start w2") == 1, got
-    assert sorted(x for x in got if x.startswith("term")) == ["term w1", "term w2"]
+    assert sorted(x for x in got if x.startswith(("term", "final"))) == ["final w1", "final w2"]

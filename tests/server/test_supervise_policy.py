@@ -21,9 +21,10 @@ import pytest
 from bench.serverproc import free_port
 from duplex_server.ops.supervise import FrontEnd, Policy, Supervisor
 
-# a stand-in process: logs "start NAME" to LOG (and "term NAME" on SIGTERM, then exits 0.3 s
-# later); with a port it answers every HTTP GET with 200 (its /health), else it sleeps;
-# CODE >= 0: it exits with it once LOG has AFTER "start" lines (the others' handlers are set)
+# a stand-in process: logs "start NAME" to LOG (and "term NAME" on SIGTERM, "final NAME" on
+# SIGUSR1, the supervisor's final stop of a front end, then exits 0.3 s later); with a port it
+# answers every HTTP GET with 200 (its /health), else it sleeps; CODE >= 0: it exits with it
+# once LOG has AFTER "start" lines (the others' handlers are set)
 STAND_IN = r"""
 import http.server, os, signal, sys, time
 name, log, port, code = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -37,7 +38,12 @@ def term(signum, frame):  # a drain takes a moment (a 2nd SIGTERM meanwhile: a 2
     note("term")
     time.sleep(0.3)
     os._exit(0)
+def final(signum, frame):
+    note("final")
+    time.sleep(0.3)
+    os._exit(0)
 signal.signal(signal.SIGTERM, term)
+signal.signal(signal.SIGUSR1, final)
 if code >= 0:
     raise SystemExit(code)
 class Ok(http.server.BaseHTTPRequestHandler):
@@ -109,8 +115,8 @@ def test_a_front_end_that_exits_is_restarted_then_the_supervisor_gives_up(
         "giving up, stopping all"
     )
     assert sum("giving up" in line for line in err) == 1
-    # w1 (healthy) was stopped before the engine
-    assert lines(log).index("term w1") < lines(log).index("term engine"), lines(log)
+    # w1 (healthy) was stopped (a final stop) before the engine
+    assert lines(log).index("final w1") < lines(log).index("term engine"), lines(log)
 
 
 def test_exits_outside_the_window_do_not_add_up(
@@ -141,10 +147,13 @@ def test_the_engine_exiting_stops_everything(
     assert err[-1] == (
         "duplex-server: the engine process exited (status 7); stopping all (it held every session)"
     )
-    assert sorted(x for x in lines(log) if x.startswith("term")) == ["term w1", "term w2"]
+    assert sorted(x for x in lines(log) if x.startswith(("term", "final"))) == [
+        "final w1",
+        "final w2",
+    ]
 
 
-def test_sigterm_stops_the_front_ends_then_the_engine(
+def test_sigterm_stops_the_front_ends_for_good_then_the_engine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = tmp_path / "log"
@@ -152,7 +161,7 @@ def test_sigterm_stops_the_front_ends_then_the_engine(
     later(lambda: len(lines(log)) == 3, signal_me(signal.SIGTERM))
     assert Supervisor(stand_in("engine", log), fronts, Policy()).run() == 0
     got = lines(log)
-    assert sorted(got[3:5]) == ["term w1", "term w2"] and got[5:] == ["term engine"], got
+    assert sorted(got[3:5]) == ["final w1", "final w2"] and got[5:] == ["term engine"], got
 
 
 def test_sighup_restarts_the_front_ends_one_after_another(
@@ -190,5 +199,6 @@ def test_sigterm_during_a_roll_does_not_signal_the_draining_front_end_twice(
     later(lambda: "term w1" in lines(log), signal_me(signal.SIGTERM))  # w1 is draining
     assert Supervisor(stand_in("engine", log), fronts, Policy()).run() == 0
     got = lines(log)
-    assert got.count("term w1") == 1 and got.count("term w2") == 1, got
+    assert got.count("term w1") == 1 and "final w1" not in got, got  # its drain goes on
+    assert got.count("final w2") == 1 and "term w2" not in got, got
     assert got[-1] == "term engine" and "start w1" not in got[3:], got
