@@ -79,8 +79,15 @@ class SpeechWords:
             task.cancel()
 
     async def aclose(self) -> None:
+        """The session ended: its job is cancelled and the session's ``apply`` let go (no
+        reference cycle keeps an ended session alive until the cyclic GC)."""
         task = self._task
         self.close()
         if task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.apply = _ignore
+
+
+def _ignore(actions: list[Action]) -> None:
+    """What an ended session's words reach: nothing."""
