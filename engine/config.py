@@ -116,11 +116,13 @@ class SchedulingConfig(_Frozen, frozen=True):
 
 class PromptConfig(_Frozen, frozen=True):
     """How a response's prompt is built around the conversation
-    (engine/orchestration/prompt.py; docs/engine.md, "The prompt")."""
+    (engine/orchestration/prompt.py; docs/engine.md, "The prompt"). The defaults leave the
+    prompt and the reply as the model makes them; configs/cpu.yaml turns each aid on for its
+    135M model."""
 
     # "Reply in English." (the session's transcription language) at the end of the system
     # message: a small model otherwise drifts into the language a name sounds like.
-    language_hint: bool = True
+    language_hint: bool = False
     # Example exchanges (user, assistant) put between the system message and the conversation
     # of a spoken reply: they show a small model the length and tone of an answer.
     spoken_examples: tuple[tuple[str, str], ...] = ()
@@ -130,7 +132,7 @@ class PromptConfig(_Frozen, frozen=True):
     history_note: bool = False
     # A spoken reply ends after this many sentences (its text and audio; the LLM request is
     # stopped). null: only max_output_tokens ends it. Text replies are never cut this way.
-    spoken_max_sentences: PositiveInt | None = 2
+    spoken_max_sentences: PositiveInt | None = None
     # ... and a sentence after the first is spoken only if the reply then has at most this
     # many words (it is held until it ends; one that runs past is left out). null: no limit.
     spoken_max_words: PositiveInt | None = None

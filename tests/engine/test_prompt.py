@@ -26,16 +26,14 @@ def _conversation() -> tuple[ChatMessage, ...]:
 
 
 def test_language_hint_follows_the_session_language() -> None:
-    cfg = PromptConfig()
+    cfg = PromptConfig(language_hint=True)
     en = build_prompt(_conversation(), cfg, spoken=True, language="en")
     assert en[0].content == "Be brief.\nAlways reply in English."
     de = build_prompt(_conversation(), cfg, spoken=True, language="de")
     assert de[0].content.endswith("Always reply in German.")
     assert language_name("xx") == "the language with ISO 639-1 code xx"
-    off = build_prompt(
-        _conversation(), PromptConfig(language_hint=False), spoken=True, language="en"
-    )
-    assert off[0].content == "Be brief."
+    off = build_prompt(_conversation(), PromptConfig(), spoken=True, language="en")
+    assert off[0].content == "Be brief."  # the default: no hint
 
 
 def test_examples_go_before_the_conversation_of_spoken_replies_only() -> None:
