@@ -22,13 +22,7 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
-from audio_kit.pcm import (
-    PcmChunker,
-    StreamResampler,
-    float32_to_pcm16,
-    lead_trim,
-    pcm16_to_float32,
-)
+from audio_kit.pcm import PcmChunker, StreamResampler
 from duplex_contract.batch import AudioOut
 from duplex_contract.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
@@ -226,12 +220,10 @@ class EspeakTts:
         rid, rate = request.request_id, request.sample_rate
         resampler = StreamResampler(self.native_rate, rate)
         chunker = PcmChunker(rate, self.opts.chunk_ms)
-        for n, sentence in enumerate(s for s in _SENTENCE.split(request.text.strip()) if s):
+        for sentence in (s for s in _SENTENCE.split(request.text.strip()) if s):
             pcm = self.synthesize(
                 sentence, speed=request.speed, keep_going=lambda: not cancelled.is_set()
             )
-            if n == 0 and request.first:  # the answer's first audible sample waits on it
-                pcm = float32_to_pcm16(lead_trim(pcm16_to_float32(pcm), self.native_rate))
             pieces = chunker.push(resampler.process(pcm) + resampler.flush())
             rest = chunker.flush()
             for chunk in [*pieces, rest] if rest else pieces:

@@ -22,7 +22,7 @@ from typing import Annotated, Any, ClassVar
 import msgspec
 import numpy as np
 
-from audio_kit.pcm import PcmChunker, StreamResampler, float32_to_pcm16, lead_trim
+from audio_kit.pcm import PcmChunker, StreamResampler, float32_to_pcm16
 from duplex_contract.batch import AudioOut
 from duplex_contract.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
@@ -183,10 +183,6 @@ class PiperTts:
                 return
             if not first and pause.size:
                 audio = np.concatenate([pause, audio])
-            elif first and request.first:
-                # Piper opens a sentence with 5-60 ms of silence: the answer's first clause
-                # is what its first audible sample waits for
-                audio = lead_trim(audio, self.native_rate)
             first = False
             pcm = resampler.process(float32_to_pcm16(audio)) + resampler.flush()
             pieces = chunker.push(pcm)

@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from audio_kit.pcm import first_audible, pcm16_to_float32
 from duplex_contract.batch import AudioOut, TranscriptOut
 from engine.messages import AsrRequest, StageDone, TtsRequest
 from engine.stages.asr_whisper import WhisperAsr
@@ -113,22 +112,3 @@ def test_piper_runs_without_onnxruntime_s_memory_arena(piper: PiperTts) -> None:
     voice = piper._voice
     assert voice is not None
     assert voice.session.get_session_options().enable_cpu_mem_arena is False
-
-
-@pytest.mark.parametrize("text", ["Okay.", "The capital of France is Paris."])
-def test_an_answers_first_clause_starts_audible(tts: PiperTts | EspeakTts, text: str) -> None:
-    """The first clause of an answer (``TtsRequest.first``) has its leading silence cut (to
-    5 ms): Piper opens "Okay." with ~55 ms below -40 dBFS, and the first audible sample is
-    what a listener waits for. Other clauses keep theirs (a pause between clauses)."""
-    first = run_request(tts, TtsRequest(request_id="a", text=text, sample_rate=24000, first=True))
-    later = run_request(tts, TtsRequest(request_id="b", text=text, sample_rate=24000))
-    lead_first = first_audible(pcm16_to_float32(first.pcm), 24000)
-    lead_later = first_audible(pcm16_to_float32(later.pcm), 24000)
-    assert lead_first is not None and lead_later is not None
-    assert lead_first <= 24000 * 0.015, lead_first  # 5 ms margin + the resampler's delay
-    assert lead_later >= lead_first
-    if isinstance(tts, EspeakTts):
-        # the same audio but for the cut lead (to the 5 ms grid first_audible measures on);
-        # Piper's durations vary from run to run (its noise_w), eSpeak's do not
-        cut = (len(later.pcm) - len(first.pcm)) // 2
-        assert abs(cut - (lead_later - lead_first)) <= 24000 * 0.005, (cut, lead_later)
