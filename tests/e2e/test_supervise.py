@@ -322,41 +322,36 @@ def test_a_final_stop_tells_every_session_it_ended(tmp_path: Path, sig: signal.S
 
     import websockets.sync.client
 
-    with workers(tmp_path, lb=False) as w:
+    with workers(tmp_path, lb=False) as w, contextlib.ExitStack() as stack:
         sockets = [
-            websockets.sync.client.connect(f"ws://{addr}/v1/realtime") for addr in w.fronts.values()
+            stack.enter_context(websockets.sync.client.connect(f"ws://{addr}/v1/realtime"))
+            for addr in w.fronts.values()
         ]
-        try:
-            for ws in sockets:
-                assert json.loads(ws.recv(timeout=10 * UNIT))["type"] == "session.created"
-                item = {
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "alpha"}],
-                }
-                ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
-                ws.send(json.dumps({"type": "response.create"}))
-                while json.loads(ws.recv(timeout=10 * UNIT))["type"] != (
-                    "response.output_audio.delta"
-                ):
-                    pass
-            w.sup.send_signal(sig)
-            for ws in sockets:
-                events = []
-                with pytest.raises(websockets.ConnectionClosed) as closed:
-                    while True:
-                        events.append(json.loads(ws.recv(timeout=30 * UNIT)))
-                kinds = [e["type"] for e in events]
-                code = closed.value.rcvd.code if closed.value.rcvd is not None else None
-                assert code == 1001, (code, kinds)
-                assert "session.handover" not in kinds, kinds
-                done = [e for e in events if e["type"] == "response.done"]
-                assert done and done[0]["response"]["status"] == "completed", kinds
-                error = next(e for e in events if e["type"] == "error")["error"]
-                assert error["code"] == "server_shutdown", error
-                assert events[-1]["type"] == "session.closed", kinds
-                assert events[-1]["reason"] == "server_shutdown", events[-1]
-        finally:
-            for ws in sockets:
-                ws.close()
+        for ws in sockets:
+            assert json.loads(ws.recv(timeout=10 * UNIT))["type"] == "session.created"
+            item = {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "alpha"}],
+            }
+            ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+            ws.send(json.dumps({"type": "response.create"}))
+            while json.loads(ws.recv(timeout=10 * UNIT))["type"] != "response.output_audio.delta":
+                pass
+        w.sup.send_signal(sig)
+        for ws in sockets:
+            events = []
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    events.append(json.loads(ws.recv(timeout=30 * UNIT)))
+            kinds = [e["type"] for e in events]
+            code = closed.value.rcvd.code if closed.value.rcvd is not None else None
+            assert code == 1001, (code, kinds)
+            assert "session.handover" not in kinds, kinds
+            done = [e for e in events if e["type"] == "response.done"]
+            assert done and done[0]["response"]["status"] == "completed", kinds
+            error = next(e for e in events if e["type"] == "error")["error"]
+            assert error["code"] == "server_shutdown", error
+            assert events[-1]["type"] == "session.closed", kinds
+            assert events[-1]["reason"] == "server_shutdown", events[-1]
         assert w.sup.wait(60) == 0, w.stderr.read_text()
