@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import msgspec
@@ -25,6 +25,7 @@ from duplex_contract.batch import TranscriptOut
 from duplex_contract.errors import StageError
 from engine.messages import AsrRequest, StageDone, StageOutput, StageRequest
 from engine.stages.edges import Edge
+from engine.stages.stage_front import StageFront
 from engine.stages.threaded import ThreadedRuntime
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class PocketsphinxStream:
             self._active = False
 
 
-class PocketsphinxAsr:
+class PocketsphinxAsr(StageFront):
     """Whole-utterance pocketsphinx decoding: one TranscriptOut(final=True), then StageDone.
 
     The stage interface is its :class:`ThreadedRuntime`'s (one utterance at a time); this
@@ -145,37 +146,14 @@ class PocketsphinxAsr:
         self._decoder: Any = None
         self.runtime = ThreadedRuntime(name, self)
 
+    def serving(self) -> ThreadedRuntime:
+        return self.runtime
+
     @classmethod
     def cuda_device_count(cls) -> int:
         return 0
 
     # -- the stage interface: its runtime's --------------------------------------------
-    @property
-    def restarts(self) -> int:
-        return self.runtime.restarts
-
-    @property
-    def on_wait(self) -> Callable[[float], None] | None:
-        return self.runtime.on_wait
-
-    @on_wait.setter
-    def on_wait(self, hook: Callable[[float], None] | None) -> None:
-        self.runtime.on_wait = hook
-
-    async def start(self) -> None:
-        await self.runtime.start()
-
-    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        return self.runtime.submit(request)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.runtime.abort(request_ids)
-
-    async def close(self) -> None:
-        await self.runtime.close()
-
-    def batch_size(self, request_id: str) -> int:
-        return self.runtime.batch_size(request_id)
 
     # -- the model (worker thread) -----------------------------------------------------
     def load(self) -> None:

@@ -16,7 +16,7 @@ picks a GPU when CTranslate2 sees one). ``compute_type`` is CTranslate2's (``int
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -27,10 +27,11 @@ from audio_kit.pcm import edge_trim, pcm16_to_float32, resample
 from duplex_contract.batch import TranscriptOut
 from duplex_contract.errors import StageError
 from engine.gpu_memory import GpuMemory
-from engine.messages import AsrRequest, StageDone, StageOutput, StageRequest
+from engine.messages import AsrRequest, StageDone, StageRequest
 from engine.models import whisper_base_dir
 from engine.stages.batching import BatchingRuntime, BatchSlot
 from engine.stages.edges import Edge
+from engine.stages.stage_front import BatchingFront
 from engine.stages.whisper_decoder import ASR_RATE, Context, WhisperDecoder
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class WhisperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     window: Literal["auto", 30] = "auto"
 
 
-class WhisperAsr:
+class WhisperAsr(BatchingFront):
     """Whole-utterance transcription: one TranscriptOut(final=True), then StageDone.
 
     The stage interface is its :class:`BatchingRuntime`'s; this class is the model
@@ -93,6 +94,9 @@ class WhisperAsr:
         self.decoder: WhisperDecoder | None = None  # once loaded
         self.runtime = BatchingRuntime(name, self, options.max_batch)
 
+    def serving(self) -> BatchingRuntime:
+        return self.runtime
+
     @classmethod
     def cuda_device_count(cls) -> int:
         import ctranslate2
@@ -100,10 +104,6 @@ class WhisperAsr:
         return int(ctranslate2.get_cuda_device_count())
 
     # -- the stage interface: its runtime's --------------------------------------------
-    @property
-    def restarts(self) -> int:
-        return self.runtime.restarts
-
     @property
     def capacity(self) -> int:
         return self.runtime.capacity
@@ -113,37 +113,6 @@ class WhisperAsr:
         (~0.15 GiB in int8_float16) and CTranslate2's workspace for a batch of 30 s windows
         (0.6 GiB); 2 GiB for another model (up to large-v3 in int8_float16)."""
         return GpuMemory(gib=0.6 if self.opts.model_dir is None else 2.0)
-
-    @property
-    def on_step(self) -> Callable[[int], None] | None:
-        return self.runtime.on_step
-
-    @on_step.setter
-    def on_step(self, hook: Callable[[int], None] | None) -> None:
-        self.runtime.on_step = hook
-
-    @property
-    def on_wait(self) -> Callable[[float], None] | None:
-        return self.runtime.on_wait
-
-    @on_wait.setter
-    def on_wait(self, hook: Callable[[float], None] | None) -> None:
-        self.runtime.on_wait = hook
-
-    async def start(self) -> None:
-        await self.runtime.start()
-
-    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        return self.runtime.submit(request)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.runtime.abort(request_ids)
-
-    async def close(self) -> None:
-        await self.runtime.close()
-
-    def batch_size(self, request_id: str) -> int:
-        return self.runtime.batch_size(request_id)
 
     # -- the model (worker thread) -----------------------------------------------------
     def load(self) -> None:

@@ -16,12 +16,13 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from duplex_contract.errors import StageError
 from engine.messages import StageOutput, StageRequest
 from engine.stages import compute
+from engine.stages.stage_front import StageFront
 from engine.stages.workers import Job, Worker, WorkerCrash
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def _order(slot: BatchSlot) -> tuple[int, int]:
     return (int(slot.request.priority), slot.seq)
 
 
-class BatchingRuntime:
+class BatchingRuntime(StageFront):
     """Continuous batching across sessions: one ``step`` advances many requests at once.
 
     Each step the worker takes what is ready from every request on this replica: new
@@ -141,40 +142,14 @@ class BatchingRuntime:
         self.max_step_size = 0
         self.worker = Worker(name, model, self)
 
+    def serving(self) -> Worker:
+        return self.worker
+
     # -- the stage interface ------------------------------------------------------------
     @property
     def capacity(self) -> int:
         """Request slots (engine/orchestration/scheduling.py): requests one step takes at most."""
         return self.max_batch
-
-    @property
-    def restarts(self) -> int:
-        return self.worker.restarts
-
-    @property
-    def on_wait(self) -> Callable[[float], None] | None:
-        """Submit -> a request's first step, seconds (engine/stage_figures.py)."""
-        return self.worker.on_wait
-
-    @on_wait.setter
-    def on_wait(self, hook: Callable[[float], None] | None) -> None:
-        self.worker.on_wait = hook
-
-    async def start(self) -> None:
-        await self.worker.start()
-
-    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        return self.worker.submit(request)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.worker.abort(request_ids)
-
-    async def close(self) -> None:
-        await self.worker.close()
-
-    def batch_size(self, request_id: str) -> int:
-        """The most requests a step ran together with ``request_id`` (0: unknown)."""
-        return self.worker.batch_size(request_id)
 
     def running(self) -> list[StageRequest]:
         """The requests taking part in steps now (a snapshot; tests)."""

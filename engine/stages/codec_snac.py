@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -43,11 +43,12 @@ from duplex_contract.batch import AudioOut
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, IntArray, get_layout
 from engine.gpu_memory import GpuMemory
-from engine.messages import StageDone, StageOutput, StageRequest, TokensRequest
+from engine.messages import StageDone, StageRequest, TokensRequest
 from engine.snac_model import EXACT_MARGIN_FRAMES, build_snac, decode_rows
 from engine.stages.batching import BatchingRuntime, BatchSlot
 from engine.stages.codec_windows import CodecChunker, Window, plan_calls, stream_key, window_of
 from engine.stages.edges import Edge
+from engine.stages.stage_front import BatchingFront
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class SnacDecoder:
         return audio
 
 
-class SnacCodec:
+class SnacCodec(BatchingFront):
     """Codec frames -> PCM16 (see the module docstring).
 
     The stage interface is its :class:`BatchingRuntime`'s; this class is the model
@@ -151,6 +152,9 @@ class SnacCodec:
             name, self, options.max_batch, gather_s=options.gather_ms / 1000
         )
 
+    def serving(self) -> BatchingRuntime:
+        return self.runtime
+
     @classmethod
     def cuda_device_count(cls) -> int:
         try:
@@ -171,10 +175,6 @@ class SnacCodec:
 
     # -- the stage interface: its runtime's --------------------------------------------
     @property
-    def restarts(self) -> int:
-        return self.runtime.restarts
-
-    @property
     def capacity(self) -> int:
         return self.runtime.capacity
 
@@ -182,37 +182,6 @@ class SnacCodec:
         """What it takes on a GPU (engine/gpu_memory.py), an estimate: SNAC 24 kHz's weights
         (~0.08 GiB in float32) and the activations of a batch of windows (~12 MiB each)."""
         return GpuMemory(gib=0.2 + 0.0125 * self.runtime.max_batch)
-
-    @property
-    def on_step(self) -> Callable[[int], None] | None:
-        return self.runtime.on_step
-
-    @on_step.setter
-    def on_step(self, hook: Callable[[int], None] | None) -> None:
-        self.runtime.on_step = hook
-
-    @property
-    def on_wait(self) -> Callable[[float], None] | None:
-        return self.runtime.on_wait
-
-    @on_wait.setter
-    def on_wait(self, hook: Callable[[float], None] | None) -> None:
-        self.runtime.on_wait = hook
-
-    async def start(self) -> None:
-        await self.runtime.start()
-
-    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        return self.runtime.submit(request)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.runtime.abort(request_ids)
-
-    async def close(self) -> None:
-        await self.runtime.close()
-
-    def batch_size(self, request_id: str) -> int:
-        return self.runtime.batch_size(request_id)
 
     # -- the model (worker thread) -----------------------------------------------------
     def load(self) -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import codecs
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -54,6 +54,7 @@ from engine.messages import LlmRequest, StageDone, StageOutput, StageRequest
 from engine.models import smollm2_gguf
 from engine.stages import compute
 from engine.stages.edges import Edge
+from engine.stages.stage_front import StageFront
 from engine.stages.threaded import ThreadedRuntime
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ class ChatPrompt:
         return tokens
 
 
-class LlamaCppLlm:
+class LlamaCppLlm(StageFront):
     """Streams one TextOut per generated token piece, then StageDone(finish_reason, tokens).
 
     The stage interface is its :class:`ThreadedRuntime`'s (one request at a time); this
@@ -175,37 +176,14 @@ class LlamaCppLlm:
         self.first_clause_pauses = 0  # decoding paused for its first clause (tests)
         self.runtime = ThreadedRuntime(name, self)
 
+    def serving(self) -> ThreadedRuntime:
+        return self.runtime
+
     @classmethod
     def cuda_device_count(cls) -> int:
         return 0
 
     # -- the stage interface: its runtime's --------------------------------------------
-    @property
-    def restarts(self) -> int:
-        return self.runtime.restarts
-
-    @property
-    def on_wait(self) -> Callable[[float], None] | None:
-        return self.runtime.on_wait
-
-    @on_wait.setter
-    def on_wait(self, hook: Callable[[float], None] | None) -> None:
-        self.runtime.on_wait = hook
-
-    async def start(self) -> None:
-        await self.runtime.start()
-
-    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        return self.runtime.submit(request)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.runtime.abort(request_ids)
-
-    async def close(self) -> None:
-        await self.runtime.close()
-
-    def batch_size(self, request_id: str) -> int:
-        return self.runtime.batch_size(request_id)
 
     # -- the model (worker thread) -----------------------------------------------------
     def load(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import msgspec
@@ -19,13 +19,14 @@ import numpy as np
 from duplex_contract.audio import duration_ms
 from duplex_contract.batch import AudioOut, TextOut, TranscriptOut
 from duplex_contract.errors import ConfigError, StageError
-from engine.messages import AsrRequest, LlmRequest, StageDone, StageOutput, StageRequest, TtsRequest
+from engine.messages import AsrRequest, LlmRequest, StageDone, StageRequest, TtsRequest
 from engine.stages.batching import BatchingRuntime, BatchSlot
+from engine.stages.stage_front import BatchingFront
 from engine.stages.testing import KEEP_IDS, ROLES, TestStageOptions, resolve_role
 from engine.stages.workers import WorkerCrash
 
 
-class BatchTestStage:
+class BatchTestStage(BatchingFront):
     """The test roles on the batching runtime: one step advances every request in it.
 
     asr: one step per request (the transcript); llm: one word per step; tts: one audio
@@ -56,49 +57,17 @@ class BatchTestStage:
         self.batches: list[tuple[str, ...]] = []
         self.runtime = BatchingRuntime(name, self, options.max_batch)
 
+    def serving(self) -> BatchingRuntime:
+        return self.runtime
+
     @classmethod
     def cuda_device_count(cls) -> int:
         return 0
 
     # -- the stage interface: its runtime's --------------------------------------------
     @property
-    def restarts(self) -> int:
-        return self.runtime.restarts
-
-    @property
     def capacity(self) -> int:
         return self.runtime.capacity
-
-    @property
-    def on_step(self) -> Callable[[int], None] | None:
-        return self.runtime.on_step
-
-    @on_step.setter
-    def on_step(self, hook: Callable[[int], None] | None) -> None:
-        self.runtime.on_step = hook
-
-    @property
-    def on_wait(self) -> Callable[[float], None] | None:
-        return self.runtime.on_wait
-
-    @on_wait.setter
-    def on_wait(self, hook: Callable[[float], None] | None) -> None:
-        self.runtime.on_wait = hook
-
-    async def start(self) -> None:
-        await self.runtime.start()
-
-    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        return self.runtime.submit(request)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.runtime.abort(request_ids)
-
-    async def close(self) -> None:
-        await self.runtime.close()
-
-    def batch_size(self, request_id: str) -> int:
-        return self.runtime.batch_size(request_id)
 
     # -- the model (worker thread) -----------------------------------------------------
     def load(self) -> None:

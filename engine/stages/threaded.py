@@ -15,13 +15,14 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import Protocol
 
 from duplex_contract.errors import StageError
 from engine.messages import StageOutput, StageRequest, TtsRequest
 from engine.stages import compute
+from engine.stages.stage_front import StageFront
 from engine.stages.workers import Job, Worker, WorkerCrash
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class RequestModel(Protocol):
         ...
 
 
-class ThreadedRuntime:
+class ThreadedRuntime(StageFront):
     """Runs ``model`` one request at a time in a worker thread (real-time first).
 
     The stage interface a backend forwards to it: ``start``, ``submit``, ``abort``,
@@ -60,35 +61,10 @@ class ThreadedRuntime:
         self._current: Job | None = None
         self.worker = Worker(name, model, self)
 
+    def serving(self) -> Worker:
+        return self.worker
+
     # -- the stage interface ------------------------------------------------------------
-    @property
-    def restarts(self) -> int:
-        return self.worker.restarts
-
-    @property
-    def on_wait(self) -> Callable[[float], None] | None:
-        """Submit -> start of a request's work, seconds (engine/stage_figures.py)."""
-        return self.worker.on_wait
-
-    @on_wait.setter
-    def on_wait(self, hook: Callable[[float], None] | None) -> None:
-        self.worker.on_wait = hook
-
-    async def start(self) -> None:
-        await self.worker.start()
-
-    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        return self.worker.submit(request)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.worker.abort(request_ids)
-
-    async def close(self) -> None:
-        await self.worker.close()
-
-    def batch_size(self, request_id: str) -> int:
-        """1 while the request runs (one at a time), 0 before and after."""
-        return self.worker.batch_size(request_id)
 
     # -- the worker's job loop ----------------------------------------------------------
     def enqueue(self, job: Job) -> None:

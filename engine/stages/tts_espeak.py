@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Annotated, ClassVar
 
 import msgspec
@@ -28,6 +28,7 @@ from duplex_contract.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
 from engine.models import espeak_ng_data, espeak_ng_library
 from engine.stages.edges import Edge
+from engine.stages.stage_front import StageFront
 from engine.stages.threaded import ThreadedRuntime
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ class EspeakOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     chunk_ms: Annotated[float, msgspec.Meta(ge=10, le=1000)] = 100.0
 
 
-class EspeakTts:
+class EspeakTts(StageFront):
     """Text -> AudioOut chunks (PCM16 mono at request.sample_rate), then StageDone.
 
     The stage interface is its :class:`ThreadedRuntime`'s (one request at a time); this
@@ -151,6 +152,9 @@ class EspeakTts:
         self._espeak: _Espeak | None = None
         self.runtime = ThreadedRuntime(name, self)
 
+    def serving(self) -> ThreadedRuntime:
+        return self.runtime
+
     @classmethod
     def cuda_device_count(cls) -> int:
         return 0
@@ -160,32 +164,6 @@ class EspeakTts:
         return (self.opts.voice,)
 
     # -- the stage interface: its runtime's --------------------------------------------
-    @property
-    def restarts(self) -> int:
-        return self.runtime.restarts
-
-    @property
-    def on_wait(self) -> Callable[[float], None] | None:
-        return self.runtime.on_wait
-
-    @on_wait.setter
-    def on_wait(self, hook: Callable[[float], None] | None) -> None:
-        self.runtime.on_wait = hook
-
-    async def start(self) -> None:
-        await self.runtime.start()
-
-    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        return self.runtime.submit(request)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.runtime.abort(request_ids)
-
-    async def close(self) -> None:
-        await self.runtime.close()
-
-    def batch_size(self, request_id: str) -> int:
-        return self.runtime.batch_size(request_id)
 
     # -- the model (worker thread) -----------------------------------------------------
     @property

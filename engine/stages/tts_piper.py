@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
@@ -28,6 +28,7 @@ from duplex_contract.errors import StageError
 from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
 from engine.models import cache_dir, piper_voice
 from engine.stages.edges import Edge
+from engine.stages.stage_front import StageFront
 from engine.stages.threaded import ThreadedRuntime
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class PiperOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sentence_silence_ms: Annotated[float, msgspec.Meta(ge=0, le=2000)] = 0.0
 
 
-class PiperTts:
+class PiperTts(StageFront):
     """Text -> AudioOut chunks (PCM16 mono at request.sample_rate), then StageDone.
 
     The stage interface is its :class:`ThreadedRuntime`'s (one request at a time); this
@@ -72,6 +73,9 @@ class PiperTts:
         self.native_rate = 22050
         self.runtime = ThreadedRuntime(name, self)
 
+    def serving(self) -> ThreadedRuntime:
+        return self.runtime
+
     @classmethod
     def cuda_device_count(cls) -> int:
         return 0
@@ -83,32 +87,6 @@ class PiperTts:
         return (Path(self.opts.model_path).name.removesuffix(".onnx"),)
 
     # -- the stage interface: its runtime's --------------------------------------------
-    @property
-    def restarts(self) -> int:
-        return self.runtime.restarts
-
-    @property
-    def on_wait(self) -> Callable[[float], None] | None:
-        return self.runtime.on_wait
-
-    @on_wait.setter
-    def on_wait(self, hook: Callable[[float], None] | None) -> None:
-        self.runtime.on_wait = hook
-
-    async def start(self) -> None:
-        await self.runtime.start()
-
-    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        return self.runtime.submit(request)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.runtime.abort(request_ids)
-
-    async def close(self) -> None:
-        await self.runtime.close()
-
-    def batch_size(self, request_id: str) -> int:
-        return self.runtime.batch_size(request_id)
 
     # -- the model (worker thread) -----------------------------------------------------
     def load(self) -> None:
