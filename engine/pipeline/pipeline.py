@@ -434,9 +434,12 @@ class Pipeline:
         held = ""
         stop = SentenceStop(max_sentences, max_words) if max_sentences is not None else None
         pieces = 0
+        cut = False  # the spoken reply's sentences are all out: the request was stopped
         try:
             async with contextlib.aclosing(self._run(r.responder, req)) as outs:
                 async for out in outs:
+                    if cut and not isinstance(out, StageDone):
+                        continue
                     if isinstance(out, TextOut):
                         pieces += 1
                     if isinstance(out, TextOut) and calling is None:
@@ -457,13 +460,17 @@ class Pipeline:
                             on_text(out.text)
                             if chunker is not None:
                                 feed(chunker.push(out))
-                        if stop is not None and stop.stopped:  # closing outs stops the request
+                        if stop is not None and stop.stopped:
+                            # stop the request, and wait for its end: it says the prompt's
+                            # length (usage); a backend that ends without it leaves 0
+                            cut = True
                             result.tokens, result.finish_reason = pieces, "stop"
-                            break
+                            await self.pools[r.responder.name].abort([req.request_id])
                     elif isinstance(out, StageDone):
-                        result.tokens = out.tokens
                         result.prompt_tokens = out.prompt_tokens
-                        result.finish_reason = out.finish_reason
+                        if not cut:
+                            result.tokens = out.tokens
+                            result.finish_reason = out.finish_reason
             done = stop is not None and result.finish_reason != "aborted"
             tail = stop.flush() if stop is not None and done else ""  # a held last sentence
             if tail:

@@ -242,11 +242,13 @@ class TestStage:
                 gen = self._talker(request, cancelled)
             else:
                 gen = self._tts(request, cancelled)
+            done = False
             async for out in gen:
-                if cancelled.is_set():
+                if cancelled.is_set() and not isinstance(out, StageDone):
                     break
+                done = done or isinstance(out, StageDone)
                 yield out
-            if cancelled.is_set():
+            if cancelled.is_set() and not done:
                 yield StageDone(request_id=request.request_id, finish_reason="aborted")
         finally:
             self._cancelled.pop(request.request_id, None)
@@ -296,15 +298,21 @@ class TestStage:
             first_system = bool(req.messages) and req.messages[0].role == "system"
             reply = " | ".join(m.content for m in req.messages[int(first_system) :])
         words = reply.split(" ")
+        prompt = sum(len(m.content.split()) for m in req.messages)  # a word is a token here
         n = 0
         for i, word in enumerate(words[: req.max_tokens]):
             await self._sleep(self.options.token_interval_s, cancelled)
-            if cancelled.is_set():
+            if cancelled.is_set():  # as llama.cpp's stage: the prompt was read all the same
+                yield StageDone(
+                    request_id=req.request_id,
+                    finish_reason="aborted",
+                    tokens=n,
+                    prompt_tokens=prompt,
+                )
                 return
             n += 1
             yield TextOut(request_id=req.request_id, text=word if i == 0 else " " + word)
         reason: Literal["stop", "length"] = "length" if len(words) > req.max_tokens else "stop"
-        prompt = sum(len(m.content.split()) for m in req.messages)  # a word is a token here
         yield StageDone(
             request_id=req.request_id, finish_reason=reason, tokens=n, prompt_tokens=prompt
         )

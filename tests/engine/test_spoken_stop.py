@@ -48,6 +48,11 @@ def test_a_spoken_reply_stops_after_its_first_sentence() -> None:
     assert text == "Hello there."
     assert done.status == "completed"
     assert took < 2.0 * UNIT  # the whole reply takes ~14 tokens x 0.2 s: stopped early
+    # usage: the stopped request still says how long its prompt was ("hi" and the default
+    # instructions: a word is a token to the test stage), and the tokens it made: the
+    # sentence's and the next one's first ("This", which showed the sentence had ended)
+    assert done.input_tokens == 1 + len(make_config().default_instructions.split())
+    assert done.output_tokens == len(text.split()) + 1
 
 
 def test_a_text_reply_is_not_cut() -> None:
