@@ -93,6 +93,11 @@ async def _drained(q: asyncio.Queue[Any]) -> AsyncIterator[StageOutput]:
         yield item
 
 
+#: Later segments a batching output stage (the talker) starts while it samples this one. Off:
+#: one started ahead ran to its end before a barge-in could abort it (docs/gpu.md).
+SEGMENTS_AHEAD = 0
+
+
 class Pipeline:
     def __init__(
         self,
@@ -237,7 +242,8 @@ class Pipeline:
                 n += 1
                 return req
 
-            ahead = 1 if outq is not None and self.slots.capacity_of(stage.name) > 1 else 0
+            cap = self.slots.capacity_of(stage.name)
+            ahead = SEGMENTS_AHEAD if outq is not None and cap > 1 else 0
             try:
                 async with contextlib.aclosing(self._in_order(stage, inq, make, ahead)) as each:
                     async for mark, outs in each:

@@ -75,11 +75,12 @@ def test_max_tokens_gives_length_and_sampling_follows_temperature(vllm_llm: Vllm
         req = LlmRequest(request_id=f"t{i}", messages=(STORY,), max_tokens=24, temperature=1.0)
         return (await collect(vllm_llm, req)).text
 
-    async def both() -> list[str]:
-        return list(await asyncio.gather(sample(1), sample(2)))
-
-    # Same seed per request: sampled, but reproducible.
-    first, second = asyncio.run(both())
+    # Same seed per request: sampled, but reproducible. Each runs alone: vLLM's CPU kernels
+    # are not batch invariant (on an AVX-512 Xeon two requests batched together sample
+    # apart after ~10 tokens; on an AMD EPYC they did not), so a request's sample is
+    # reproducible alone, not beside whatever else runs (docs/gpu.md)
+    first = asyncio.run(sample(1))
+    second = asyncio.run(sample(2))
     greedy = asyncio.run(
         collect(vllm_llm, LlmRequest(request_id="g", messages=(STORY,), max_tokens=24))
     ).text
