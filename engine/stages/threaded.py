@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from typing import Protocol
 
 from duplex_contract.errors import StageError
-from engine.messages import StageOutput, StageRequest, TtsRequest
+from engine.messages import StageDone, StageOutput, StageRequest, TtsRequest
 from engine.stages import compute
 from engine.stages.stage_front import StageFront
 from engine.stages.workers import Job, Worker, WorkerCrash
@@ -98,9 +98,19 @@ class ThreadedRuntime(StageFront):
                 compute.working(self.name),
                 compute.urgent(compute.group_of(request.request_id)) if first else nullcontext(),
             ):
+                after = 0  # items the model gave since the abort
                 for out in self._model.run(request, job.cancelled):
                     if job.cancelled.is_set():
-                        break
+                        # the model's own end says what it read (an LLM's prompt tokens:
+                        # usage); one that stops within a token gives it next, else stop
+                        if isinstance(out, StageDone):
+                            job.deliver(out)
+                            job.end()
+                            return
+                        after += 1
+                        if after > 2:
+                            break
+                        continue
                     job.deliver(out)
         except WorkerCrash:
             raise
