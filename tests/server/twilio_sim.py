@@ -60,6 +60,14 @@ class TwilioSim:
         self.marks_echoed: list[str] = []
         self.clears = 0
         self.clear_times: list[float] = []
+        #: for each mark echoed (as ``marks_echoed``): whether its audio was played (False:
+        #: echoed by a clear, never heard)
+        self.echo_heard: list[bool] = []
+        #: for each clear: how far the item playing had played (ms of its audio as sent,
+        #: counted from the last mark played and the bytes played since)
+        self.clear_content_ms: list[tuple[str, float]] = []  # (item_id, ms)
+        #: the last mark played: (its item, its ms, where it ended in the bytes played)
+        self._last_heard: tuple[str, float, int] | None = None
         self.received: list[dict[str, Any]] = []
         self.received_at: list[float] = []  # when each message of ``received`` came
         #: (time sent, voice bytes sent so far) for each media frame that carried voice
@@ -162,6 +170,10 @@ class TwilioSim:
                 elif kind == "clear":
                     self.clears += 1
                     self.clear_times.append(time.monotonic())
+                    if self._last_heard is not None:
+                        item, mark_ms, at = self._last_heard
+                        played_ms = (self.played - at) / (RATE * 2 / 1000)
+                        self.clear_content_ms.append((item, mark_ms + played_ms))
                     self.queued -= len(self.playout)
                     self.playout.clear()
                     for _, name in self.pending:
@@ -172,8 +184,14 @@ class TwilioSim:
         finally:
             self.closed.set()
 
-    async def _echo_mark(self, name: str) -> None:
+    async def _echo_mark(self, name: str, at: int | None = None) -> None:
+        """Echo mark ``name``; ``at``: where its audio ended in the bytes played (None: it
+        was cleared, never heard)."""
         self.marks_echoed.append(name)
+        self.echo_heard.append(at is not None)
+        if at is not None:  # (the server names its marks ``<item_id>:<end_ms>``)
+            item, end_ms = name.rsplit(":", 1)
+            self._last_heard = (item, float(end_ms), at)
         await self.send({"event": "mark", "streamSid": self.sid, "mark": {"name": name}})
 
     async def _clock(self) -> None:
@@ -189,7 +207,7 @@ class TwilioSim:
                 played += zero[len(played) :]
                 self.heard += played
                 while self.pending and self.pending[0][0] <= self.played:
-                    await self._echo_mark(self.pending.pop(0)[1])
+                    await self._echo_mark(*reversed(self.pending.pop(0)))
                 mic = np.zeros(FRAME, dtype=np.float64)
                 voice = bytes(self.say[: FRAME * 2])
                 del self.say[: FRAME * 2]
