@@ -180,6 +180,11 @@ class SentenceStop:
     ``. ! ? …`` not in an abbreviation, or a newline), so numbers stay whole (``"3."`` then
     ``"5"`` is ``3.5``); :attr:`stopped` is set once the answer is complete. At the end of
     the text, :meth:`flush` gives what is still held.
+
+    A list is one sentence: the newline after a line that starts with a list marker
+    (``1.``, ``-``, ``*``, ``•``) ends a sentence only if the next line is not another item,
+    so "Count to five" is not cut after "1. One 2. Two". What follows such a newline is held
+    until the next line's first word is read.
     """
 
     def __init__(self, sentences: int, words: int | None = None) -> None:
@@ -191,6 +196,9 @@ class SentenceStop:
         self._words = 0  # whole words so far
         self._word = ""  # the word being read (no whitespace yet after it)
         self._leading = True  # it is the first word of the answer or of a line
+        self._item = False  # the line being read is a list item
+        self._after_item = False  # a list item's line ended: does the list go on?
+        self._pending = ""  # what came after that newline, until the next line's first word
         self._held = ""  # the sentence being read after the first (with ``words``)
         self.stopped = False
 
@@ -201,27 +209,30 @@ class SentenceStop:
         out: list[str] = []
         for ch in delta:
             if ch.isspace() and self._word:
+                word, self._word = self._word, ""
                 self._words += 1
+                if self._leading:
+                    self._item = _is_item_marker(word)
+                if self._after_item:  # the first word of the line after a list item
+                    self._after_item = False
+                    pending, self._pending = self._pending, ""
+                    if not self._item and self._end_sentence(out):
+                        return "".join(out)  # the list ended the answer: this line is not spoken
+                    self._emit(pending, out)
                 if self._holding and self._budget is not None and self._words > self._budget:
                     self.stopped = True  # this sentence runs past the budget: not spoken
                     return "".join(out)
-                if _boundary_after(self._word, ch, leading=self._leading) is _Boundary.SENTENCE:
-                    self._done += 1
-                    out.append(self._held)  # within the budget: spoken
-                    self._held = ""
-                    if self._done >= self._max:
-                        self.stopped = True
+                if _boundary_after(word, ch, leading=self._leading) is _Boundary.SENTENCE:
+                    if ch == "\n" and self._item:
+                        self._after_item = True  # the list may go on on the next line
+                    elif self._end_sentence(out):
                         return "".join(out)
-                self._word = ""
                 self._leading = False
             elif not ch.isspace():
                 self._word += ch
             if ch == "\n":
                 self._leading = True
-            if self._holding:
-                self._held += ch
-            else:
-                out.append(ch)
+            self._emit(ch, out)
         return "".join(out)
 
     def flush(self) -> str:
@@ -230,11 +241,45 @@ class SentenceStop:
             return ""
         self.stopped = True
         words = self._words + (1 if self._word else 0)
+        out: list[str] = []
+        if self._after_item:  # the text ended on the line after a list item
+            self._after_item = False
+            pending, self._pending = self._pending, ""
+            if self._word and not _is_item_marker(self._word) and self._end_sentence(out):
+                return "".join(out)
+            self._emit(pending, out)
         if self._budget is not None and words > self._budget:
-            return ""
+            return "".join(out)
         held, self._held = self._held, ""
-        return held
+        return "".join(out) + held
+
+    def _end_sentence(self, out: list[str]) -> bool:
+        """A sentence ended (within the budget: spoken); True if that ends the answer."""
+        self._done += 1
+        out.append(self._held)
+        self._held = ""
+        if self._done >= self._max:
+            self.stopped = True
+            return True
+        return False
+
+    def _emit(self, text: str, out: list[str]) -> None:
+        """Text read: held while a list may go on or a later sentence is being read."""
+        if self._after_item:
+            self._pending += text
+        elif self._holding:
+            self._held += text
+        else:
+            out.append(text)
 
     @property
     def _holding(self) -> bool:
         return self._budget is not None and self._done >= 1
+
+
+_ITEM_BULLETS = frozenset({"-", "*", "\u2022", "+"})
+
+
+def _is_item_marker(word: str) -> bool:
+    """``word`` starts a list item when it starts a line: ``1.``, ``-``, ``*``, ``•``."""
+    return word in _ITEM_BULLETS or bool(_LIST_MARKER_RE.fullmatch(word))

@@ -113,6 +113,28 @@ def test_sentence_stop_ends_after_the_nth_sentence_whatever_the_chunking() -> No
     assert _stream(SentenceStop(3, words=3), ["Yes. I can. Go."]) == "Yes. I can."
 
 
+def test_sentence_stop_takes_a_list_for_one_sentence() -> None:
+    """ "Count from one to five" is not cut after "1. 1": the newline after a list item ends
+    a sentence only where the list ends (the next line is not an item), whatever the
+    chunking."""
+    count = "1. One\n2. Two\n3. Three\n4. Four\n5. Five"
+    for deltas in ([count], list(count), [w + " " for w in count.split(" ")]):
+        text = "".join(deltas)
+        assert _stream(SentenceStop(2), deltas) == text
+    bullets = "Here you go:\n- milk\n- eggs\n- bread\nThat is all. Bye now."
+    for deltas in ([bullets], list(bullets)):
+        # the lead line, the list, then "That is all." makes three
+        assert _stream(SentenceStop(2), deltas) == "Here you go:\n- milk\n- eggs\n- bread"
+        assert _stream(SentenceStop(3), deltas) == bullets.split(" Bye")[0]
+    # with a word budget the list is held as any later sentence, dropped if it runs past
+    lead = "Sure.\n1. a\n2. b\n3. c\nDone."
+    assert _stream(SentenceStop(3, words=20), [lead]) == lead
+    assert _stream(SentenceStop(3, words=4), list(lead)) == "Sure."
+    # a list that ends the text: flushed whole; a line after it that is cut off is not spoken
+    assert _stream(SentenceStop(1), ["1. a\n2. b"]) == "1. a\n2. b"
+    assert _stream(SentenceStop(1), ["1. a\n2. b\nAnd"]) == "1. a\n2. b"
+
+
 def test_a_cut_answer_is_marked_in_the_prompt_only() -> None:
     h = ConversationHistory(6000)
     h.add_user("Sorry?", 1)
