@@ -24,25 +24,25 @@ Start-up errors are :class:`ConfigError` naming the option, e.g.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any, ClassVar
 
 from duplex_contract.batch import ChatMessage, TextOut
 from duplex_contract.errors import ConfigError, StageError
 from duplex_contract.tools import call_schema
 from engine.gpu_memory import GpuMemory
-from engine.messages import LlmRequest, StageOutput, StageRequest
-from engine.stage_figures import StageEngineFigures
+from engine.messages import LlmRequest, StageRequest
 from engine.stages import vllm_options as vo
 from engine.stages.edges import Edge
 from engine.stages.vllm_chat import fit_prompt
 from engine.stages.vllm_engine import VllmEngine, torch_cuda_devices
 from engine.stages.vllm_env import VllmPlacement
+from engine.stages.vllm_front import VllmFront
 from engine.stages.vllm_loop import RequestStream
 from engine.stages.vllm_options import VllmOptions
 
 
-class VllmLlm:
+class VllmLlm(VllmFront):
     """The StageBackend protocol on one ``AsyncLLM`` (continuous batching, streaming).
 
     The stage interface is its :class:`VllmEngine`'s; this class is the text model
@@ -95,39 +95,6 @@ class VllmLlm:
         if o.kv_cache_memory_gib is not None:
             return GpuMemory(gib=o.kv_cache_memory_gib, process="own")
         return GpuMemory(share=o.gpu_memory_utilization, process="own")
-
-    # ------------------------------------------------------------------ its engine's
-    @property
-    def restarts(self) -> int:
-        return self.engine.supervisor.restarts
-
-    def health(self) -> str | None:
-        """Why this replica is down (its EngineCore died, or restarting), or None."""
-        return self.engine.supervisor.health()
-
-    @property
-    def on_wait(self) -> Callable[[float], None] | None:
-        """Queue time of each finished request in vLLM's scheduler (engine/stage_figures.py)."""
-        return self.engine.figures.on_wait
-
-    @on_wait.setter
-    def on_wait(self, hook: Callable[[float], None] | None) -> None:
-        self.engine.figures.on_wait = hook
-
-    def engine_figures(self) -> StageEngineFigures:
-        return self.engine.figures.snapshot()
-
-    async def start(self) -> None:
-        await self.engine.start()
-
-    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        return self.engine.submit(request, self._producer)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.engine.abort(request_ids)
-
-    async def close(self) -> None:
-        await self.engine.close()
 
     # ------------------------------------------------------------------ the model
     def resolve_model(self) -> str:
@@ -182,7 +149,7 @@ class VllmLlm:
         prompt = self.engine.engine_input(TokensPrompt(prompt_token_ids=ids))
         return prompt, params, len(ids)
 
-    def _producer(self, request: StageRequest, stream: RequestStream) -> Coroutine[Any, Any, None]:
+    def produce(self, request: StageRequest, stream: RequestStream) -> Coroutine[Any, Any, None]:
         """The coroutine (run on the vLLM loop) that feeds ``stream`` for ``request``."""
         if not isinstance(request, LlmRequest):
             raise StageError(f"{self.name}: expected an LlmRequest, got {type(request).__name__}")

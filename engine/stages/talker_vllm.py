@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -38,12 +38,13 @@ import msgspec
 from duplex_contract.errors import ConfigError, StageError
 from engine.codec_layout import CodecLayout, FrameError, get_layout
 from engine.gpu_memory import GpuMemory
-from engine.messages import StageOutput, StageRequest, TokensOut, TtsRequest
-from engine.stage_figures import Pace, StageEngineFigures
+from engine.messages import StageRequest, TokensOut, TtsRequest
+from engine.stage_figures import Pace
 from engine.stages import vllm_options as vo
 from engine.stages.edges import Edge
 from engine.stages.vllm_engine import VllmEngine, torch_cuda_devices
 from engine.stages.vllm_env import VllmPlacement
+from engine.stages.vllm_front import VllmFront
 from engine.stages.vllm_loop import RequestStream
 from engine.stages.vllm_options import VllmOptions
 
@@ -73,7 +74,7 @@ class TalkerOptions(VllmOptions, frozen=True, forbid_unknown_fields=True):
     max_model_len: Annotated[int, msgspec.Meta(ge=64)] | None = 4096
 
 
-class VllmTalker:
+class VllmTalker(VllmFront):
     """Text segments -> codec codes, on one ``AsyncLLM``.
 
     The stage interface is its :class:`VllmEngine`'s (as the text LM's); this class is the
@@ -147,39 +148,6 @@ class VllmTalker:
         default = self.topts.voice or self.layout.default_voice
         return tuple(dict.fromkeys((default, *self.layout.voices, *self.topts.voices)))
 
-    # ------------------------------------------------------------------ its engine's
-    @property
-    def restarts(self) -> int:
-        return self.engine.supervisor.restarts
-
-    def health(self) -> str | None:
-        """Why this replica is down (its EngineCore died, or restarting), or None."""
-        return self.engine.supervisor.health()
-
-    @property
-    def on_wait(self) -> Callable[[float], None] | None:
-        """Queue time of each finished request in vLLM's scheduler (engine/stage_figures.py)."""
-        return self.engine.figures.on_wait
-
-    @on_wait.setter
-    def on_wait(self, hook: Callable[[float], None] | None) -> None:
-        self.engine.figures.on_wait = hook
-
-    def engine_figures(self) -> StageEngineFigures:
-        return self.engine.figures.snapshot()
-
-    async def start(self) -> None:
-        await self.engine.start()
-
-    def submit(self, request: StageRequest) -> AsyncIterator[StageOutput]:
-        return self.engine.submit(request, self._producer)
-
-    async def abort(self, request_ids: Sequence[str]) -> None:
-        await self.engine.abort(request_ids)
-
-    async def close(self) -> None:
-        await self.engine.close()
-
     # ------------------------------------------------------------------ the model
     def resolve_model(self) -> str:
         if self.topts.model is not None:
@@ -249,7 +217,7 @@ class VllmTalker:
         prompt = self.engine.engine_input(TokensPrompt(prompt_token_ids=ids))
         return prompt, params, len(ids)
 
-    def _producer(self, request: StageRequest, stream: RequestStream) -> Coroutine[Any, Any, None]:
+    def produce(self, request: StageRequest, stream: RequestStream) -> Coroutine[Any, Any, None]:
         """The coroutine (run on the vLLM loop) that speaks one segment into ``stream``."""
         if not isinstance(request, TtsRequest):
             raise StageError(f"{self.name}: expected a TtsRequest, got {type(request).__name__}")
