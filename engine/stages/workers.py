@@ -117,6 +117,7 @@ class Worker:
         self._job_loop = jobs
         self._jobs: dict[str, Job] = {}
         self._thread: threading.Thread | None = None
+        self._serving = False  # its model is loaded and its job loop has not crashed
         self._closing = False
         self._restarts = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -131,8 +132,9 @@ class Worker:
 
     @property
     def alive(self) -> bool:
-        """The worker thread runs now."""
-        return self._thread is not None and self._thread.is_alive()
+        """The worker thread runs now and serves: its model loaded, its job loop not crashed
+        (a thread that crashed is still alive while it hands its jobs back)."""
+        return self._serving and self._thread is not None and self._thread.is_alive()
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -175,12 +177,15 @@ class Worker:
             log.exception("stage %s failed to load", self.name)
             self._signal_ready(ready, StageError(f"{self.name}: load failed: {exc}"))
             return
+        self._serving = True
         self._signal_ready(ready, None)
         try:
             self._job_loop.serve()
         except WorkerCrash as exc:
+            self._serving = False
             self._on_crash(exc)
             return
+        self._serving = False
         try:
             self._model.unload()
         except Exception:
