@@ -340,6 +340,7 @@ async def drain(c: Cluster, n: int) -> dict[str, Any]:
         "input_lost": 0,
         "drain_s": round(max(drains), 2),
         "resync_after_drain": sum(len(s.resyncs) for s in r.sessions),
+        "resync_after_drain_reasons": sorted({why for s in r.sessions for why in s.resyncs}),
     }
 
 

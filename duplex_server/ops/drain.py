@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _FLUSH_S = 1.0  # the longest wait for a socket's queued events before the handover
+_HANDOVER_TRIES = 5  # replicas written while events keep coming, before a resync is said
 
 
 async def drain(hub: Hub, drain_s: float, health_s: float) -> int:
@@ -79,24 +80,40 @@ async def drain(hub: Hub, drain_s: float, health_s: float) -> int:
 async def hand_over(session: LiveSession) -> None:
     """Send ``session`` to another front end: replica first, then the client is told."""
     session.apply(session.core.cut_for_handover())  # an answer still running: cancelled
-    att = session.attachment
-    deadline = time.monotonic() + _FLUSH_S
-    while time.monotonic() < deadline and (  # noqa: ASYNC110
-        session.calls_waiting or (att is not None and att.queued_bytes)
-    ):
-        await asyncio.sleep(0.01)  # the engine has the calls, the client what it was sent
-    seq = session.stamper.seq + 1  # the handover event's
-    await session.replicate(handed_over_at=seq)
-    if session.stamper.seq + 1 != seq or session.core.closed:
-        await session.replicate()  # events came meanwhile: the taker must say resync
+    for _ in range(_HANDOVER_TRIES):
+        await _flushed(session)
+        seq = session.stamper.seq + 1  # the handover event's
+        await session.replicate(handed_over_at=seq)
         if session.core.closed:
+            await session.replicate()
             return
-    session.handed_over_at = seq
+        if session.stamper.seq + 1 == seq and not _unsent(session):
+            break  # the replica holds all the client is sent before the handover
+        # an event came meanwhile (the end of the answer cut, from the engine; a heartbeat's
+        # ack): it goes to the client before the handover, and the replica is written again
+    else:
+        await _flushed(session)
+        await session.replicate()  # events keep coming: the taker must say resync
+    session.handed_over_at = seq = session.stamper.seq + 1
     att = session.attachment
     data = session.stamper.stamp(ev.SessionHandover(), time.monotonic())
     if att is not None:
         att.send_stamped(data)
         att.close(CloseCode.SERVICE_RESTART, "server_draining")
+
+
+def _unsent(session: LiveSession) -> int:
+    """Bytes queued for the client and not yet written (nor stamped)."""
+    att = session.attachment
+    return att.queued_bytes if att is not None else 0
+
+
+async def _flushed(session: LiveSession) -> None:
+    """Until the engine has the session's calls and the client what it was sent (at most
+    ``_FLUSH_S``)."""
+    deadline = time.monotonic() + _FLUSH_S
+    while time.monotonic() < deadline and (session.calls_waiting or _unsent(session)):  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
 
 
 async def shut_down(hub: Hub, drain_s: float) -> int:

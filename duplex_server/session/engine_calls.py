@@ -85,6 +85,8 @@ class CallQueue:
         self._items: deque[EngineCommand] = deque()
         self._ready = asyncio.Event()
         self.stopped = False
+        #: calls taken and not yet answered (the session's caller makes one at a time)
+        self.running = 0
 
     def put_nowait(self, cmd: EngineCommand) -> None:
         if self.stopped:

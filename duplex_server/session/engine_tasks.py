@@ -98,6 +98,7 @@ class EngineTasks:
     async def _caller(self) -> None:
         while (queued := await self.calls.get()) is not None:
             cmd = self.calls.merge_appends(queued)
+            self.calls.running += 1
             try:
                 res_fence = await self._execute(cmd)
             except Exception as exc:  # every engine error is reported to the client
@@ -112,4 +113,6 @@ class EngineTasks:
                 if isinstance(exc, EngineDeadError):
                     return
                 continue
+            finally:
+                self.calls.running -= 1
             self.core.on_result(cmd, res_fence)

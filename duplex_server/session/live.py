@@ -189,8 +189,9 @@ class LiveSession:
 
     @property
     def calls_waiting(self) -> int:
-        """Engine calls queued and not yet made."""
-        return len(self._calls)
+        """Engine calls queued or under way (not yet answered): a replica written now
+        directly could otherwise be overwritten by an older one still on its way."""
+        return len(self._calls) + self._calls.running
 
     @property
     def input_bytes(self) -> int:
@@ -358,6 +359,9 @@ class LiveSession:
     def emit(self, event: ev.ServerEvent, *, t_in: float = 0.0, pcm: bytes = b"") -> None:
         """Send ``event`` to the client (measured, traced, stamped when written); ``pcm``:
         an audio delta's audio as PCM16 at the output rate, for a media transport."""
+        if self.handed_over_at and isinstance(event, ev.HeartbeatAck):
+            return  # the socket is closing and the client resumes elsewhere: an ack after
+            # the handover carries nothing a taker needs, and must not make it say resync
         if self.handed_over_at and self.handed_over_at == self.stamper.seq:
             # an event after the handover never reaches the client: the replica says so,
             # and a front end taking the session over sends session.resync_required
