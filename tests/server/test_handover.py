@@ -11,12 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from duplex_server.ops.drain import hand_over
 from duplex_server.protocol.session_config import EffectiveSession
 from duplex_server.session import snapshot
-from tests.server.test_runtime import FakeEngine, FakeTransport, _caps, _sessions
-
-
-async def _settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
+from tests.server.test_runtime import FakeEngine, FakeTransport, _caps, _sessions, _settle
 
 
 def test_a_heartbeat_read_after_the_handover_is_not_acknowledged() -> None:
