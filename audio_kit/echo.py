@@ -36,6 +36,15 @@ never happened. So:
   suppressed them, as the microphone less the predicted echo.
 - Until the first measurement the path is assumed loud (``INITIAL_ECHO_RATIO``, -6 dB: a
   speakerphone), so a reply's first words never interrupt themselves.
+- The one-lag prediction holds only for the alignment it was measured at. Every time the
+  playout starts again (a new reply after the reference ran out, a resume after a Twilio
+  ``clear``) or a mark moves the reference, the far end's playout and the reference line up
+  again to within a media frame, not a sample: the old lag then predicts the wrong samples
+  and the echo looked like the caller (the echo of a resumed reply paused it again). So
+  after such a realignment (:meth:`EchoPath.realign`) the echo counts as wholly unexplained
+  (the caller must be ``NEAR_MARGIN`` above the echo's level) until a window after it that
+  is mostly echo measures the lag again: as soon as ``MIN_WINDOW_FRAMES`` of it, searching
+  lags up to the old one and ``REALIGN_LAG_MS`` beyond.
 """
 
 from __future__ import annotations
@@ -73,6 +82,8 @@ MAX_LAG_MS = 300
 ANALYSE_FRAMES = 10  # 100 ms
 WINDOW_FRAMES = 40  # 400 ms
 MIN_WINDOW_FRAMES = 20
+#: after a realignment, lags searched reach this far past the last measured one (ms)
+REALIGN_LAG_MS = 60
 #: frames kept: the window plus the longest lag
 _KEEP_FRAMES = WINDOW_FRAMES + MAX_LAG_MS // 10 + 4
 #: the canceller counts as converged when frames of echo alone leave it below this share
@@ -120,6 +131,19 @@ class EchoPath:
         self.correlation = 0.0  # of the latest window
         #: the correlation of the last window that was mostly echo (0: none seen yet)
         self.fit = 0.0
+        #: the lag was measured on the reference's current alignment (see :meth:`realign`)
+        self.aligned = False
+        self._since_realign = 0  # frames added since the last realignment
+        self.realignments = 0  # (tests and metrics)
+
+    def realign(self) -> None:
+        """The reference was moved against the far end's playout (the playout started
+        again, or a mark moved it): the measured lag may be off by up to a media frame, so
+        the prediction is not trusted until a window after this measures it again."""
+        if self.aligned or self._since_realign > 1:  # (once for a run of frames)
+            self.realignments += 1
+        self.aligned = False
+        self._since_realign = 0
 
     def add(self, mic: np.ndarray, ref: np.ndarray) -> None:
         """One 10 ms frame pair at 16 kHz; kept and measured at 8 kHz (the band a phone
@@ -128,6 +152,7 @@ class EchoPath:
         self._mic.append(_half(mic))
         self._ref.append(ref8)
         self._ref_rms.append(_rms(ref8))
+        self._since_realign += 1
         self._since += 1
         if self._since >= ANALYSE_FRAMES:
             self._since = 0
@@ -151,7 +176,7 @@ class EchoPath:
         it until a window that was mostly echo was seen; after, the part one lag does not
         explain (a spread or distorted path), at least ``RESIDUAL_FLOOR`` of it."""
         echo = self.echo_level()
-        if self.fit == 0.0:
+        if self.fit == 0.0 or not self.aligned:
             return echo
         return echo * max(float(np.sqrt(max(1.0 - self.fit**2, 0.0))), RESIDUAL_FLOOR)
 
@@ -174,15 +199,21 @@ class EchoPath:
 
     def _measure(self) -> None:
         n = min(len(self._mic), WINDOW_FRAMES)
+        top = MAX_LAG_MS * 8  # lags in 8 kHz samples
+        reach = top  # the longest lag the window must have heard
+        if not self.aligned and self.delay is not None:
+            # only frames since the realignment, and lags near the one measured before it
+            n = min(n, self._since_realign)
+            reach = min(top, self.lag + REALIGN_LAG_MS * 8)
         if n < MIN_WINDOW_FRAMES:
             return
         mic = np.concatenate(list(self._mic)[-n:])
-        top = MAX_LAG_MS * 8  # lags in 8 kHz samples
         # the frames before the first one kept were silence (the session's start)
         ref = np.concatenate(list(self._ref))[-(mic.size + top) :]
         seg = np.concatenate((np.zeros(mic.size + top - ref.size), ref))
         # mic[i] was heard as seg[top + i] played; at lag k its echo is seg[top + i - k]
-        shifts = np.arange(top + 1)  # shift s = top - k: sum_i mic[i] * seg[i + s]
+        # shift s = top - k: sum_i mic[i] * seg[i + s], for the lags k searched (0..reach)
+        shifts = np.arange(top - reach, top + 1)
         csum = np.concatenate(([0.0], np.cumsum(seg**2)))
         ref_energy = csum[shifts + mic.size] - csum[shifts]
         loud = ref_energy / mic.size > SPEAKING_RMS**2
@@ -205,7 +236,7 @@ class EchoPath:
         level = float(np.sqrt(mic_energy / ref_energy[best]))
         if abs(r) < ECHO_DOMINANT:
             level = min(level, SPREAD * abs(gain))
-        self._found(level, gain, top - best, r)
+        self._found(level, gain, top - int(shifts[best]), r)
 
     def _found(self, level: float, gain: float, lag: int, correlation: float) -> None:
         """One window's measurement (``lag`` in 8 kHz samples, ``level`` its mic/reference
@@ -215,6 +246,7 @@ class EchoPath:
         if abs(correlation) >= ECHO_DOMINANT:
             self.fit = abs(correlation)
             self._levels.clear()
+            self.aligned = True  # (a window of double-talk does not say where the lag is)
         self._levels.append(level)
         self.ratio = min(self._levels)
         self.gain = gain
@@ -271,16 +303,19 @@ class EchoControl:
         off = position + MARK_LATE_SAMPLES - self._ref_pos
         if off > RESYNC_SAMPLES:
             self._skip(off)
+            self.path.realign()
         elif off < -RESYNC_SAMPLES:
             n = min(-off, len(self._hist) // 2)
             if n:
                 self._ref[:0] = self._hist[-n * 2 :]
                 del self._hist[-n * 2 :]
                 self._ref_pos -= n
+                self.path.realign()
 
     def flush(self) -> None:
         """The transport dropped what it had not played (barge-in: Twilio clear)."""
         self._skip(len(self._ref) // 2, keep=False)
+        self.path.realign()
 
     def _skip(self, samples: int, *, keep: bool = True) -> None:
         n = min(samples, len(self._ref) // 2)
@@ -302,8 +337,9 @@ class EchoControl:
         for i in range(0, whole, _FRAME_BYTES):
             ref = bytes(self._ref[:_FRAME_BYTES])
             self._skip(len(ref) // 2)
-            if len(ref) < _FRAME_BYTES:
+            if len(ref) < _FRAME_BYTES:  # the playout ran out: it starts again out of line
                 ref += b"\x00" * (_FRAME_BYTES - len(ref))
+                self.path.realign()
             raw = data[i : i + _FRAME_BYTES]
             mic = np.frombuffer(raw, dtype="<i2")
             self.path.add(mic, np.frombuffer(ref, dtype="<i2"))
@@ -323,7 +359,9 @@ class EchoControl:
         # the microphone less the echo the measured path predicts, against the echo that
         # prediction leaves (all of it until the path is known); at 8 kHz
         residual = path.residual()
-        level = _rms(residual)
+        # (a prediction off the true lag adds to the microphone: the caller is no louder
+        # than the microphone itself)
+        level = min(_rms(residual), _rms(path.latest_mic()))
         if level > max(NEAR_MARGIN * path.unexplained(), NEAR_FLOOR_RMS):
             self._hold = HANGOVER_FRAMES
         elif self._hold > 0:

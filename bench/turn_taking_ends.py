@@ -240,14 +240,21 @@ def _judge_events(out: Outcome, events: list[tuple[float, dict[str, Any]]], star
 
 # ---------------------------------------------------------------------------- WebRTC
 async def webrtc(addr: str, clip: Clip | None, offset_s: float, echo: Echo | None) -> Outcome:
-    """The server plays on its track (``interrupt_mode`` auto: confirm)."""
+    """The server plays on its track (``interrupt_mode`` auto: confirm). With ``echo`` the
+    far end has no echo canceller of its own (a browser's getUserMedia would remove the
+    echo before sending it; a phone gateway or a device may not), so the session turns the
+    server's on, as such a client should (``audio.input.echo_cancellation``: off by default
+    on WebRTC, on on Twilio)."""
     from turn_taking_clips import QUESTION
 
     rate = 48000
     out = Outcome()
     client = RtcClient()
+    session: dict[str, Any] = {"type": "realtime", "max_output_tokens": 80}
+    if echo is not None:
+        session["audio"] = {"input": {"echo_cancellation": True}}
     try:
-        resp = await client.connect(addr, {"type": "realtime", "max_output_tokens": 80})
+        resp = await client.connect(addr, session)
         if resp.status_code != 201:
             out.void = f"call refused: {resp.status_code}"
             return out

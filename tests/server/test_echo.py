@@ -283,3 +283,62 @@ def test_echo_path_measures_delay_level_and_absence() -> None:
         quiet.add(np.zeros(160), far[i : i + 160])
     assert path.delay == 12 and abs(path.ratio - 0.5) < 0.05 and path.fit > 0.95
     assert quiet.ratio == 0.0
+
+
+def _echo_of_a_resumed_reply(late_ms: float) -> tuple[float, int, int]:
+    """A human reply plays for 2 s with its echo 120 ms later at -6 dB, is cleared
+    (barge-in paused it), and 0.3 s later resumes; the far end starts the resumed audio
+    ``late_ms`` after the reference says it did (its playout and the reference line up
+    again only to within a media frame). Through the line and :class:`EchoControl`, then
+    Silero VAD: (share of 32 ms chunks heard as speech, frames passed as the caller's,
+    realignments the path saw)."""
+    import numpy as np
+
+    from audio_kit.echo import EchoControl
+    from audio_kit.vad import SileroVad
+    from duplex_server.transports.media_input import InputFeed
+
+    rng = np.random.default_rng(11)
+    reply = _phone(_human("two_cities.wav", 0.75, 4.75, 2500.0))
+    cut, gap, echo = 16000, 2400, 960  # 2 s played, 0.3 s paused, 120 ms echo (8 kHz)
+    late = int(8000 * late_ms / 1000)
+    first, rest = reply[:cut], reply[cut:]
+    size = cut + gap + late + rest.size + echo + 4000
+    line = np.zeros(size)  # what the far end plays
+    line[:cut] = first
+    line[cut + gap + late : cut + gap + late + rest.size] = rest
+    mic = rng.standard_normal(size) * 30.0
+    mic[echo:] += line[: size - echo] * 0.5
+    mic = _phone(mic)
+    up = InputFeed.__new__(InputFeed)
+
+    def to16k(x: np.ndarray) -> bytes:
+        up._last8k = 0
+        return up._upsample2x(x.clip(-32768, 32767).astype("<i2").tobytes())
+
+    mic16 = to16k(mic)
+    ec = EchoControl()
+    ec.playing(to16k(first))
+    out = []
+    for i in range(0, len(mic16), 640):  # 20 ms media frames
+        if i == cut * 4:
+            ec.flush()  # the clear: what was not played is dropped
+        if i == (cut + gap) * 4:
+            ec.playing(to16k(rest))  # the resume, as the server sends it
+        out.append(ec.process(mic16[i : i + 640]))
+    audio = np.frombuffer(b"".join(out), dtype="<i2").astype(np.float32) / 32768.0
+    vad = SileroVad()
+    probs = np.array([vad.probability(audio[i : i + 512]) for i in range(0, audio.size - 511, 512)])
+    return float((probs > 0.5).mean()), ec.near_frames, ec.path.realignments
+
+
+def test_echo_control_the_echo_of_a_resumed_reply_is_not_speech() -> None:
+    """After a pause the reply resumes a few ms out of line with the reference (5-15 ms
+    here): the lag measured before the pause predicted the wrong samples and its echo was
+    heard as the caller (the resumed reply paused itself again). The path is realigned and
+    the echo alone stays silence, no frame of it passed as the caller's (15 did before);
+    in line (0 ms) too, and early (-10 ms)."""
+    for late_ms in (0.0, 5.0, 10.0, 15.0, 20.0, -10.0):
+        speech, near, realigned = _echo_of_a_resumed_reply(late_ms)
+        assert speech == 0.0 and near == 0, (late_ms, speech, near)
+        assert realigned == 2, (late_ms, realigned)  # the clear; the playout ran out at the end

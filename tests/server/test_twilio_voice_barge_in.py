@@ -231,8 +231,7 @@ def test_a_backchannel_over_the_reply_pauses_it_and_it_resumes_whole(
     replayed = _replayed_ms(sim_of[0], echoed_at_clear)
     assert len(replayed) == pauses and all(ms >= 0 for ms in replayed), (replayed, pauses)
     assert abs((again - whole) - 16 * sum(replayed)) <= 320 * pauses, (whole, again, replayed)
-    if types.count("input_audio_buffer.speech_started") > 3:
-        # the reply's echo after a pause was heard as speech and paused it again (each
-        # such pause taken back): open, audio_kit/echo.py after a Twilio clear
-        assert echo_ms is not None, types
-        pytest.xfail("the echo of a resumed reply paused it again")
+    # speech: the two questions and the word, nothing else: the reply's echo (at its start,
+    # and after each resume, out of line with the reference by up to a media frame) never
+    # counts as the caller's (audio_kit/echo.py, EchoPath.realign)
+    assert types.count("input_audio_buffer.speech_started") == 3, types
