@@ -1,4 +1,4 @@
-"""Non-speech sounds a listener makes over an answer (a cough, a laugh, a door), generated.
+"""Sounds a listener makes over an answer (a hum, a cough, a laugh, a door), generated.
 
 The project ships no recordings of them, so they are synthesized here, deterministically
 (numpy only, one seed per variant), at 16 kHz PCM16 mono and speech level (RMS ~3000):
@@ -11,6 +11,11 @@ The project ships no recordings of them, so they are synthesized here, determini
   ~230-180 Hz through formants at 800, 1250 and 2600 Hz), the pitch and loudness falling
   from one syllable to the next as a laugh does. It is made of voice, so a voice detector
   may well call it speech: what the interruption rule has to refuse.
+* **hum**: "mm-hm" with the mouth closed, as people say it: a nasal murmur (a glottal pulse
+  train through a strong ~250 Hz resonance and faint ones at ~1000 and ~2200 Hz) for
+  0.22 s at a level ~120 Hz, a 70 ms dip with a breath, then 0.28 s rising 112 -> 150 Hz.
+  The TTS voices cannot hum: Whisper-base hears Piper's "Mm-hmm." as "in my mom." and
+  eSpeak NG's "Mm-hm." as "Emma McCorme", words; it hears this hum as "" (or "I'm").
 * **door**: a slam: a broadband click, a low body resonance (~90 Hz, 350 ms decay) and a
   rattle of short noise bursts.
 
@@ -99,6 +104,15 @@ def laugh(seed: int = 2, syllables: int = 4) -> Float:
     return np.concatenate(parts)
 
 
+def hum(seed: int = 5) -> Float:
+    rng = np.random.default_rng(seed)
+    nasal = [(250, 100, 1.0), (1000, 250, 0.12), (2200, 400, 0.05)]
+    mm = _shape(_pulses(0.22, 125, 118, rng), nasal) * np.hanning(int(0.22 * RATE)) ** 0.3
+    breath = _shape(rng.standard_normal(int(0.03 * RATE)), [(1500, 2500, 0.2)]) * 0.3
+    hm = _shape(_pulses(0.28, 112, 150, rng), nasal) * np.hanning(int(0.28 * RATE)) ** 0.3
+    return np.concatenate((mm, np.zeros(int(0.07 * RATE)), breath, hm))
+
+
 def door(seed: int = 3) -> Float:
     rng = np.random.default_rng(seed)
     n = int(0.5 * RATE)
@@ -120,6 +134,7 @@ def door(seed: int = 3) -> Float:
 def sounds() -> dict[str, bytes]:
     two = np.concatenate((cough(1), np.zeros(int(0.12 * RATE)), cough(4)))
     return {
+        "hum": _level(hum(5)),
         "cough": _level(cough(1)),
         "cough2": _level(two),
         "laugh": _level(laugh(2)),

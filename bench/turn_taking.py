@@ -9,7 +9,7 @@ a Twilio call (the tests' Twilio peer: plays at real time, echoes marks as it pl
 media transports run the server's default (``auto``: ``confirm``). The clips
 (bench/turn_taking_clips.py): human recordings the project ships and "wait", "no, stop",
 ... in its two TTS voices (real interruptions), "mm-hmm", "yeah", "okay", "right" in both
-voices and a generated cough, laugh and door (bench/sounds.py). With echo (WebRTC and
+voices and a generated hum ("mm-hm"), cough, laugh and door (bench/sounds.py). With echo (WebRTC and
 Twilio: the server hears the far end's playout there; over a WebSocket echo is the client's
 own business), the answer is fed back into the far end's microphone at -6 to -20 dB, 40-200
 ms late, with line noise; ``echo_only`` cells say nothing over it.

@@ -8,7 +8,8 @@
   TTS voices (Piper's, through the server's ``/v1/audio/speech``, and eSpeak NG's, through
   the engine's stage in this process).
 * **Backchannels**: "Mm-hmm.", "Yeah.", "Okay.", "Right." in both voices.
-* **Non-speech**: a cough, a laugh and a door, generated (bench/sounds.py says how).
+* **Generated**: a hummed "mm-hm" (the TTS voices say words for it), a cough, a laugh and a
+  door (bench/sounds.py says how).
 
 Every clip is 16 kHz float32 mono with its first and last voiced sample (10 ms RMS over 5 %
 of its loudest), so a bench can time its onset and its end as they are sent.
@@ -54,7 +55,7 @@ SPOKEN_INTERRUPTIONS = [
 ]
 #: backchannel kind -> its text
 BACKCHANNELS = {"mm-hm": "Mm-hmm.", "yeah": "Yeah.", "okay": "Okay.", "right": "Right."}
-NOISES = ("cough", "laugh", "door")
+NOISES = ("hum", "cough", "laugh", "door")
 #: the question whose answer the sounds are laid over (spoken on a phone call)
 QUESTION = "Tell me a long story about a dragon who learns to sing."
 
