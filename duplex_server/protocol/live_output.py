@@ -167,6 +167,7 @@ class TextPiece:
 class _ItemText:
     segments: list[_Segment] = field(default_factory=list)
     audio_end: float = 0.0  # item clock: the end of its audio known so far
+    left: tuple[float, float] | None = None  # (item clock, timeline): its audio left so far
 
 
 def _word_cut(text: str, n: int) -> int:
@@ -215,12 +216,18 @@ class SpokenText:
             seg = item.segments[-1]
             seg.end_ms = max(seg.end_ms, start_ms + duration_ms)
 
-    def ended(self, item_id: str) -> None:
-        """All of ``item_id``'s audio is known."""
+    def ended(self, item_id: str) -> list[TextPiece]:
+        """All of ``item_id``'s audio is known: the words this releases. The end may come
+        after the item's last audio left (the pacer sent it at once); the words that waited
+        for it go now, else no slice would ever release them."""
         item = self._items.get(item_id)
-        if item is not None:
-            for seg in item.segments:
-                seg.closed = True
+        if item is None:
+            return []
+        for seg in item.segments:
+            seg.closed = True
+        if item.left is None:
+            return []
+        return self.through(item_id, *item.left)
 
     def flush(self) -> None:
         """A barge-in: what was not released never will be."""
@@ -235,6 +242,8 @@ class SpokenText:
         item = self._items.get(item_id)
         if item is None:
             return []
+        if item.left is None or item_ms >= item.left[0]:
+            item.left = (item_ms, pos_ms)
         out: list[TextPiece] = []
         for seg in item.segments:
             if seg.sent >= len(seg.text) or seg.start_ms > item_ms + _EPS_MS:

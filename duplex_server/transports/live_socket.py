@@ -48,7 +48,7 @@ from duplex_server.protocol.live_events import (
     audio_delta_frame,
     decode_live_event,
 )
-from duplex_server.protocol.live_output import OutputPacer, Slice, SpokenText
+from duplex_server.protocol.live_output import OutputPacer, Slice, SpokenText, TextPiece
 from duplex_server.protocol.playout import Flushed, Played, Queued
 from duplex_server.session import handshake
 from duplex_server.session.attach import Outgoing
@@ -307,7 +307,12 @@ class LiveSocket:
         data = piece.pcm if fmt.codec == "pcm16" else pcm16_to_g711(piece.pcm, fmt.codec)
         await self._send(audio_delta_frame(base64.b64encode(data).decode("ascii")))
         session.report_playout(Played(piece.item_id, piece.item_end_ms, piece.queued_ms))
-        for text in self.spoken.through(piece.item_id, piece.item_end_ms, piece.end_pos_ms):
+        await self._send_text(
+            session, self.spoken.through(piece.item_id, piece.item_end_ms, piece.end_pos_ms)
+        )
+
+    async def _send_text(self, session: LiveSession, pieces: list[TextPiece]) -> None:
+        for text in pieces:
             event = LiveOutputTranscript(
                 delta=text.text, start_ms=text.start_ms, end_ms=text.end_ms
             )
@@ -364,7 +369,8 @@ class LiveSocket:
             self.spoken.mark(event.item_id, event.start_ms, event.text)
             return False
         if isinstance(event, ev.AudioDone):
-            self.spoken.ended(event.item_id)
+            # the words still held for the end, if the item's audio already left
+            await self._send_text(session, self.spoken.ended(event.item_id))
             return False
         if isinstance(event, ev.OutputAudioCleared):
             self._flush(session)

@@ -121,3 +121,23 @@ def test_an_open_mark_is_paced_so_words_never_lead_their_audio() -> None:
     t.ended("item2")
     t.through("item2", 600.0, 600.0)
     assert 20.0 < t.pace() < OPEN_MS_PER_CHAR
+
+
+def test_the_end_of_an_item_whose_audio_already_left_releases_its_last_words() -> None:
+    # the pacer sent the whole (short) reply at once, before the core said it ended: no
+    # slice is left to release the words that waited for the end, so the end does
+    t = SpokenText()
+    text = "tell me about the sea"
+    t.audio("item", 0.0, 100.0)
+    t.mark("item", 0.0, text)
+    early = t.through("item", 100.0, pos_ms=5100.0)  # the mark is open: paced, not all
+    assert "".join(p.text for p in early) != text
+    rest = t.ended("item")
+    assert "".join(p.text for p in early + rest) == text
+    assert rest[-1].end_ms == 5100
+    assert t.ended("item") == []  # nothing twice
+    # an item ending before any of its audio left releases nothing yet: its slices will
+    t.mark("item2", 0.0, "hello there")
+    t.audio("item2", 0.0, 500.0)
+    assert t.ended("item2") == []
+    assert "".join(p.text for p in t.through("item2", 500.0, 5600.0)) == "hello there"
