@@ -87,8 +87,8 @@ class LiveConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: eagerness's longest wait for semantic_vad)
     silence_duration_ms: Annotated[int, msgspec.Meta(ge=100, le=10_000)] | None = None
     #: the barge-in rule's mode (``confirm``: an onset pauses the answer, a backchannel
-    #: resumes it; the Live pacer cannot hold a paused answer yet, so it runs as ``immediate``)
-    interruption: Literal["immediate", "confirm"] = "immediate"
+    #: resumes it; the server plays a Live session's audio, as on WebRTC and Twilio)
+    interruption: Literal["immediate", "confirm"] = "confirm"
     #: a Live session closes ``expired`` this long after it started
     max_session_s: PositiveFloat = 7200.0
     #: ``session.usage.updated`` every this many seconds (and on close)

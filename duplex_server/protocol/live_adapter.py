@@ -15,8 +15,8 @@ actions) the core's Realtime events become Live events or are dropped:
 * reply audio stays audio for the transport's pacer, and each transcript mark becomes an
   internal :class:`~duplex_server.protocol.live_events.LiveMark` the transport releases
   with the audio (:mod:`~duplex_server.protocol.live_output`);
-* ``output_audio_buffer.cleared`` (the core's barge-in decision) and
-  ``response.output_audio.done`` go to the transport, which flushes or ends its pacer;
+* ``output_audio_buffer.cleared`` / ``.paused`` (barge-in: a stop, a pause) and
+  ``response.output_audio.done`` go to the transport's pacer (and :mod:`.live_pause`);
 * a finished response that called ``delegate`` -> ``session.delegation.created`` (and, in
   responses mode, the backend's first model call: :class:`RunBackend`);
 * ``session.closed`` -> a last ``session.usage.updated`` and Live's ``session.closed``;
@@ -95,6 +95,7 @@ from duplex_server.protocol.live_events import (
     decode_live_event,
     is_live_frame,
 )
+from duplex_server.protocol.live_pause import TRANSPORT_EVENTS, PausedEnds
 from duplex_server.protocol.machine import SessionMachine
 
 #: the longest text one append may carry (OpenAI's limit is 500 tokens an append)
@@ -158,6 +159,7 @@ class LiveAdapter:
         self._usage_due = now_ms + options.usage_interval_s * 1000
         self._prompt_tokens = 0
         self._ended = False
+        self._ends = PausedEnds(core.playout)  # a paused answer's end waits for its audio
 
     # ------------------------------------------------------------------ failover
     def state(self) -> bytes:
@@ -233,23 +235,27 @@ class LiveAdapter:
         live: list[LiveAction] = []
         for action in actions:
             if isinstance(action, Send):
-                self._send(action.event, now_ms, out, live)
+                if not self._ends.hold(action):
+                    self._send(action.event, now_ms, out, live)
+                    self._ends.sent(action, out)
             elif isinstance(action, SendAudio):
                 self._audio_at[action.item_id] = action.audio_start_ms
                 out.append(action)
+                self._ends.audio(action)
             elif isinstance(action, SendStamped):  # a replay: Live events, never audio
                 frames = tuple(f for f in action.frames if is_live_frame(f))
                 if frames:
                     out.append(SendStamped(frames))
             else:
                 out.append(action)
+        self._ends.batch_done(out)
         return out, live
 
     def _send(
         self, event: ev.ServerEvent, now_ms: float, out: list[Action], live: list[LiveAction]
     ) -> None:
         sid = self.core.session_id
-        if isinstance(event, LiveServerEvent | ev.AudioDone | ev.OutputAudioCleared):
+        if isinstance(event, LiveServerEvent | TRANSPORT_EVENTS):
             out.append(Send(event))
         elif isinstance(event, ev.SessionCreated):
             token = f"{sid}.{event.resume_token}"

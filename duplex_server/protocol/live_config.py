@@ -85,7 +85,7 @@ class LiveOptions:
 
     model_aliases: tuple[str, ...] = ()
     turn_detection: TurnDetection = _DEFAULT_TD
-    interruption: InterruptionMode = "immediate"
+    interruption: InterruptionMode = "confirm"
     max_session_s: float = 7200.0
     usage_interval_s: float = 5.0
     context_window_tokens: int = 8192
@@ -128,12 +128,13 @@ def interruption(td: TurnDetection, mode: InterruptionMode) -> TurnDetection:
     """The turn detection a Live session runs with under interruption ``mode``.
 
     ``immediate`` is the core's one barge-in rule as it is (``interrupt_response``,
-    ``min_interrupt_speech_ms``, ``uninterruptible_ms``). ``confirm`` (an onset pauses the
-    answer, a backchannel resumes it) needs the Live pacer to hold and resume a paused
-    answer, which it cannot yet: it runs as ``immediate``, pinned so that the core's
-    ``auto`` never picks confirm for a Live session."""
+    ``min_interrupt_speech_ms``, ``uninterruptible_ms``). ``confirm``: an onset over the
+    answer pauses it (the pacer stops sending; what it had sent plays out, at most
+    ``output_lead_ms``), a backchannel or a noise takes the pause back (the answer goes on
+    from the last audio sent), words that are not a backchannel stop it. The mode is
+    pinned, so that the core's ``auto`` never picks for a Live session."""
     return msgspec.structs.replace(
-        td, interrupt_mode="immediate", interrupt_response=True, create_response=True
+        td, interrupt_mode=mode, interrupt_response=True, create_response=True
     )
 
 

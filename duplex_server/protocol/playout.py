@@ -270,6 +270,12 @@ class Playout:
         item = self._items.get(item_id)
         return item.played_ms if item is not None and self.far_end else None
 
+    def resume_pending(self, item_id: str) -> bool:
+        """Was ``item_id`` resumed before its pause's flush was reported (its audio is
+        emitted when it is)?"""
+        item = self._items.get(item_id)
+        return item is not None and item.resuming
+
     def alive(self, item_id: str) -> bool:
         """May ``item_id`` still be heard (not cancelled, flushed or trimmed)?"""
         item = self._items.get(item_id)

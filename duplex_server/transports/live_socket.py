@@ -49,7 +49,7 @@ from duplex_server.protocol.live_events import (
     decode_live_event,
 )
 from duplex_server.protocol.live_output import OutputPacer, Slice, SpokenText, TextPiece
-from duplex_server.protocol.playout import Flushed, Played, Queued
+from duplex_server.protocol.playout import FarEnd, Flushed, Played, Queued
 from duplex_server.session import handshake
 from duplex_server.session.attach import Outgoing
 from duplex_server.session.hub import Hub
@@ -214,6 +214,9 @@ class LiveSocket:
         self.writer.session = runtime.session
         fmt = runtime.core.config.output_format
         self.pacer = OutputPacer(fmt.rate, lead_ms=self.options.output_lead_ms)
+        # the pacer is the far end: it reports what it sent, and a pause's audio is held
+        # in the core to be sent again from there (protocol/playout.py)
+        runtime.session.report_playout(FarEnd())
         runtime.attached()
 
     def fatal(self, exc: ProtocolError | EngineError) -> None:
@@ -325,14 +328,17 @@ class LiveSocket:
         if self.runtime is not None:
             self.runtime.adapter.written_seq = session.stamper.seq
 
-    def _flush(self, session: LiveSession) -> None:
+    def _flush(self, session: LiveSession, *, pause: bool = False) -> None:
         """The core's barge-in: drop what was not sent, and say so (the core cuts the
         history to what was). Everything of the item not sent counts as held here (sent is
         heard): audio still in the pacer, purged before it reached it, or never made (a
-        cancelled answer), unless the item ended and all it emitted left."""
+        cancelled answer), unless the item ended and all it emitted left. A ``pause``
+        (``interruption: confirm``) drops the same audio but keeps the item's words: a
+        resume sends its audio again from the last slice sent, and its words with it."""
         if self.pacer is not None:
             self.pacer.flush()
-        self.spoken.flush()
+        if not pause:
+            self.spoken.flush()
         pos = session.core.playout.position()
         if pos is not None:
             cancelled = self._epochs.get(pos.item_id, session.core.epoch) < session.core.epoch
@@ -372,8 +378,8 @@ class LiveSocket:
             # the words still held for the end, if the item's audio already left
             await self._send_text(session, self.spoken.ended(event.item_id))
             return False
-        if isinstance(event, ev.OutputAudioCleared):
-            self._flush(session)
+        if isinstance(event, ev.OutputAudioCleared | ev.OutputAudioPaused):
+            self._flush(session, pause=isinstance(event, ev.OutputAudioPaused))
             return False
         if not isinstance(event, LiveServerEvent):
             return False  # a Realtime event the adapter let through for the runtime only

@@ -42,7 +42,7 @@ from duplex_server.protocol.live_events import (
     LiveServerEvent,
     LiveSessionConfig,
 )
-from duplex_server.protocol.live_output import SpokenText
+from duplex_server.protocol.live_output import SpokenText, TextPiece
 from duplex_server.session import handshake
 from duplex_server.session.hub import Hub
 from duplex_server.session.live_runtime import ChatEngine, LiveRuntime, live_options, open_live
@@ -93,9 +93,11 @@ class LiveWebRtcCall(WebRtcCall):
         session = self.session
         if session is None or session.core.closed:
             return
-        pos = session.core.input.input_ms
-        pieces = self.spoken.through(item_id, ms, pos)
-        if pieces:
+        self._say(self.spoken.through(item_id, ms, session.core.input.input_ms))
+
+    def _say(self, pieces: list[TextPiece]) -> None:
+        session = self.session
+        if pieces and session is not None and not session.core.closed:
             session.apply(
                 [
                     Send(LiveOutputTranscript(delta=p.text, start_ms=p.start_ms, end_ms=p.end_ms))
@@ -110,14 +112,12 @@ class LiveWebRtcCall(WebRtcCall):
     async def write_event(self, event: ev.ServerEvent, data: bytes) -> None:
         if isinstance(event, LiveMark):
             self.spoken.mark(event.item_id, event.start_ms, event.text)
-        elif isinstance(event, ev.AudioDone):
-            self.spoken.ended(event.item_id)
+        elif isinstance(event, ev.AudioDone):  # the words still held for the end
+            self._say(self.spoken.ended(event.item_id))
+        elif isinstance(event, ev.OutputAudioCleared):  # a stop (a pause keeps the words)
+            self.spoken.flush()
         elif isinstance(event, LiveServerEvent):
             await self.write_raw(data)
-
-    async def flush_playout(self) -> None:
-        self.spoken.flush()
-        await super().flush_playout()
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:

@@ -80,6 +80,9 @@ def frame_pcm(frame: Sequence[int], rate: int, ms: float) -> bytes:
 
 class TestStageOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     transcript: str | None = None  # ASR: fixed transcript; default describes the audio length
+    # ASR: audio shorter than ``short_below_ms`` is heard as this (a backchannel, say)
+    short_transcript: str | None = None
+    short_below_ms: Annotated[float, msgspec.Meta(ge=0)] = 600.0
     reply: str = "Hello there. This is the deterministic test stage speaking, one word at a time."
     echo: bool = False  # LLM: reply with the last user message instead of ``reply``
     # LLM: reply with every message of the prompt after the system prompt (tool notes
@@ -260,6 +263,8 @@ class TestStage:
         await self._sleep(self.options.asr_delay_s, cancelled)
         ms = duration_ms(len(req.audio), req.sample_rate)
         text = self.options.transcript or f"user audio of {ms:.0f} milliseconds"
+        if self.options.short_transcript is not None and ms < self.options.short_below_ms:
+            text = self.options.short_transcript
         self._check_faults(text)
         yield TranscriptOut(request_id=req.request_id, text=text, final=True)
         yield StageDone(request_id=req.request_id)

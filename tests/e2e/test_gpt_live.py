@@ -50,6 +50,8 @@ def _config(
     realtime_tts: bool = False,
     ms_per_word: float = 200,
     short_prompt: bool = False,
+    interruption: str | None = None,
+    short_asr: str | None = None,
     **server: Any,
 ) -> Path:
     llm = {
@@ -71,8 +73,12 @@ def _config(
         },
     }
     tts = {"backend": "test", "options": {"realtime": realtime_tts, "ms_per_word": ms_per_word}}
+    asr: dict[str, Any] = {"transcript": HEARD}
+    if short_asr is not None:  # a short speech (under 1 s of audio) is heard as this
+        asr["short_transcript"] = short_asr
+        asr["short_below_ms"] = 1000
     engine = {
-        "stages": {"asr": {"backend": "test", "options": {"transcript": HEARD}}, "llm": llm},
+        "stages": {"asr": {"backend": "test", "options": asr}, "llm": llm},
         "routes": {
             "voice": ["asr", "llm", "tts"],
             "text": ["asr", "llm"],
@@ -86,7 +92,9 @@ def _config(
         engine["max_output_tokens"] = 600
     engine["stages"]["tts"] = tts  # type: ignore[index]
     engine["stages"]["backend"] = backend  # type: ignore[index]
-    live = {"backend_route": "delegate", "usage_interval_s": 1.0}
+    live: dict[str, Any] = {"backend_route": "delegate", "usage_interval_s": 1.0}
+    if interruption is not None:
+        live["interruption"] = interruption
     return write_config(tmp, engine=engine, server={"live": live, **server})
 
 
@@ -100,6 +108,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def quick_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Short words: the echoing LLM's long answers are said in a few seconds."""
     path = _config(Path(tmp_path_factory.mktemp("live_quick")), ms_per_word=20, short_prompt=True)
+    with running_server(path) as addr:
+        yield addr
+
+
+@pytest.fixture(scope="module")
+def confirm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``interruption: confirm``; a short speech is heard as "mm-hm" (a backchannel)."""
+    path = _config(
+        Path(tmp_path_factory.mktemp("live_confirm")), interruption="confirm", short_asr="mm-hm"
+    )
     with running_server(path) as addr:
         yield addr
 
@@ -254,6 +272,58 @@ def test_talking_over_an_answer_stops_it_and_the_history_keeps_what_was_sent(
                 # the clause's whole length (docs/protocol.md, "GPT-Live"), so it may keep a
                 # few words more than left; never fewer
                 assert len(kept.split()) >= len(spoken.split()) - 1, (kept, spoken)
+
+    asyncio.run(run())
+
+
+def test_confirm_a_backchannel_pauses_the_answer_and_it_goes_on_whole(
+    confirm_server: str,
+) -> None:
+    """``interruption: confirm``: an "mm-hm" over the answer pauses it at once (the pacer
+    stops sending), its words take the pause back, and the answer goes on from the last
+    audio sent: the client gets the same audio, byte for byte, and the same transcript as
+    a listener who said nothing; the "mm-hm" is no turn (docs/protocol.md, "GPT-Live")."""
+
+    async def answer(backchannel: bool) -> tuple[int, str, list[float], float, int]:
+        async with live_call(confirm_server, {"model": "gpt-live-1"}) as call:
+            await _speak(call)
+            stop = asyncio.Event()
+            mic = asyncio.create_task(_keep_streaming(call, stop))
+            await call.until("session.output_transcript.delta", within=20)
+            onset = time.monotonic()
+            n = len(call.events)
+            if backchannel:
+                await asyncio.sleep(1.2)  # a few words in
+                stop.set()
+                await mic
+                onset = time.monotonic()
+                n = len(call.events)
+                await call.stream(tone(250) + silence(300))
+                stop = asyncio.Event()
+                mic = asyncio.create_task(_keep_streaming(call, stop))
+            await call.until(
+                "session.output_transcript.delta",
+                within=30,
+                pred=lambda e: call.transcript() == HEARD,
+            )
+            await asyncio.sleep(0.5)  # anything more (there must be nothing)
+            stop.set()
+            await mic
+            times = [t for t, e in call.events[n:] if e.type == "session.output_audio.delta"]
+            turns = len(call.of("session.input_transcript.delta"))
+            return call.audio_bytes, call.transcript(), times, onset, turns
+
+    async def run() -> None:
+        whole, said, _, _, turns = await answer(backchannel=False)
+        assert said == HEARD and turns == 1
+        got, said, times, onset, turns = await answer(backchannel=True)
+        assert said == HEARD  # every word once, in order
+        assert turns == 1  # the "mm-hm" was no turn
+        assert got == whole  # the same audio: nothing lost, nothing sent twice
+        # the pause: the audio stopped soon after the onset and came back later
+        gap, at = max((b - a, a) for a, b in itertools.pairwise(times))
+        assert gap > 0.25, gap
+        assert at - onset < 0.8 * UNIT, at - onset
 
     asyncio.run(run())
 

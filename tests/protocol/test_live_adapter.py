@@ -369,3 +369,51 @@ def test_failover_state_round_trips() -> None:
     assert rebuilt.start == a.start and rebuilt.expires_at == a.expires_at == 1100
     assert rebuilt.started_ms == 20_000.0  # 30 s into the session
     assert rebuilt.delegations.backend == a.delegations.backend
+
+
+def _audio(item_id: str, at: float, *, restart: bool = False) -> SendAudio:
+    return SendAudio(
+        response_id="r1",
+        item_id=item_id,
+        epoch=0,
+        pcm=b"\0" * 4800,
+        sample_rate=24000,
+        audio_start_ms=at,
+        duration_ms=100.0,
+        restart=restart,
+    )
+
+
+def test_a_paused_answers_end_waits_for_the_audio_its_resume_sends_again() -> None:
+    # ``interruption: confirm``: while an item is paused the core holds its audio but not
+    # its end; the transport reads the end as "all its audio is known" (and releases its
+    # words by it), so the end is held until the resume sent the audio again, or the
+    # pause ended in a stop (after the clear, which drops the words)
+    c, a = _live()
+    paused = Send(ev.OutputAudioPaused(response_id="r1", item_id="i1"))
+    done = Send(ev.AudioDone(response_id="r1", item_id="i1"))
+    resumed = Send(ev.OutputAudioResumed(response_id="r1", item_id="i1", audio_start_ms=500.0))
+    out, _ = a.translate([paused], 0.0)
+    assert out == [paused]
+    out, _ = a.translate([done], 1.0)  # the answer was all made meanwhile
+    assert out == []
+    again: list[Action] = [_audio("i1", 500.0, restart=True), _audio("i1", 600.0)]
+    out, _ = a.translate([resumed, *again], 2.0)
+    assert out == [*again, done]  # (the wire has no resumed event)
+    out, _ = a.translate([done], 3.0)  # not paused now: as it comes
+    assert out == [done]
+    # paused again, ended, then stopped: the end follows the clear
+    cleared = Send(ev.OutputAudioCleared(response_id="r1"))
+    a.translate([paused], 4.0)
+    assert a.translate([done], 5.0)[0] == []
+    out, _ = a.translate([cleared], 6.0)
+    assert out == [cleared, done]
+    # resumed before the pause's flush was reported: the audio comes with the flush's
+    # report (a later batch), and the end after it
+    a.translate([paused], 7.0)
+    a.translate([done], 8.0)
+    c.playout.resume_pending = lambda item_id: True  # type: ignore[method-assign]
+    out, _ = a.translate([resumed], 9.0)
+    assert out == []
+    out, _ = a.translate(again, 10.0)
+    assert out == [*again, done]
