@@ -98,8 +98,9 @@ test: lint typecheck pytest
 test-matrix: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m matrix tests/e2e/test_live_parity_matrix.py $(PYTEST_ARGS)
 
-# the process-heavy end-to-end tests (~4 min: the 3-minute CI soak, failover through HAProxy,
-# the supervisor's restarts and rolls), a later CI tier (.ci/run), so make test stays ~10 min
+# the process-heavy and slow end-to-end tests (~9 min: the 3-minute CI soak, failover through
+# HAProxy, the supervisor's restarts and rolls, GPT-Live on the real models, the simulated GPU
+# workload), a later CI tier (.ci/run), so that make test stays shorter (~13 min of pytest)
 test-long: $(STAMP) $(HAPROXY_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m long tests/e2e $(PYTEST_ARGS)
 

@@ -31,7 +31,7 @@ from audio_kit.pcm import resample_pcm16
 from tests.e2e.live_sdk import LiveCall, live_call
 from tests.server.harness import ROOT, UNIT, running_server, silence, write_config
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.long]  # ~2.5 min: make test-long, a CI tier
 
 RATE = 24000
 #: the question (rendered by the server's own Piper voice: the 135M model tells a story)

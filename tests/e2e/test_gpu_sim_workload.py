@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from bench.sim_workload import Figures, batch_speech, make_turn, session
@@ -24,6 +25,7 @@ def test_a_turn_with_a_pause_inside_is_one_the_guess_gets_wrong() -> None:
     assert make_turn(8, 100.0).frames != paused.frames  # every turn its own
 
 
+@pytest.mark.long  # ~20 s of simulated sessions: make test-long
 def test_the_workload_makes_wrong_guesses_barge_ins_and_batch_speech(tmp_path: Path) -> None:
     raw = yaml.safe_load((ROOT / "configs" / "sim-h200.yaml").read_text())
     cfg = tmp_path / "sim.yaml"

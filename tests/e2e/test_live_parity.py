@@ -128,6 +128,7 @@ def test_streamed_transcripts_are_as_accurate_as_batch() -> None:
             assert _wer(ref, live) <= 0.25, (name, live)
 
 
+@pytest.mark.long  # the append sizes: make test-long (the formats: test-matrix)
 def test_the_live_transcript_does_not_depend_on_the_append_size() -> None:
     """The same recording streamed in appends of 10, 100 and 200 ms (faster than real time:
     the VAD judges samples, and the ASR context's gap is read on the input clock) gives the

@@ -62,6 +62,7 @@ def test_ci_soak_keeps_memory_flat_and_returns_every_session(tmp_path: Path) -> 
     assert png.stat().st_size > 10_000
 
 
+@pytest.mark.long  # ~30 s of real-time speech: make test-long
 def test_realtime_client_speaks_at_real_time_and_hears_answers_out(tmp_path: Path) -> None:
     """``--client realtime`` (the default on real models): speech streamed at real time, each
     answer heard out before the next turn; the first-audio waits are reported."""
