@@ -17,6 +17,12 @@ client is sent; the first silent frame of a run of 10 (0.2 s) on the WebRTC trac
 ``output_audio_buffer.resumed`` (WebSocket, WebRTC: its audio follows on the track) or at the
 first media of the same item after the clear (Twilio). An answer **ended** when it was
 cancelled or cleared and not resumed.
+
+A trial is **void** (retried with the same sound) when its answer was over too soon to
+judge it: an answer that paused must play on to 1 s after the sound's end (its resume must
+be seen); one that never paused or stopped, to ``VERDICT_S`` after it (in ``confirm`` every
+stop follows a pause at the onset, so an answer still playing then was not cut: a cough
+the VAD does not take for speech is a judged trial, not a void one).
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ FRAME_MS = 20
 SILENT_RMS = 60.0  # a decoded Opus frame of silence stays far below this
 SILENT_RUN = 10
 ANSWER_TIMEOUT_S = 30.0
+#: an answer playing this long after the sound's end, never paused, was not cut by it (the
+#: VAD's onset comes ~0.1 s into speech)
+VERDICT_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -189,7 +198,7 @@ async def websocket(addr: str, clip: Clip | None, offset_s: float, echo: Echo | 
     out.trace(events)
     answer_done = any(e["type"] == "response.done" for _, e in events)
     if not out.ended and out.end is not None and answer_done:
-        if first + audio_ms[0] / 1000 < out.end + 1.0:
+        if first + audio_ms[0] / 1000 < out.end + (1.0 if out.paused else VERDICT_S):
             out.void = "the answer was over"  # it could not have been heard going on
     return out
 
@@ -286,7 +295,7 @@ async def webrtc(addr: str, clip: Clip | None, offset_s: float, echo: Echo | Non
         done = [e for _, e in client.events if e["type"] == "output_audio_buffer.stopped"]
         if done and clip is not None and not out.ended and not out.paused:
             last = max(t for t, e in client.events if e["type"] == "output_audio_buffer.stopped")
-            if out.end is not None and last < out.end + 1.0:
+            if out.end is not None and last < out.end + VERDICT_S:
                 out.void = "the answer was over"
     except TimeoutError as exc:
         out.void = f"timeout: {exc}"[:120]
@@ -340,8 +349,9 @@ async def twilio(
         base = sim.voice_sent[-1][1] if sim.voice_sent else 0  # the question's bytes
         pcm = b"" if clip is None else clip.pcm(rate)
         sim.speak(pcm)
-        await asyncio.sleep(len(pcm) / 2 / rate + LISTEN_S)
-        left = len(sim.playout)
+        await asyncio.sleep(len(pcm) / 2 / rate + VERDICT_S)
+        playing = len(sim.playout) > 0  # the answer still played after the sound
+        await asyncio.sleep(LISTEN_S - VERDICT_S)
         await sim.stop()
     sent = [(t, total - base) for t, total in sim.voice_sent[said:]]  # the clip's bytes
     if clip is not None:
@@ -365,6 +375,6 @@ async def twilio(
             out.resumed_at = after[0]
         else:
             out.ended = True
-    if clip is not None and not clears and left < 2 * rate:  # less than 1 s still to play
+    if clip is not None and not clears and not playing:
         out.void = "the answer was over"
     return out
