@@ -81,6 +81,9 @@ class TranscribeJob(Msg, frozen=True, tag="transcribe"):
     audio: bytes  # PCM16 mono
     sample_rate: int = INPUT_RATE
     language: str = "en"
+    #: the audio may be a listener's hum over an answer (the barge-in's words): an ASR
+    #: that can tell writes a hum it took for words as "Mm-hmm." (Whisper)
+    hums: bool = False
 
 
 BatchJob = SpeechJob | ChatJob | TranscribeJob

@@ -68,6 +68,9 @@ class AsrRequest(Msg, frozen=True, tag="asr"):
     # this turn's audio, by the engine's clock: a long gap (the assistant answered, or the
     # user paused) means a new utterance, which the ASR decodes alone.
     context_gap_s: float = 0.0
+    # The speech may be a listener's hum over an answer (its words judge an interruption): an
+    # ASR that can tell writes a hum it took for words as one (Whisper: whisper_decoder.HUMS).
+    hums: bool = False
 
 
 class LlmRequest(Msg, frozen=True, tag="llm"):

@@ -4,9 +4,12 @@ The session core asks for them (:class:`~duplex_server.protocol.commands.Transcr
 protocol/barge_in.py) when such a speech falls quiet; :class:`SpeechWords` runs the engine's
 ASR stage on its audio as a batch transcription job (``engine.generate``: the route
 ``/v1/audio/transcriptions`` takes, at batch priority) and hands the words back to the core
-(``ClientInput.speech_words``). Best effort: a job that fails gives no words (the
-core then judges on acoustics, as it does when they come late); one per speech at a time
-(a newer speech's job replaces an older one's), and all are cancelled when the session ends.
+(``ClientInput.speech_words``). The job asks for the hum check (``TranscribeJob.hums``):
+Whisper writes a hum it took for words ("in a mom.") as "Mm-hmm.", so a listener's hum on a
+phone line is a backchannel, not an interruption (docs/protocol.md §6.1). Best effort: a job
+that fails gives no words (the core then judges on acoustics, as it does when they come
+late); one per speech at a time (a newer speech's job replaces an older one's), and all are
+cancelled when the session ends.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ class SpeechWords:
 
     async def _run(self, action: TranscribeSpeech) -> None:
         language = self.core.config.language
-        job = TranscribeJob(audio=action.pcm, sample_rate=INPUT_RATE, language=language)
+        job = TranscribeJob(audio=action.pcm, sample_rate=INPUT_RATE, language=language, hums=True)
         words: list[str] = []
         asked = self.clock()
         try:

@@ -54,6 +54,7 @@ async def run_batch(
             session_id=None,
             priority=Priority.BATCH,
             language=job.language,
+            hums=job.hums,
         )
         put(TranscriptOut(request_id=rid, text=text, final=True))
         put(BatchDone(request_id=rid, audio_ms=duration_ms(len(job.audio), job.sample_rate)))

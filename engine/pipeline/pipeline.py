@@ -139,10 +139,11 @@ class Pipeline:
         language: str = "en",
         context: tuple[bytes, str] | None = None,
         context_gap_s: float = 0.0,
+        hums: bool = False,
     ) -> str:
         """Run ``route``'s input stages on one utterance; returns its text. ``context``: the
         previous turn's audio (same rate) and transcript, for the first stage, which ended
-        ``context_gap_s`` before this utterance began."""
+        ``context_gap_s`` before this utterance began (``hums``: ``AsrRequest.hums``)."""
         stages = self.route(route).inputs
         if not stages:
             raise StageError(f"route {route!r} has no input stages", code="route_unavailable")
@@ -160,6 +161,7 @@ class Pipeline:
                 context_audio=context[0] if context and i == 0 else b"",
                 context_text=context[1] if context and i == 0 else "",
                 context_gap_s=context_gap_s,
+                hums=hums and i == 0,
             )
             pcm: list[bytes] = []
             parts: list[str] = []
@@ -391,13 +393,11 @@ class Pipeline:
         max_sentences: int | None = None,
         max_words: int | None = None,
     ) -> LlmResult:
-        """Stream the responder's text to ``on_text`` and through the output stages.
-
-        With ``tools``, an output that opens with ``{`` (always, under ``tool_required``) is
-        a function call: its text goes to ``on_call`` only (``LlmResult.call``), never to the
-        output stages. ``max_sentences``: the text ends after that many sentences, or after
-        the first that ends past ``max_words`` words (the LLM request is stopped there;
-        finish reason ``stop``)."""
+        """Stream the responder's text to ``on_text`` and through the output stages. With
+        ``tools``, an output that opens with ``{`` (always, under ``tool_required``) is a
+        function call: its text goes to ``on_call`` only (``LlmResult.call``), never to the
+        output stages. ``max_sentences``: the text ends after that many sentences, or after the
+        first that ends past ``max_words`` words (the LLM request is stopped there: ``stop``)."""
         r = self.route(route)
         if r.responder is None:
             raise StageError(f"route {route!r} has no responder", code="route_unavailable")

@@ -159,7 +159,7 @@ class WhisperAsr(BatchingFront):
             before = self._audio(request.context_audio, request.sample_rate)
             if before.size <= CONTEXT_SAMPLES:  # else its words would outrun its audio
                 context = (before, request.context_text)
-        return audio, context
+        return audio, context, request.hums
 
     def _audio(self, pcm: bytes, rate: int) -> npt.NDArray[np.float32]:
         audio = resample(pcm16_to_float32(pcm), rate, ASR_RATE)
@@ -171,7 +171,10 @@ class WhisperAsr(BatchingFront):
         requests = [s.request for s in batch]
         languages = [r.language if isinstance(r, AsrRequest) else "en" for r in requests]
         texts = self._decoder().transcribe_batch(
-            [s.state[0] for s in batch], languages, [s.state[1] for s in batch]
+            [s.state[0] for s in batch],
+            languages,
+            [s.state[1] for s in batch],
+            hums=[s.state[2] for s in batch],
         )
         for slot, text in zip(batch, texts, strict=True):
             rid = slot.request.request_id

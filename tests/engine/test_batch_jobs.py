@@ -16,8 +16,10 @@ from tests.engine.parts_fakes import settle
 class Pipeline:
     def __init__(self) -> None:
         self.gate = asyncio.Event()
+        self.asked: list[dict[str, Any]] = []
 
     async def transcribe(self, prefix: str, audio: bytes, **kw: Any) -> str:
+        self.asked.append(kw)
         await self.gate.wait()
         return "hello"
 
@@ -42,6 +44,22 @@ def test_a_batch_request_runs_to_its_end() -> None:
         items = [o.item for o in put]
         assert items[0] == TranscriptOut(request_id="r1", text="hello", final=True)
         assert isinstance(items[1], BatchDone) and aborted == [] and jobs.tasks() == []
+        assert pipeline.asked[0]["hums"] is False
+
+    run(main())
+
+
+def test_a_transcription_that_may_be_a_hum_asks_the_asr_for_the_hum_check() -> None:
+    """``TranscribeJob.hums`` (the words of a speech over an answer) reaches the pipeline,
+    which passes it to the ASR stage (``AsrRequest.hums``)."""
+
+    async def main() -> None:
+        jobs, pipeline, _, _ = _jobs()
+        job = TranscribeJob(audio=b"\0\0" * 1600, hums=True)
+        jobs.start(GenerateRequest(request_id="r1", job=job))
+        pipeline.gate.set()
+        await settle()
+        assert pipeline.asked[0]["hums"] is True
 
     run(main())
 

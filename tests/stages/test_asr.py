@@ -18,10 +18,11 @@ import soundfile as sf
 from audio_kit.g711 import g711_to_pcm16, pcm16_to_g711
 from audio_kit.pcm import pcm16_to_float32, resample, resample_pcm16
 from duplex_contract.batch import TranscriptOut
-from engine.messages import AsrRequest, StageDone
+from engine.messages import AsrRequest, StageDone, TtsRequest
 from engine.stages import whisper_decoder
 from engine.stages.asr_pocketsphinx import PocketsphinxAsr, PocketsphinxStream
 from engine.stages.asr_whisper import WhisperAsr, WhisperOptions
+from engine.stages.tts_piper import PiperTts
 from engine.stages.whisper_decoder import (
     WhisperDecoder,
     closed_phrase,
@@ -382,3 +383,40 @@ def test_whisper_a_turn_after_an_open_context_starts_a_new_phrase(
         outs = run_request(whisper, req).outputs
         text = next(o.text for o in outs if isinstance(o, TranscriptOut))
         assert wer("Ever failed.", text) == 0.0, (context, text)
+
+
+def _phone(pcm16k: bytes) -> bytes:
+    """``pcm16k`` over a phone line: 8 kHz G.711 mu-law, back at 16 kHz (as a call's audio
+    reaches the engine)."""
+    ulaw = pcm16_to_g711(resample_pcm16(pcm16k, 16000, 8000), "g711_ulaw")
+    return resample_pcm16(g711_to_pcm16(ulaw, "g711_ulaw"), 8000, 16000)
+
+
+def _words(whisper: WhisperAsr, pcm: bytes, hums: bool) -> str:
+    run = run_request(whisper, AsrRequest(request_id="h", audio=pcm, hums=hums))
+    return next(o.text for o in run.outputs if isinstance(o, TranscriptOut))
+
+
+def test_whisper_writes_a_hum_it_took_for_words_as_one_when_asked(
+    whisper: WhisperAsr, piper: PiperTts, beckett: bytes
+) -> None:
+    """``hums`` (the words of speech over an answer): Piper's "Mm-hmm." over a phone line,
+    which Whisper writes as words ("in my mom"), comes out as a hum; real interruptions
+    (the human recording's phrases, "Wait." and "No, stop." in Piper's voice), on the phone
+    and not, keep their words, with or without it."""
+
+    def say(text: str) -> bytes:
+        req = TtsRequest(request_id="s", text=text, sample_rate=16000)
+        return run_request(piper, req).pcm
+
+    hum = _phone(say("Mm-hmm."))
+    as_words = _words(whisper, hum, hums=False)
+    assert as_words.strip() and as_words not in whisper_decoder.HUMS
+    assert _words(whisper, hum, hums=True) in whisper_decoder.HUMS
+    real = [beckett[int(a * 32000) : int(b * 32000)] for a, b in BECKETT_PHRASES]
+    real += [say("Wait."), say("No, stop.")]
+    for pcm in real:
+        for audio in (pcm, _phone(pcm)):
+            plain = _words(whisper, audio, hums=False)
+            assert plain.strip()
+            assert _words(whisper, audio, hums=True) == plain
