@@ -9,6 +9,13 @@ mono (:func:`frame_pcm`). ``channel_open``, ``connected`` and ``gone`` say how f
 connection got; nothing here knows the session. A loopback-only server drops the offer's
 other candidates (:func:`loopback_candidates`), and :func:`use_host_addresses` limits the
 host candidates offered.
+
+The caller's audio leaves aiortc's jitter buffer as soon as a packet is complete
+(:func:`lean_jitter_buffer`): aiortc holds each audio frame until 4 newer packets have come
+(~80 ms), a cushion for a player with a clock. The server has none: it reads each frame as it
+comes (its VAD, the echo canceller and the ASR keep their own time), so the cushion was
+80 ms added to every barge-in and every turn end on WebRTC. Packets out of order still wait
+for the missing one, as before (up to the buffer's 16 packets).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from aiortc import (
     RTCPeerConnection,
     RTCSessionDescription,
 )
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
@@ -36,6 +44,10 @@ from duplex_server.protocol.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 CHANNEL = "oai-events"
+#: aiortc 1.16's audio jitter buffer (rtcrtpreceiver.py): 16 packets, a frame released after
+#: 4 newer ones; here after the next one (the least: a frame is complete when it comes)
+JITTER_CAPACITY, MIC_PREFETCH = 16, 1
+_JITTER_ATTR = "_RTCRtpReceiver__jitter_buffer"
 
 
 class PeerListener(Protocol):
@@ -97,6 +109,7 @@ class WebRtcPeer:
         audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
         if not audio:
             raise ProtocolError("invalid_value", "the offer has no audio media", param="sdp")
+        lean_jitter_buffer(audio[0].receiver)
         audio[0].sender.replaceTrack(self.track)
         audio[0].direction = "sendrecv"
         await pc.setLocalDescription(await pc.createAnswer())
@@ -148,6 +161,17 @@ class WebRtcPeer:
                 frame = await track.recv()
                 assert isinstance(frame, AudioFrame)
                 self.listener.receive_mic(frame_pcm(frame), frame.sample_rate)
+
+
+def lean_jitter_buffer(receiver: object) -> bool:
+    """Give ``receiver`` (an aiortc ``RTCRtpReceiver`` for audio, before its first packet) a
+    jitter buffer that releases each frame when it is complete (:data:`MIC_PREFETCH`).
+    False (and nothing changed) where aiortc keeps it elsewhere than 1.16 does."""
+    if not isinstance(getattr(receiver, _JITTER_ATTR, None), JitterBuffer):
+        log.warning("webrtc: aiortc's jitter buffer not found; the mic keeps its 80 ms cushion")
+        return False
+    setattr(receiver, _JITTER_ATTR, JitterBuffer(capacity=JITTER_CAPACITY, prefetch=MIC_PREFETCH))
+    return True
 
 
 def loopback_only(addresses: list[str] | None) -> bool:

@@ -62,6 +62,10 @@ def test_webrtc_call_turn_and_barge_in(tmp_path: Path) -> None:
             updated = await client.until("session.updated")
             assert updated["session"]["instructions"] == "Be brief."
             assert created["server_event_seq"] == 1
+            # the caller's audio reaches the session at the engine's rate: no resampling
+            # to the 24 kHz default and back (webrtc.WEBRTC_SESSION)
+            fmt = updated["session"]["audio"]["input"]["format"]
+            assert fmt == {"type": "audio/pcm", "rate": 16000}, fmt
             client.mic.say += _wav48k(1.5)  # the caller speaks: a WAV as the microphone
             await client.until("input_audio_buffer.speech_started")
             await client.until("input_audio_buffer.committed")
