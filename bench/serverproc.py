@@ -47,15 +47,19 @@ def wait_healthy(proc: subprocess.Popen[bytes], addrs: list[str], deadline: floa
 
 @contextlib.contextmanager
 def running_server(
-    config: Path, ready_s: float = 180.0, quiet: bool = True, log: IO[bytes] | None = None
+    config: Path,
+    ready_s: float = 180.0,
+    quiet: bool = True,
+    log: IO[bytes] | None = None,
+    log_level: str = "warning",
 ) -> Iterator[tuple[str, int]]:
     """``duplex-server serve`` on 127.0.0.1; yields ``(host:port, pid)`` once /health is 200.
     ``log``: a file that gets the server's output (else it is discarded, or shown if not
-    ``quiet``)."""
+    ``quiet``) at ``log_level``."""
     port = free_port()
     exe = Path(sys.executable).with_name("duplex-server")
     cmd = [str(exe), "serve", "--config", str(config), "--port", str(port)]
-    cmd += ["--log-level", "warning"]
+    cmd += ["--log-level", log_level]
     out: IO[bytes] | int | None = log if log is not None else subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen(cmd, cwd=ROOT, env=server_env(), stdout=out, stderr=out)
     addr = f"127.0.0.1:{port}"

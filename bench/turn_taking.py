@@ -218,7 +218,7 @@ async def main_async(args: argparse.Namespace, log: IO[bytes] | None) -> dict[st
     probe = probe_ms()
     rows: list[dict[str, Any]] = []
     started = time.time()
-    with running_server(args.config, log=log) as (addr, _):
+    with running_server(args.config, log=log, log_level=args.server_log_level) as (addr, _):
         pool = clips(addr)
         q = question(addr, 8000)
         batch = {c.name: await batch_words(addr, c) for c in pool if c.kind == "interrupt"}
@@ -257,6 +257,12 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true", help="print each trial's events")
     ap.add_argument("--cells", default="", help="only these cells (comma-separated)")
     ap.add_argument("--server-log", type=Path, help="the server's output goes here")
+    ap.add_argument(
+        "--server-log-level",
+        default="warning",
+        help="its level (debug: the words each speech over an answer was heard as, and "
+        "what they did)",
+    )
     args = ap.parse_args()
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(args.server_log.open("wb")) if args.server_log else None

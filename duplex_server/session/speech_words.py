@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Callable
 
 from duplex_contract.audio import INPUT_RATE
 from duplex_contract.batch import TranscribeJob, TranscriptOut
 from duplex_contract.errors import EngineError
-from duplex_server.protocol.commands import Action, TranscribeSpeech
+from duplex_server.protocol.commands import Action, Call, Send, TranscribeSpeech
 from duplex_server.protocol.machine import SessionMachine
 from duplex_server.session.engine_calls import EngineSessions
 
@@ -65,16 +66,19 @@ class SpeechWords:
             log.info("%s: speech not transcribed: %s", self.core.session_id, exc)
             words = []
         core = self.core
+        if core.closed:
+            return
+        text, config = "".join(words), core.config
+        actions = core.input.speech_words(action.speech, text, config, self.clock())
         log.debug(
-            "%s: words of speech %d after %.0f ms: %r",
-            self.core.session_id,
+            "%s: words of speech %d after %.0f ms: %r -> %s",
+            core.session_id,
             action.speech,
             self.clock() - asked,
-            "".join(words),
+            text,
+            _what(actions),
         )
-        if not core.closed:
-            text, config = "".join(words), core.config
-            self.apply(core.input.speech_words(action.speech, text, config, self.clock()))
+        self.apply(actions)
 
     def close(self) -> None:
         task, self._task = self._task, None
@@ -90,6 +94,21 @@ class SpeechWords:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.apply = _ignore
+
+
+def _what(actions: list[Action]) -> str:
+    """What the words did, for the log: the events sent and the other actions, runs of
+    one kind counted (none: the answer goes on as it was)."""
+    names: list[str] = []
+    for a in actions:
+        if isinstance(a, Send):
+            names.append(str(a.event.__struct_config__.tag))
+        elif isinstance(a, Call):
+            names.append(f"Call({type(a.command).__name__})")
+        else:
+            names.append(type(a).__name__)
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(names)]
+    return ", ".join(k if n == 1 else f"{k} x{n}" for k, n in runs) or "nothing"
 
 
 def _ignore(actions: list[Action]) -> None:
