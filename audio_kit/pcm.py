@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from duplex_contract.audible import first_audible
 from duplex_contract.audio import duration_ms as contract_duration_ms
 
 Float32Array = npt.NDArray[np.float32]
@@ -178,54 +179,6 @@ def _centred_rms(x: npt.NDArray[np.floating], win: int) -> npt.NDArray[np.float6
     power = np.maximum(sums[win:] - sums[:-win], 0.0)[: x.size] / win
     rms: npt.NDArray[np.float64] = np.sqrt(power)
     return rms
-
-
-#: Audible: a 5 ms window whose RMS reaches -40 dBFS (what the latency benches call the first
-#: audible sample, and where a TTS's leading silence ends)
-AUDIBLE_DBFS = -40.0
-_AUDIBLE_WIN_MS = 5.0
-
-
-def first_audible(audio: Float32Array, sample_rate: int, dbfs: float = AUDIBLE_DBFS) -> int | None:
-    """The first sample of the first 5 ms window (from the start) whose RMS reaches
-    ``dbfs``; None when no window does."""
-    win = max(1, int(sample_rate * _AUDIBLE_WIN_MS / 1000))
-    rms = _window_rms(np.asarray(audio, dtype=np.float32), win)
-    loud = np.nonzero(rms >= 10 ** (dbfs / 20))[0]
-    if loud.size:
-        return int(loud[0]) * win
-    tail = audio[rms.size * win :]  # a last, shorter window
-    if tail.size and float(np.sqrt(np.mean(np.square(tail, dtype=np.float64)))) >= 10 ** (
-        dbfs / 20
-    ):
-        return rms.size * win
-    return None
-
-
-class AudibleStart:
-    """When a listener hears the first audible sample of a stream of PCM16 pieces that a
-    player starts playing as soon as the first byte arrives: the piece holding that sample
-    plays it ``offset`` after the stream's start, or when it arrives if it comes later (the
-    player ran dry). ``feed`` each piece with its arrival time (s, any clock); ``at`` is
-    that moment once heard (None before), ``first_byte_at`` the first piece's arrival."""
-
-    def __init__(self, dbfs: float = AUDIBLE_DBFS) -> None:
-        self.dbfs = dbfs
-        self.first_byte_at: float | None = None
-        self.at: float | None = None
-        self._played_s = 0.0  # audio before this piece, in s
-
-    def feed(self, arrived_s: float, pcm: bytes, sample_rate: int) -> None:
-        if self.at is not None or not pcm:
-            return
-        if self.first_byte_at is None:
-            self.first_byte_at = arrived_s
-        first = first_audible(
-            pcm16_to_float32(pcm[: len(pcm) - len(pcm) % 2]), sample_rate, self.dbfs
-        )
-        if first is not None:
-            self.at = max(arrived_s, self.first_byte_at + self._played_s + first / sample_rate)
-        self._played_s += len(pcm) // 2 / sample_rate
 
 
 def lead_trim(audio: Float32Array, sample_rate: int, margin_ms: float = 5.0) -> Float32Array:

@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "clients")]
 from duplex_client import DuplexClient  # noqa: E402
 from duplex_client import events as ev  # noqa: E402
 
-from audio_kit.pcm import AudibleStart  # noqa: E402
+from duplex_contract.audible import AudibleStart  # noqa: E402
 from duplex_server.app import create_app  # noqa: E402
 from duplex_server.config import load_app_config  # noqa: E402
 
@@ -92,7 +92,7 @@ async def batch_alone(addr: str, requests: int, concurrency: int) -> dict[str, f
 
 async def session_ttfa(addr: str, turns: int, audible: list[float] | None = None) -> list[float]:
     """Each turn's first audio byte (ms after response.create); ``audible`` gets its first
-    audible sample (audio_kit.pcm.AudibleStart: -40 dBFS, as a player reaches it)."""
+    audible sample (duplex_contract.audible.AudibleStart: -40 dBFS, as a player reaches it)."""
     out: list[float] = []
     async with await DuplexClient.connect(f"ws://{addr}/v1/realtime") as client:
         await client.update_session({"audio": {"input": {"turn_detection": None}}})

@@ -12,7 +12,7 @@ voices, digital silence between words, no pause inside a sentence. Measured at t
 * ``live_ttfa_ms``: the last voiced frame sent -> the first ``response.output_audio.delta``
   of a response created after it (p50, p90 over the turns), the first byte;
 * ``live_audible_ms``: the last voiced frame sent -> the first *audible* sample of that
-  answer (a 5 ms window at -40 dBFS, ``audio_kit.pcm.AudibleStart``: a player that starts
+  answer (a 5 ms window at -40 dBFS, ``duplex_contract.audible.AudibleStart``: a player that starts
   at the first byte plays it that much later, or when its delta arrives if later): what a
   listener hears, whatever silence a voice opens with;
 * ``false_turn_ends``: turns ended (``speech_stopped``) before the utterance's last voiced
@@ -63,7 +63,7 @@ import websockets
 from serverproc import ROOT, running_server
 
 sys.path.insert(0, str(ROOT))
-from audio_kit.pcm import AudibleStart
+from duplex_contract.audible import AudibleStart
 
 RATES = (24000, 16000)  # the client's microphone rate (the session input format)
 OUTPUT_RATE = 24000  # the session's output audio (PCM16, the default rate)

@@ -24,7 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
-from audio_kit.pcm import AudibleStart
+from duplex_contract.audible import AudibleStart
 from duplex_contract.batch import (
     AudioOut,
     ChatJob,

@@ -16,6 +16,8 @@ Both sides import this package; it imports neither of them (``make lint`` checks
   their one result;
 * :mod:`~duplex_contract.batch`: the batch jobs and the items they stream back;
 * :mod:`~duplex_contract.tracecontext`: the W3C trace context written on the calls.
+* :mod:`~duplex_contract.audible`: when audio becomes audible (-40 dBFS), the one
+  definition the engine's TTS trim, the benches and the SDK's latency figures share.
 
 Each name has this one home: the engine imports it from here and re-exports nothing.
 """

@@ -10,7 +10,10 @@ happened: per turn its transcript, its answer (completed or interrupted) and the
 TTFA, then a summary (turns detected, transcripts, answers by status, TTFA).
 
 TTFA is timed here, at the client, as bench/live_latency.py times it: from the *last voiced
-frame sent* to the first ``response.output_audio.delta`` of the answer. The end of speech is
+frame sent* to the first ``response.output_audio.delta`` of the answer (first byte), and to
+its first *audible* sample (``audible``: a 5 ms window at -40 dBFS as a player that starts on
+the first byte reaches it, :class:`duplex_contract.audible.AudibleStart`; a voice that opens
+with silence is heard that much later). The end of speech is
 the server's own: ``speech_stopped.audio_end_ms`` (the VAD's end of speech, in ms of the
 session's input audio) is mapped back to the moment the client sent that audio. (An earlier
 version called a frame voiced above 5% of the recording's loudest frame, so a breath in a
@@ -43,6 +46,7 @@ from duplex_client import events as ev
 from duplex_client.audio_input import read_wav, to_pcm16
 from duplex_client.client import DuplexClient
 from duplex_client.errors import SessionEnded
+from duplex_contract.audible import AudibleStart
 
 RATE = 16000  # the session's input rate: frames are sent as they are, never resampled
 FRAME_MS = 20
@@ -91,12 +95,21 @@ class Answer:
     audio: list[bytes] = field(default_factory=list)
     pauses: int = 0  # output_audio_buffer.paused: speech over it was judged
     taken_back: int = 0  # output_audio_buffer.resumed: ... and was not an interruption
+    heard: AudibleStart = field(default_factory=AudibleStart)  # its first audible sample
 
     @property
     def ttfa_ms(self) -> float | None:
-        if self.turn is None or self.turn.voiced_end is None or self.first_audio is None:
+        return self._since_voice(self.first_audio)
+
+    @property
+    def audible_ms(self) -> float | None:
+        """The last voiced frame sent -> the answer's first audible sample."""
+        return self._since_voice(self.heard.at)
+
+    def _since_voice(self, at: float | None) -> float | None:
+        if self.turn is None or self.turn.voiced_end is None or at is None:
             return None
-        return (self.first_audio - self.turn.voiced_end) * 1000
+        return (at - self.turn.voiced_end) * 1000
 
     @property
     def audio_s(self) -> float:
@@ -191,7 +204,9 @@ class TalkReport:
             if answer is not None:
                 if answer.first_audio is None:
                     answer.first_audio = now
-                answer.audio.append(base64.b64decode(event.delta))
+                pcm = base64.b64decode(event.delta)
+                answer.audio.append(pcm)
+                answer.heard.feed(now, pcm, OUT_RATE)
         elif isinstance(event, ev.TranscriptDelta | ev.TextDelta):
             answer = self._by_response.get(event.response_id)
             if answer is not None:
@@ -246,6 +261,8 @@ class TalkReport:
         ttfa = answer.ttfa_ms
         if ttfa is not None:
             how += f", TTFA {ttfa:.0f} ms"
+            audible = answer.audible_ms
+            how += f" (audible {audible:.0f} ms)" if audible is not None else " (never audible)"
         return f"{where}  assistant: {text}  [{how}]"
 
     def summary(self, fast: bool = False) -> list[str]:
@@ -276,6 +293,12 @@ class TalkReport:
                 f"{statistics.median(ttfas):.0f} ms over {_n(len(ttfas), 'answer')} ({each} ms)"
                 + (" (--fast: sent faster than real time, not a live figure)" if fast else "")
             )
+            audible = [t for a in self.answers if (t := a.audible_ms) is not None]
+            if audible:
+                lines.append(
+                    f"     ... -> first audible sample (-40 dBFS): median "
+                    f"{statistics.median(audible):.0f} ms over {_n(len(audible), 'answer')}"
+                )
         else:
             lines.append("TTFA: no answer audio received")
         return lines

@@ -24,8 +24,12 @@ def _response(rid: str, status: str) -> ev.ResponseObj:
     return ev.ResponseObj(id=rid, status=status, output=[], output_modalities=["audio"])  # type: ignore[arg-type]
 
 
-def _audio(rid: str, ms: float = 100.0) -> ev.AudioDelta:
-    pcm = b"\x01\x00" * int(24 * ms)
+def _audio(rid: str, ms: float = 100.0, pcm: bytes | None = None) -> ev.AudioDelta:
+    """``ms`` of answer audio at 24 kHz: ``pcm``, else a level at -21 dBFS (audible)."""
+    if pcm is None:
+        pcm = (3000).to_bytes(2, "little") * int(24 * ms)
+    else:
+        ms = len(pcm) / 48
     return ev.AudioDelta(
         response_id=rid,
         item_id=f"item_{rid}",
@@ -81,14 +85,16 @@ def test_report_two_turns_one_interrupted() -> None:
     assert r.settled
     assert lines == [
         "turn 1  you:       hello",
-        "turn 1  assistant: Hi there  [interrupted after 0.2 s of audio, TTFA 750 ms]",
+        "turn 1  assistant: Hi there  [interrupted after 0.2 s of audio, TTFA 750 ms "
+        "(audible 750 ms)]",
         "turn 2  you:       (no words heard)",
-        "turn 2  assistant: Fine.  [completed, TTFA 600 ms]",
+        "turn 2  assistant: Fine.  [completed, TTFA 600 ms (audible 600 ms)]",
     ]
     assert r.summary() == [
         "2 turns detected by server VAD, 2 transcripts, 2 answers (1 interrupted, 1 completed)",
         "TTFA, last voiced frame sent -> first answer audio: median 675 ms over 2 answers "
         "(750, 600 ms)",
+        "     ... -> first audible sample (-40 dBFS): median 675 ms over 2 answers",
     ]
     assert len(r.reply_pcm()) == 3 * 4800
 
@@ -158,9 +164,46 @@ def test_report_a_cut_taken_back_is_not_a_turn() -> None:
         "turn 1  assistant: paused for speech over it, resumed (cut taken back)",
         "turn 1  assistant: paused for speech over it, resumed (cut taken back)",
         "turn 1  assistant: Sure thing  [interrupted after 0.1 s of audio, 2 cuts taken back, "
-        "TTFA 800 ms]",
+        "TTFA 800 ms (audible 800 ms)]",
     ]
     assert "2 cuts taken back (speech over an answer, not a turn)" in r.summary()
+
+
+def test_report_times_the_first_audible_sample_of_a_voice_that_opens_with_silence() -> None:
+    """A real voice with a known lead: beckett.wav's first word starts ~0.35 s into the file
+    (tests/data/README.md). Sent as the answer in 100 ms pieces (at 24 kHz, as the server
+    sends), arriving faster than they play: TTFA counts the first byte, the audible figure
+    the moment a player started on that byte reaches the first word."""
+    import soundfile as sf
+    import soxr
+
+    voice, rate = sf.read(ROOT / "tests" / "data" / "beckett.wav", dtype="float32")
+    pcm = (soxr.resample(voice, rate, 24000)[:48000] * 32767).astype("<i2").tobytes()
+    r = TalkReport()
+    r.sent_frame(True, 1.0)
+    r.on_event(ev.SpeechStopped(audio_end_ms=0, item_id="u1"), 1.5)
+    r.on_event(ev.InputCommitted(item_id="u1"), 1.5)
+    r.on_event(ev.ResponseCreated(response=_response("r1", "in_progress")), 1.5)
+    for k, start in enumerate(range(0, len(pcm), 4800)):
+        r.on_event(_audio("r1", pcm=pcm[start : start + 4800]), 1.6 + 0.01 * k)
+    answer = r.answers[0]
+    assert answer.ttfa_ms is not None and answer.audible_ms is not None
+    assert round(answer.ttfa_ms) == 600
+    lead = answer.audible_ms - answer.ttfa_ms
+    assert 250 <= lead <= 450, lead  # the recording's leading silence, as a player hears it
+    line = r.on_event(ev.ResponseDone(response=_response("r1", "completed")), 2.0)[0]
+    assert f"TTFA 600 ms (audible {answer.audible_ms:.0f} ms)" in line
+
+
+def test_report_an_answer_that_never_turns_audible_says_so() -> None:
+    r = TalkReport()
+    r.sent_frame(True, 1.0)
+    r.on_event(ev.SpeechStopped(audio_end_ms=0, item_id="u1"), 1.5)
+    r.on_event(ev.ResponseCreated(response=_response("r1", "in_progress")), 1.5)
+    r.on_event(_audio("r1", pcm=b"\x01\x00" * 2400), 1.7)  # -90 dBFS
+    line = r.on_event(ev.ResponseDone(response=_response("r1", "completed")), 2.0)[0]
+    assert line.endswith("[completed, TTFA 700 ms (never audible)]")
+    assert not any("audible sample" in x for x in r.summary())
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -193,9 +236,14 @@ def test_cli_talk_two_utterances_reports_two_turns(server: str, tmp_path: Path) 
     assert "turn 1  you:       what is the weather like today" in text
     assert "turn 2  you:       what is the weather like today" in text
     assert re.search(r"turn 1  assistant: .*\[interrupted ", text), text
-    done = re.search(r"turn 2  assistant: Hello there\..*\[completed, TTFA (\d+) ms\]", text)
+    done = re.search(
+        r"turn 2  assistant: Hello there\..*\[completed, TTFA (\d+) ms \(audible (\d+) ms\)\]",
+        text,
+    )
     assert done is not None, text
     assert 450 <= int(done.group(1)) < 5000 * UNIT, text  # includes the silence window
+    assert int(done.group(2)) >= int(done.group(1)), text  # heard no sooner than it came
+    assert "... -> first audible sample (-40 dBFS): median " in text
     assert "one spoken turn" not in text
     with wave.open(str(out)) as w:
         assert w.getframerate() == 24000 and w.getnframes() > 0
@@ -252,6 +300,6 @@ def test_cli_talk_waits_for_each_answer_and_times_from_the_end_of_speech(
     assert talk.returncode == 0, talk.stderr
     text = talk.stdout
     assert "2 turns detected by server VAD, 2 transcripts, 2 answers (2 completed)" in text, text
-    ttfas = [int(t) for t in re.findall(r"\[completed, TTFA (\d+) ms\]", text)]
+    ttfas = [int(t) for t in re.findall(r"\[completed, TTFA (\d+) ms \(audible \d+ ms\)\]", text)]
     assert len(ttfas) == 2, text
     assert all(450 <= t < 3000 * UNIT for t in ttfas), text

@@ -6,11 +6,9 @@ import numpy as np
 import pytest
 
 from audio_kit.pcm import (
-    AudibleStart,
     PcmChunker,
     StreamResampler,
     edge_trim,
-    first_audible,
     float32_to_pcm16,
     lead_trim,
     pcm16_to_float32,
@@ -19,6 +17,7 @@ from audio_kit.pcm import (
     resample_pcm16,
     split_pcm,
 )
+from duplex_contract.audible import AudibleStart, first_audible
 
 
 def _tone(rate: int, seconds: float, hz: float = 440.0) -> np.ndarray:
