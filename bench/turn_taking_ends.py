@@ -12,7 +12,9 @@ Times (one monotonic clock): the clip's **onset** is when the microphone frame h
 first voiced sample was sent, less how far into that frame it lies; its **end** likewise for
 its last voiced sample. The answer's audio **stops** for the listener at: the first
 ``output_audio_buffer.paused`` / ``.cleared`` or ``response.done{cancelled}`` a WebSocket
-client is sent; the first silent frame of a run of 10 (0.2 s) on the WebRTC track; the
+client is sent; the first silent frame of a run of 10 (0.2 s) on the WebRTC track, as a
+browser plays it (the far end's jitter buffer holds 2 packets, 40 ms, as a browser's about
+does: bench/browser_jitter.py; aiortc's default 4 would add 40 ms no browser adds); the
 ``clear`` Twilio is sent (it stops playing there). It **resumes** at
 ``output_audio_buffer.resumed`` (WebSocket, WebRTC: its audio follows on the track) or at the
 first media of the same item after the clear (Twilio). An answer **ended** when it was
@@ -258,7 +260,7 @@ async def webrtc(addr: str, clip: Clip | None, offset_s: float, echo: Echo | Non
 
     rate = 48000
     out = Outcome()
-    client = RtcClient()
+    client = RtcClient(browser_jitter=True)
     session: dict[str, Any] = {"type": "realtime", "max_output_tokens": 80}
     if echo is not None:
         session["audio"] = {"input": {"echo_cancellation": True}}
@@ -290,7 +292,9 @@ async def webrtc(addr: str, clip: Clip | None, offset_s: float, echo: Echo | Non
         out.trace(client.events)
         stops = [t for _, t in _silent_runs(client.frames, start)]
         if out.stopped_at is not None and stops:  # the audio itself, where it stopped
-            near = [s for s in stops if s >= out.stopped_at - 0.3]
+            # not before the pause is told: a silence that began earlier is a gap between
+            # the answer's sentences, not the stop (the pause's own silence comes after it)
+            near = [s for s in stops if s >= out.stopped_at]
             out.stopped_at = near[0] if near else out.stopped_at
         done = [e for _, e in client.events if e["type"] == "output_audio_buffer.stopped"]
         if done and clip is not None and not out.ended and not out.paused:

@@ -21,7 +21,8 @@ const state = (window.duplexState = {
   connected: false, sessionId: null, userTranscripts: [], assistantTranscripts: [],
   ttfaMs: [], timings: [], responses: [], flushes: 0, resumes: 0, framesSent: 0,
   transport: "websocket", audioStarted: 0, audioCleared: 0, rtcPacketsReceived: 0,
-  rtcAudioEnergy: 0, interrupted: 0, paused: 0, takenBack: 0,
+  rtcAudioEnergy: 0, rtcJitterBufferMs: null, rtcJitterTargetMs: null, interrupted: 0,
+  paused: 0, takenBack: 0,
 });
 
 // ------------------------------------------------------------------ player (jitter buffer)
@@ -365,6 +366,11 @@ class RtcSession extends Session {
       if (r.type === "inbound-rtp" && r.kind === "audio") {
         state.rtcPacketsReceived = r.packetsReceived || 0;
         state.rtcAudioEnergy = r.totalAudioEnergy || 0;
+        // what this browser's jitter buffer holds before it plays (mean ms per sample)
+        if (r.jitterBufferEmittedCount) {
+          state.rtcJitterBufferMs = (1000 * r.jitterBufferDelay) / r.jitterBufferEmittedCount;
+          state.rtcJitterTargetMs = (1000 * r.jitterBufferTargetDelay) / r.jitterBufferEmittedCount;
+        }
       }
       if (r.type === "outbound-rtp" && r.kind === "audio") state.framesSent = r.packetsSent || 0;
     });

@@ -163,14 +163,15 @@ class WebRtcPeer:
                 self.listener.receive_mic(frame_pcm(frame), frame.sample_rate)
 
 
-def lean_jitter_buffer(receiver: object) -> bool:
+def lean_jitter_buffer(receiver: object, prefetch: int = MIC_PREFETCH) -> bool:
     """Give ``receiver`` (an aiortc ``RTCRtpReceiver`` for audio, before its first packet) a
-    jitter buffer that releases each frame when it is complete (:data:`MIC_PREFETCH`).
-    False (and nothing changed) where aiortc keeps it elsewhere than 1.16 does."""
+    jitter buffer that releases each frame once ``prefetch`` newer packets have come (the
+    default :data:`MIC_PREFETCH`: when it is complete). False (and nothing changed) where
+    aiortc keeps it elsewhere than 1.16 does."""
     if not isinstance(getattr(receiver, _JITTER_ATTR, None), JitterBuffer):
-        log.warning("webrtc: aiortc's jitter buffer not found; the mic keeps its 80 ms cushion")
+        log.warning("webrtc: aiortc's jitter buffer not found; it keeps its 80 ms cushion")
         return False
-    setattr(receiver, _JITTER_ATTR, JitterBuffer(capacity=JITTER_CAPACITY, prefetch=MIC_PREFETCH))
+    setattr(receiver, _JITTER_ATTR, JitterBuffer(capacity=JITTER_CAPACITY, prefetch=prefetch))
     return True
 
 

@@ -73,3 +73,22 @@ def test_the_callers_audio_leaves_the_jitter_buffer_when_the_next_packet_comes()
     # out of order: a frame still waits for the packet before it
     lean = JitterBuffer(capacity=buffer.capacity, prefetch=buffer._prefetch)
     assert released(lean, [10, 12, 11, 13]) == [None, None, 10, 11]
+
+
+def test_the_bench_listener_holds_two_packets_as_a_browser_does() -> None:
+    """tests/server/webrtc_client.py ``RtcClient(browser_jitter=True)`` (bench/turn_taking.py's
+    WebRTC listener) plays a frame once 2 newer packets have come (~40 ms), not aiortc's 4."""
+    from tests.server.webrtc_client import BROWSER_PREFETCH, RtcClient
+
+    async def listener() -> JitterBuffer:
+        client = RtcClient(browser_jitter=True)
+        try:
+            receiver = client.pc.getTransceivers()[0].receiver
+            buffer = getattr(receiver, JITTER_ATTR)
+            assert isinstance(buffer, JitterBuffer)
+            return buffer
+        finally:
+            await client.pc.close()
+
+    assert BROWSER_PREFETCH == 2
+    assert released(asyncio.run(listener()), [1, 2, 3, 4]) == [None, None, 1, 2]

@@ -26,6 +26,7 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
+from duplex_server.transports.webrtc_peer import lean_jitter_buffer
 from tests.server.harness import UNIT
 
 RATE = 48000
@@ -92,8 +93,15 @@ class MicTrack(MediaStreamTrack):
         return frame
 
 
+#: packets a browser-like listener holds before it plays (``RtcClient(browser_jitter=True)``):
+#: Chromium's NetEq on loopback holds ~30 ms (bench/browser_jitter.py); aiortc's own buffer
+#: holds 4 (80 ms), so a listener on it hears every stop 40-50 ms later than a browser would.
+#: 2 packets (40 ms) is the nearest aiortc setting at or above the browser's.
+BROWSER_PREFETCH = 2
+
+
 class RtcClient:
-    def __init__(self) -> None:
+    def __init__(self, *, browser_jitter: bool = False) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.mic = MicTrack()
         self.events: list[tuple[float, dict[str, Any]]] = []
@@ -102,7 +110,9 @@ class RtcClient:
         self._tasks: list[asyncio.Task[None]] = []
         self.channel = self.pc.createDataChannel("oai-events")
         self.channel.on("message", self._on_message)
-        self.pc.addTrack(self.mic)
+        transceiver = self.pc.addTransceiver(self.mic, direction="sendrecv")
+        if browser_jitter and not lean_jitter_buffer(transceiver.receiver, BROWSER_PREFETCH):
+            raise RuntimeError("aiortc's jitter buffer was not found: cannot listen as a browser")
         self.pc.on("track", self._on_track)
 
     def _on_message(self, message: str) -> None:

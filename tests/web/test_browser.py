@@ -197,6 +197,8 @@ def test_webrtc_mode_one_turn(server: str, browser: Any) -> None:
     assert "completed" in state["responses"], state
     assert state["audioStarted"] >= 1  # output_audio_buffer.started on the data channel
     assert state["rtcPacketsReceived"] > 100 and state["rtcAudioEnergy"] > 0, state
+    # what Chromium's jitter buffer holds (bench/browser_jitter.py reads the same figures)
+    assert 0 < state["rtcJitterBufferMs"] < 1000 and state["rtcJitterTargetMs"] > 0, state
     assert any(t.startswith("Hello there.") for t in state["assistantTranscripts"])
     assert state["ttfaMs"] and 0 < state["ttfaMs"][0] < 5000
 
