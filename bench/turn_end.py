@@ -265,14 +265,13 @@ def table(out: dict[str, Any]) -> str:
         for name, s in fam["settings"].items():
             lines.append(f"{name:20}" + "".join(f"{s[k]!s:>21}" for k in keys))
     sources = ("human", "piper", "espeak")
-    lines.append(
-        f"\nfalse_cutoff_pct by source: {'detector':20}" + "".join(f"{k:>9}" for k in sources)
-    )
+    lines += ["", "false_cutoff_pct by source of the speech:"]
+    lines.append(f"{'detector':20}" + "".join(f"{k:>9}" for k in sources))
     for fam in out["detectors"].values():
         for name, s in fam["settings"].items():
             by = s["by_source"]
             cells = "".join(f"{by.get(k, {}).get('false_cutoff_pct')!s:>9}" for k in sources)
-            lines.append(f"{'':27}{name:20}{cells}")
+            lines.append(f"{name:20}{cells}")
     for family, fam in out["detectors"].items():
         lines.append(
             f"{family}: dead air p50 at <= 5% false cut-offs {fam['dead_air_ms_at_5pct']} ms "
