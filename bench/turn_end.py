@@ -28,7 +28,8 @@ eagerness (``auto`` is ``medium``: the same threshold and wait). Figures per set
 
 Per family, ``dead_air_ms_at_5pct`` (``_10pct``): the lowest ``dead_air_ms_p50`` among its
 settings whose ``false_cutoff_pct`` is at most 5 % (10 %), no interpolation, and which
-setting that is (null when none qualifies). The top-level ``false_cutoff_pct`` and
+setting that is (null when none qualifies), and ``false_cutoff_pct`` at the family's
+default (server_vad 500 ms, semantic_vad auto). The top-level ``false_cutoff_pct`` and
 ``dead_air_ms_p50`` are the default detector's (configs/cpu.yaml sets no turn detection, so
 a session gets ``TurnDetection()``: server_vad, 500 ms); ``dead_air_ms_at_5pct`` is its
 family's.
@@ -73,6 +74,11 @@ CUT_HOLD_S = 2.0
 #: what a session gets with configs/cpu.yaml (no turn_detection there: the protocol default)
 DEFAULT_TD = TurnDetection()
 FORMAT = AudioFormat("pcm16", RATE)
+#: each family's setting a session gets without one (semantic_vad: auto, the same as medium)
+FAMILY_DEFAULT = {
+    "server_vad": f"server_vad_{DEFAULT_TD.silence_duration_ms}",
+    "semantic_vad": "semantic_vad_medium",
+}
 
 
 @dataclass(frozen=True)
@@ -242,11 +248,16 @@ def run(turns: list[Turn], dets: list[Detector], trace: bool = False) -> dict[st
     for d in dets:
         fam = families.setdefault(d.family, {"settings": {}})
         fam["settings"][d.name] = {"setting": d.setting, **summarize(rows[d.name])}
-    for fam in families.values():
+    for family, fam in families.items():
         for pct in (5, 10):
             ms, name = at_rate(fam["settings"], pct)
             fam[f"dead_air_ms_at_{pct}pct"] = ms
             fam[f"setting_at_{pct}pct"] = name
+        # the family's false cut-offs at its default: server_vad's 500 ms, semantic_vad's auto
+        default = FAMILY_DEFAULT.get(family)
+        if default in fam["settings"]:
+            fam["default_setting"] = default
+            fam["false_cutoff_pct"] = fam["settings"][default]["false_cutoff_pct"]
     return {"detectors": families, "rows": rows}
 
 

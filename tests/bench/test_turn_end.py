@@ -168,6 +168,7 @@ def test_the_run_summarizes_per_family_and_picks_the_best_setting(
     out = run(turns, dets)
     fam = out["detectors"]["server_vad"]
     assert set(fam["settings"]) == {"server_vad_200", "server_vad_1000"}
+    assert "false_cutoff_pct" not in fam  # its default setting (500 ms) was not run
     s = fam["settings"]["server_vad_1000"]
     assert s["turns"] == {"complete": 1, "cut": 1, "paused": 1} and s["missed"] == 0
     assert s["dead_air_ms_p50"] is not None and s["dead_air_ms_p50"] >= 1000
@@ -185,6 +186,8 @@ def test_semantic_vad_ends_a_finished_sentence_at_its_check(utts: dict[str, Utte
     out = run([t], dets)
     assert SmartTurn.shared().probability == score  # the memo is gone after the run
     dead = {n: rows[0]["dead_air_ms"] for n, rows in out["rows"].items()}
+    fam = out["detectors"]["semantic_vad"]
+    assert fam["default_setting"] == "semantic_vad_medium" and fam["false_cutoff_pct"] is None
     assert dead["semantic_vad_medium"] <= SEMANTIC_CHECK_MS + 200
     assert SEMANTIC_PLAIN_WAIT_MS <= dead["semantic_vad_low"] <= SEMANTIC_PLAIN_WAIT_MS + 250
 
