@@ -24,22 +24,31 @@ decision). Whisper writes a hummed "mm-hm" as words, more so on a phone line: "i
 Such speech is checked against :data:`HUMS`: CTranslate2's ``align`` (the decoder's
 probabilities of given text on the encoded window, which faster-whisper uses for word
 timestamps) scores each hum and the decoded words, per token. When a hum fits well
-(:data:`HUM_FIT`) and nearly as well as the words (:data:`HUM_MARGIN`), the hum is the
+(:data:`HUM_FIT`), nearly as well as the words (:data:`HUM_MARGIN`) and better than each of
+the commonest interruptions (:data:`CUES`: "Wait.", "Stop.", "Hold on."), the hum is the
 transcript. Measured on 8 kHz G.711 and 16 kHz audio of the turn-taking bench's clips and of
 live Twilio trials: hums (and a door) scored -1.9 to -2.8 and within 1.8 of their words;
-for every real interruption ("wait", "no, stop", "hold on", the human recordings, misheard
-or not) the best hum scored -3.1 or lower ("It was the best of times." -3.26, within 0.1 of
-its words: the margin is the absolute one). The cost: one short decoder pass per hum and
-one for the words, on the window already encoded (~15 ms each on 2 cores).
+Piper's real interruptions ("wait", "no, stop", "hold on") and the human recordings, misheard
+or not, scored -3.1 or lower ("It was the best of times." -3.26, within 0.1 of its words: the
+margin is the absolute one). eSpeak NG's "Hold on." and "Wait." over G.711 did not: Whisper
+heard "Fowl down" / "phone on" and "way", and "Mm-hmm." fit them at -2.88 and -2.99, within
+the margin, so a real interruption was taken back as a hum (seen live, Twilio and WebRTC
+with echo). They fit their cue far better (-1.26, -1.91); the hums fit every cue at -2.9 or
+lower, 0.3-2.5 below the hum ("No." is no cue: a hummed "mm-hm" fit it within 0.3). The
+cost: one short decoder pass per hum, per cue and for the words, on the window already
+encoded (~15 ms each on 2 cores), only for speech over an answer.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+log = logging.getLogger(__name__)
 
 ASR_RATE = 16000
 WINDOW_SAMPLES = 30 * ASR_RATE  # Whisper's fixed window
@@ -63,6 +72,9 @@ NO_SPEECH_PROB = 0.6  # faster-whisper's defaults for skipping a silent window
 LOGPROB_FLOOR = -1.0
 #: What a listener's hum is written as (``hums``; see the module docstring)
 HUMS = ("Mm-hmm.", "Uh-huh.")
+#: The commonest ways to interrupt: a hum must also fit better than each of them
+#: (``hums``; see the module docstring)
+CUES = ("Wait.", "Stop.", "Hold on.")
 #: a hum is the transcript when its mean log-probability per token is at least HUM_FIT and
 #: at most HUM_MARGIN below the decoded words'
 HUM_FIT, HUM_MARGIN = -3.0, 2.0
@@ -356,7 +368,8 @@ class WhisperDecoder:
         texts: list[str],
     ) -> dict[int, str]:
         """Of the utterances at batch positions ``check`` (their words in ``texts``), those
-        that fit a hum (:data:`HUMS`, :data:`HUM_FIT`, :data:`HUM_MARGIN`), with the hum."""
+        that fit a hum (:data:`HUMS`, :data:`HUM_FIT`, :data:`HUM_MARGIN`, better than every
+        :data:`CUES`), with the hum."""
         out: dict[int, str] = {}
         by_sot: dict[tuple[int, ...], list[int]] = {}
         for j, tok in zip(check, tokenizers, strict=True):
@@ -373,10 +386,26 @@ class WhisperDecoder:
             for hum, ids in zip(HUMS, hum_ids, strict=True):
                 for j, fit in enumerate(self._fit(encoded, sot, [ids] * size, content)):
                     best[j] = max(best[j], (fit, hum))
+            cue = [(float("-inf"), "")] * size
+            for text in CUES:
+                ids = tok.encode(" " + text)
+                for j, fit in enumerate(self._fit(encoded, sot, [ids] * size, content)):
+                    cue[j] = max(cue[j], (fit, text))
             for j in positions:
                 fit, hum = best[j]
-                if fit >= HUM_FIT and fit >= words[j] - HUM_MARGIN:
+                taken = fit >= HUM_FIT and fit >= words[j] - HUM_MARGIN and fit > cue[j][0]
+                if taken:
                     out[short[j]] = hum
+                log.debug(
+                    "%s: hum %r %.2f, words %r %.2f, cue %r %.2f",
+                    "a hum" if taken else "words",
+                    hum,
+                    fit,
+                    texts[short[j]],
+                    words[j],
+                    cue[j][1],
+                    cue[j][0],
+                )
         return out
 
     def _fit(

@@ -8,6 +8,7 @@ short synthesized question (it gets it exactly), no bound on long speech (it is 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import msgspec
@@ -22,6 +23,7 @@ from engine.messages import AsrRequest, StageDone, TtsRequest
 from engine.stages import whisper_decoder
 from engine.stages.asr_pocketsphinx import PocketsphinxAsr, PocketsphinxStream
 from engine.stages.asr_whisper import WhisperAsr, WhisperOptions
+from engine.stages.tts_espeak import EspeakTts
 from engine.stages.tts_piper import PiperTts
 from engine.stages.whisper_decoder import (
     WhisperDecoder,
@@ -397,8 +399,23 @@ def _words(whisper: WhisperAsr, pcm: bytes, hums: bool) -> str:
     return next(o.text for o in run.outputs if isinstance(o, TranscriptOut))
 
 
+def test_a_misheard_interruption_on_a_phone_line_is_not_written_as_a_hum(
+    whisper: WhisperAsr, espeak: EspeakTts
+) -> None:
+    """eSpeak NG's "Hold on." and "Wait." over G.711: Whisper mishears them ("Fowl down",
+    "way") and "Mm-hmm." fits them within the hum margin, but each fits its interruption cue
+    (whisper_decoder.CUES) better, so the words stay: taken as a hum, a real interruption was
+    taken back (seen live on Twilio and WebRTC with echo)."""
+    for text in ("Hold on.", "Wait."):
+        req = TtsRequest(request_id="s", text=text, sample_rate=16000)
+        audio = _phone(run_request(espeak, req).pcm)
+        words = _words(whisper, audio, hums=False)
+        assert words.strip()
+        assert _words(whisper, audio, hums=True) == words
+
+
 def test_whisper_writes_a_hum_it_took_for_words_as_one_when_asked(
-    whisper: WhisperAsr, piper: PiperTts, beckett: bytes
+    whisper: WhisperAsr, piper: PiperTts, beckett: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``hums`` (the words of speech over an answer): Piper's "Mm-hmm." over a phone line,
     which Whisper writes as words ("in my mom"), comes out as a hum; real interruptions
@@ -412,7 +429,13 @@ def test_whisper_writes_a_hum_it_took_for_words_as_one_when_asked(
     hum = _phone(say("Mm-hmm."))
     as_words = _words(whisper, hum, hums=False)
     assert as_words.strip() and as_words not in whisper_decoder.HUMS
-    assert _words(whisper, hum, hums=True) in whisper_decoder.HUMS
+    with caplog.at_level(logging.DEBUG, logger=whisper_decoder.__name__):
+        assert _words(whisper, hum, hums=True) in whisper_decoder.HUMS
+    # the debug log keeps the words the hum replaced, and the fits it was judged on
+    assert any(
+        m.startswith("a hum: ") and repr(as_words) in m
+        for m in map(logging.LogRecord.getMessage, caplog.records)
+    ), caplog.text
     real = [beckett[int(a * 32000) : int(b * 32000)] for a, b in BECKETT_PHRASES]
     real += [say("Wait."), say("No, stop.")]
     for pcm in real:
