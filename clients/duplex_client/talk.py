@@ -89,13 +89,17 @@ class Turn:
 class Answer:
     response_id: str
     turn: Turn | None
-    first_audio: float | None = None
     status: str = "in_progress"
     text: str = ""
     audio: list[bytes] = field(default_factory=list)
     pauses: int = 0  # output_audio_buffer.paused: speech over it was judged
     taken_back: int = 0  # output_audio_buffer.resumed: ... and was not an interruption
-    heard: AudibleStart = field(default_factory=AudibleStart)  # its first audible sample
+    #: when its first audio arrived (``first_byte_at``) and was first audible (``at``)
+    heard: AudibleStart = field(default_factory=AudibleStart)
+
+    @property
+    def first_audio(self) -> float | None:
+        return self.heard.first_byte_at
 
     @property
     def ttfa_ms(self) -> float | None:
@@ -202,8 +206,6 @@ class TalkReport:
         elif isinstance(event, ev.AudioDelta):
             answer = self._by_response.get(event.response_id)
             if answer is not None:
-                if answer.first_audio is None:
-                    answer.first_audio = now
                 pcm = base64.b64decode(event.delta)
                 answer.audio.append(pcm)
                 answer.heard.feed(now, pcm, OUT_RATE)
