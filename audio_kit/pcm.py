@@ -17,6 +17,7 @@ Float32Array = npt.NDArray[np.float32]
 Int16Array = npt.NDArray[np.int16]
 
 _SCALE = 32768.0
+_INV_SCALE = np.float32(1.0 / 32768.0)
 #: soxr quality used everywhere: "HQ" is transparent for speech and cheap (a few us per 20 ms).
 QUALITY = "HQ"
 
@@ -25,14 +26,25 @@ def pcm16_to_float32(pcm: bytes | bytearray | memoryview) -> Float32Array:
     """PCM16 little-endian bytes -> float32 samples in [-1, 1)."""
     if len(pcm) % 2:
         raise ValueError(f"PCM16 data must have an even number of bytes, got {len(pcm)}")
-    samples = np.frombuffer(pcm, dtype="<i2")
-    return (samples.astype(np.float32) / _SCALE).astype(np.float32, copy=False)
+    out: Float32Array = np.frombuffer(pcm, dtype="<i2").astype(np.float32)
+    out *= _INV_SCALE  # exact: a power of two, the same as dividing by 32768
+    return out
+
+
+def _rounded(audio: npt.NDArray[np.floating]) -> Float32Array:
+    """float samples in [-1, 1] -> float32 integers in [-32768, 32767] (rounded, clipped):
+    the int16 values as float32. One array, changed in place (ufuncs, not ``np.clip``'s
+    Python wrapper: this runs for every 20 ms of every session's input)."""
+    scaled: Float32Array = np.asarray(audio, dtype=np.float32) * np.float32(_SCALE)
+    np.rint(scaled, out=scaled)
+    np.minimum(scaled, np.float32(32767.0), out=scaled)
+    np.maximum(scaled, np.float32(-32768.0), out=scaled)
+    return scaled
 
 
 def float32_to_int16(audio: npt.NDArray[np.floating]) -> Int16Array:
-    """float samples in [-1, 1] -> int16 (clipped, rounded)."""
-    scaled = np.clip(np.asarray(audio, dtype=np.float32) * _SCALE, -32768.0, 32767.0)
-    out: Int16Array = np.rint(scaled).astype(np.int16)
+    """float samples in [-1, 1] -> int16 (rounded, clipped)."""
+    out: Int16Array = _rounded(audio).astype(np.int16)
     return out
 
 
@@ -65,6 +77,15 @@ def samples_for_ms(sample_rate: int, ms: float) -> int:
     return max(1, round(sample_rate * ms / 1000.0))
 
 
+def _round_units(out: Float32Array) -> bytes:
+    """Resampled int16 units (float32) -> PCM16 bytes, rounded and clipped (``out`` is
+    left holding the rounded values)."""
+    np.rint(out, out=out)
+    np.minimum(out, np.float32(32767.0), out=out)
+    np.maximum(out, np.float32(-32768.0), out=out)
+    return out.astype("<i2").tobytes()
+
+
 class StreamResampler:
     """Stateful PCM16 mono resampler for audio that arrives in pieces (soxr ResampleStream).
 
@@ -95,15 +116,25 @@ class StreamResampler:
         return self._stream is None
 
     def process(self, pcm: bytes) -> bytes:
-        data = self._carry + pcm
+        return self.process_samples(pcm)[0]
+
+    def process_samples(self, pcm: bytes) -> tuple[bytes, Float32Array]:
+        """:meth:`process`, and the same output as float32 samples, exactly
+        ``pcm16_to_float32`` of the bytes (for a VAD, without converting them back)."""
+        data = self._carry + pcm if self._carry else pcm
         if len(data) % 2:
             self._carry, data = data[-1:], data[:-1]
         else:
             self._carry = b""
         if self._stream is None or not data:
-            return data
-        out = self._stream.resample_chunk(pcm16_to_float32(data), last=False)
-        return float32_to_pcm16(out)
+            return data, pcm16_to_float32(data)
+        # soxr runs on the int16 values as float32, not scaled to [-1, 1): resampling is
+        # linear and a power-of-two scale is exact in floating point, so the output is
+        # bit for bit the scaled one's times 32768, two array passes fewer per call
+        out = self._stream.resample_chunk(np.frombuffer(data, "<i2").astype(np.float32))
+        pcm = _round_units(out)
+        out *= _INV_SCALE
+        return pcm, out
 
     def flush(self) -> bytes:
         """End of stream: return the remaining output and reset for a new stream."""
@@ -112,7 +143,7 @@ class StreamResampler:
             return b""
         out = self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
         self._stream.clear()
-        return float32_to_pcm16(out)
+        return _round_units(out)
 
     def reset(self) -> None:
         """Drop buffered state (e.g. after a barge-in flushed the stream)."""

@@ -399,7 +399,16 @@ class VadStream:
         data = self._carry + pcm if self._carry else pcm
         cut = len(data) - len(data) % 2
         self._carry = data[cut:]
-        samples = pcm16_to_float32(data[:cut])
+        return self._chunks(pcm16_to_float32(data[:cut] if self._carry else data))
+
+    def split_samples(self, samples: Float32Array) -> list[npt.NDArray[np.float32]]:
+        """:meth:`split` for audio already in float32 (``pcm16_to_float32`` of the PCM16,
+        whole samples only: not to be mixed with :meth:`split` of an odd byte count)."""
+        if self._carry:
+            raise ValueError("split_samples after split left half a sample")
+        return self._chunks(samples)
+
+    def _chunks(self, samples: Float32Array) -> list[npt.NDArray[np.float32]]:
         audio = np.concatenate([self._pending, samples]) if self._pending.size else samples
         n_chunks = len(audio) // CHUNK_SAMPLES
         chunks = [audio[i * CHUNK_SAMPLES : (i + 1) * CHUNK_SAMPLES] for i in range(n_chunks)]

@@ -322,6 +322,8 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        #: the input child, looked up once: it is counted for every frame of every session
+        self._audio_in = self.usage_audio.labels("input")
         self.batch_latency = Histogram(
             "duplex_batch_request_seconds",
             "Batch HTTP request latency, to the last byte of the response",
@@ -346,7 +348,7 @@ class Metrics:
 
     def count_audio_in(self, ms: float) -> None:
         """A session received ``ms`` of input audio."""
-        self.usage_audio.labels("input").inc(ms / 1000.0)
+        self._audio_in.inc(ms / 1000.0)
 
     def render(self) -> bytes:
         engine = self._engine()

@@ -140,12 +140,19 @@ class InputProcessor:
         :meth:`events` in order."""
         if self.format.codec != "pcm16":
             data = g711_to_pcm16(data, self.format.codec)
-        pcm = self._resampler.process(data)
-        if self._denoise is not None:
-            pcm = self._denoise.process(pcm)
-        if self._vad is None or not pcm:
+        if self._vad is None or self._denoise is not None:
+            pcm = self._resampler.process(data)
+            if self._denoise is not None:
+                pcm = self._denoise.process(pcm)
+            if self._vad is None or not pcm:
+                return pcm, []
+            return pcm, self._vad.split(pcm)
+        # the resampler's float32 output goes to the VAD as is (the same samples as the
+        # PCM16, without converting them back: this runs every 20 ms of every session)
+        pcm, samples = self._resampler.process_samples(data)
+        if not pcm:
             return pcm, []
-        return pcm, self._vad.split(pcm)
+        return pcm, self._vad.split_samples(samples)
 
     def events(
         self, probs: list[float], chunks: list[npt.NDArray[np.float32]], origin_ms: float

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import soxr
 
 from audio_kit.pcm import (
+    QUALITY,
     PcmChunker,
     StreamResampler,
     edge_trim,
@@ -90,6 +92,29 @@ def test_stream_resampler_output_does_not_depend_on_the_cut_or_the_run(rate: int
         assert cut(2 * rate * ms // 1000) == ref, ms
     assert cut(2 * rate // 50) == ref  # and again
     assert cut(961) == ref  # odd sizes
+
+
+def test_stream_resampler_gives_the_scaled_streams_bytes_and_their_samples() -> None:
+    """``process_samples`` runs soxr on unscaled int16 values (two array passes fewer a
+    call): its bytes are bit for bit a float32 stream over [-1, 1) rounded to int16, clipped
+    overshoot and the flushed tail included, and its samples are exactly those bytes as
+    float32 (what the VAD then scores)."""
+    rng = np.random.default_rng(3)
+    loud = np.clip(rng.normal(0, 0.6, 48000), -1, 1).astype(np.float32)  # overshoots
+    pcm = float32_to_pcm16(np.concatenate([loud, _tone(24000, 1.0)]))
+    ref = soxr.ResampleStream(24000, 16000, 1, dtype="float32", quality=QUALITY)
+    stream = StreamResampler(24000, 16000)
+    clipped, carry = 0, b""
+    for i in range(0, len(pcm), 961):  # odd sizes: a byte carried between calls
+        got, samples = stream.process_samples(pcm[i : i + 961])
+        data = carry + pcm[i : i + 961]
+        whole = len(data) // 2 * 2
+        data, carry = data[:whole], data[whole:]
+        assert got == float32_to_pcm16(ref.resample_chunk(pcm16_to_float32(data))), i
+        assert np.array_equal(samples, pcm16_to_float32(got))
+        clipped += int(np.sum(np.abs(samples) >= 32767 / 32768))
+    assert clipped > 0  # the clip path ran
+    assert stream.flush() == float32_to_pcm16(ref.resample_chunk(np.zeros(0, np.float32), True))
 
 
 def test_stream_resampler_passthrough_keeps_odd_byte() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from audio_kit.pcm import float32_to_pcm16
+from audio_kit.pcm import float32_to_pcm16, pcm16_to_float32
 from audio_kit.vad import (
     CHUNK_MS,
     CHUNK_SAMPLES,
@@ -70,6 +70,24 @@ def test_energy_vad_separates_silence_and_tone() -> None:
     assert vad.probability((0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)) == 1.0
     with pytest.raises(ValueError):
         vad.probability(np.zeros(100, np.float32))
+
+
+def test_split_samples_cuts_the_same_windows_as_split(beckett: bytes) -> None:
+    """The input lane hands the VAD the resampler's float32 samples (``split_samples``);
+    they must cut the same 512-sample windows, in the same places, as the PCM16 path."""
+    by_bytes, by_samples = (
+        VadStream(EnergyVad(), VadSegmenter()),
+        VadStream(EnergyVad(), VadSegmenter()),
+    )
+    pcm = beckett[: 16000 * 2 * 3]
+    for i in range(0, len(pcm), 640):  # 20 ms pieces: windows straddle them
+        a = by_bytes.split(pcm[i : i + 640])
+        b = by_samples.split_samples(pcm16_to_float32(pcm[i : i + 640]))
+        assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    odd = VadStream(EnergyVad(), VadSegmenter())
+    odd.split(b"\x00\x00\x00")  # half a sample carried: the float path cannot take over
+    with pytest.raises(ValueError):
+        odd.split_samples(np.zeros(320, np.float32))
 
 
 def _segments(stream: VadStream, pcm: bytes, piece: int) -> list[tuple[float, float]]:
