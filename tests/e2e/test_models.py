@@ -148,7 +148,12 @@ def test_real_model_forced_tool_call_round_trip(cpu_server: str) -> None:
 def test_batch_speech_has_no_pause_inside_a_sentence(cpu_server: str) -> None:
     """POST /v1/audio/speech with Piper: one sentence is spoken in one piece. (The live
     answer's early first clause once split it here too: "Full duplex means both." then 0.25 s
-    of silence, then "sides can talk at once.")"""
+    of silence, then "sides can talk at once.")
+
+    Piper draws its durations at random, so the sentence's own gaps between words vary: the
+    longest measured 70-150 ms over 40 syntheses (the old bound, under 150 ms, failed a CI
+    run at exactly 150). Each of three syntheses must stay under 200 ms: above the voice's
+    own gaps, below the 250 ms the split added."""
     import io
 
     import httpx
@@ -160,15 +165,16 @@ def test_batch_speech_has_no_pause_inside_a_sentence(cpu_server: str) -> None:
         "voice": "alloy",
         "response_format": "wav",
     }
-    resp = httpx.post(f"http://{cpu_server}/v1/audio/speech", json=body, timeout=60)
-    assert resp.status_code == 200, resp.text
-    audio, rate = soundfile.read(io.BytesIO(resp.content), dtype="float32")
-    win = rate // 100  # 10 ms windows
-    rms = np.sqrt(np.convolve(audio**2, np.ones(win) / win, mode="same"))[::win]
-    voiced = np.nonzero(rms > 0.02 * rms.max())[0]
-    inside = rms[voiced[0] : voiced[-1] + 1] > 0.02 * rms.max()
-    longest, run = 0, 0
-    for v in inside:
-        run = 0 if v else run + 1
-        longest = max(longest, run)
-    assert longest * 10 < 150, f"a {longest * 10} ms pause inside the sentence"
+    for _ in range(3):
+        resp = httpx.post(f"http://{cpu_server}/v1/audio/speech", json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        audio, rate = soundfile.read(io.BytesIO(resp.content), dtype="float32")
+        win = rate // 100  # 10 ms windows
+        rms = np.sqrt(np.convolve(audio**2, np.ones(win) / win, mode="same"))[::win]
+        voiced = np.nonzero(rms > 0.02 * rms.max())[0]
+        inside = rms[voiced[0] : voiced[-1] + 1] > 0.02 * rms.max()
+        longest, run = 0, 0
+        for v in inside:
+            run = 0 if v else run + 1
+            longest = max(longest, run)
+        assert longest * 10 < 200, f"a {longest * 10} ms pause inside the sentence"
