@@ -31,20 +31,19 @@ def pcm16_to_float32(pcm: bytes | bytearray | memoryview) -> Float32Array:
     return out
 
 
-def _rounded(audio: npt.NDArray[np.floating]) -> Float32Array:
-    """float samples in [-1, 1] -> float32 integers in [-32768, 32767] (rounded, clipped):
-    the int16 values as float32. One array, changed in place (ufuncs, not ``np.clip``'s
-    Python wrapper: this runs for every 20 ms of every session's input)."""
-    scaled: Float32Array = np.asarray(audio, dtype=np.float32) * np.float32(_SCALE)
-    np.rint(scaled, out=scaled)
-    np.minimum(scaled, np.float32(32767.0), out=scaled)
-    np.maximum(scaled, np.float32(-32768.0), out=scaled)
-    return scaled
+def _round_units(units: Float32Array) -> Float32Array:
+    """float32 in int16 units -> rounded and clipped to [-32768, 32767], in place (ufuncs,
+    not ``np.clip``'s Python wrapper: this runs for every 20 ms of every session's input)."""
+    np.rint(units, out=units)
+    np.minimum(units, np.float32(32767.0), out=units)
+    np.maximum(units, np.float32(-32768.0), out=units)
+    return units
 
 
 def float32_to_int16(audio: npt.NDArray[np.floating]) -> Int16Array:
     """float samples in [-1, 1] -> int16 (rounded, clipped)."""
-    out: Int16Array = _rounded(audio).astype(np.int16)
+    scaled = np.asarray(audio, dtype=np.float32) * np.float32(_SCALE)
+    out: Int16Array = _round_units(scaled).astype(np.int16)
     return out
 
 
@@ -77,15 +76,6 @@ def samples_for_ms(sample_rate: int, ms: float) -> int:
     return max(1, round(sample_rate * ms / 1000.0))
 
 
-def _round_units(out: Float32Array) -> bytes:
-    """Resampled int16 units (float32) -> PCM16 bytes, rounded and clipped (``out`` is
-    left holding the rounded values)."""
-    np.rint(out, out=out)
-    np.minimum(out, np.float32(32767.0), out=out)
-    np.maximum(out, np.float32(-32768.0), out=out)
-    return out.astype("<i2").tobytes()
-
-
 class StreamResampler:
     """Stateful PCM16 mono resampler for audio that arrives in pieces (soxr ResampleStream).
 
@@ -116,25 +106,39 @@ class StreamResampler:
         return self._stream is None
 
     def process(self, pcm: bytes) -> bytes:
-        return self.process_samples(pcm)[0]
+        data = self._whole(pcm)
+        if self._stream is None or not data:
+            return data
+        return self._resampled(data).astype("<i2").tobytes()
 
     def process_samples(self, pcm: bytes) -> tuple[bytes, Float32Array]:
         """:meth:`process`, and the same output as float32 samples, exactly
         ``pcm16_to_float32`` of the bytes (for a VAD, without converting them back)."""
+        data = self._whole(pcm)
+        if self._stream is None or not data:
+            return data, pcm16_to_float32(data)
+        units = self._resampled(data)
+        out = units.astype("<i2").tobytes()
+        units *= _INV_SCALE
+        return out, units
+
+    def _whole(self, pcm: bytes) -> bytes:
+        """The whole samples of what came before and ``pcm`` (an odd byte waits)."""
         data = self._carry + pcm if self._carry else pcm
         if len(data) % 2:
             self._carry, data = data[-1:], data[:-1]
         else:
             self._carry = b""
-        if self._stream is None or not data:
-            return data, pcm16_to_float32(data)
-        # soxr runs on the int16 values as float32, not scaled to [-1, 1): resampling is
-        # linear and a power-of-two scale is exact in floating point, so the output is
-        # bit for bit the scaled one's times 32768, two array passes fewer per call
-        out = self._stream.resample_chunk(np.frombuffer(data, "<i2").astype(np.float32))
-        pcm = _round_units(out)
-        out *= _INV_SCALE
-        return pcm, out
+        return data
+
+    def _resampled(self, data: bytes) -> Float32Array:
+        """soxr on the int16 values as float32, not scaled to [-1, 1): resampling is linear
+        and a power-of-two scale is exact in floating point, so the output is bit for bit
+        the scaled one's times 32768, two array passes fewer per call; rounded, clipped."""
+        assert self._stream is not None
+        return _round_units(
+            self._stream.resample_chunk(np.frombuffer(data, "<i2").astype(np.float32))
+        )
 
     def flush(self) -> bytes:
         """End of stream: return the remaining output and reset for a new stream."""
@@ -143,7 +147,7 @@ class StreamResampler:
             return b""
         out = self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
         self._stream.clear()
-        return _round_units(out)
+        return _round_units(out).astype("<i2").tobytes()
 
     def reset(self) -> None:
         """Drop buffered state (e.g. after a barge-in flushed the stream)."""
