@@ -27,7 +27,7 @@ voices, digital silence between words, no pause inside a sentence. Measured at t
 
     python bench/live_latency.py [--json PATH] [--turns N] [--runs 3] [--config PATH]
         [--input-rate 24000|16000] [--voices human|espeak]
-        [--turn-detection server_vad|semantic_vad] [--eagerness auto]
+        [--turn-detection server_vad|semantic_vad] [--eagerness auto] [--end-of-turn audio|words]
 
 Runs ``--runs`` consecutive times (a fresh server each), prints each run's p50/p90 with the
 load average before it and a machine probe (a fixed pure-Python workload, ms), and reports
@@ -278,6 +278,7 @@ async def session(addr: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     td: dict[str, Any] = {"type": args.turn_detection}
     if args.turn_detection == "semantic_vad":
         td["eagerness"] = args.eagerness
+        td["end_of_turn"] = args.end_of_turn
     silence = b"\0\0" * frame
     async with websockets.connect(f"ws://{addr}/v1/realtime", max_size=None) as ws:
         await ws.send(
@@ -395,6 +396,7 @@ def summarize(rows: list[dict[str, Any]], args: argparse.Namespace, load: str) -
         "config": str(args.config),
         "turn_detection": args.turn_detection,
         "eagerness": args.eagerness if args.turn_detection == "semantic_vad" else None,
+        "end_of_turn": args.end_of_turn if args.turn_detection == "semantic_vad" else None,
         "input_rate": args.input_rate,
         "voices": args.voices,
         "turns": len(rows),
@@ -522,6 +524,12 @@ def main() -> int:
     )
     ap.add_argument("--turn-detection", default="server_vad")
     ap.add_argument("--eagerness", default="auto")
+    ap.add_argument(
+        "--end-of-turn",
+        choices=("audio", "words"),
+        default="audio",
+        help="semantic_vad: what judges a pause (Smart Turn on the audio, or the words)",
+    )
     ap.add_argument("--max-tokens", type=int, default=40)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

@@ -80,7 +80,7 @@ def process(pcm: bytes, kind: str | None, vad: str = "silero") -> tuple[bytes, l
     from duplex_server.protocol.codec import PCM16_16K
     from duplex_server.protocol.events import TurnDetection
     from duplex_server.protocol.vad_events import VadStart
-    from duplex_server.session.input_lane import InputProcessor
+    from duplex_server.session.input_processor import InputProcessor
 
     proc = InputProcessor(PCM16_16K, TurnDetection(), vad, kind)  # type: ignore[arg-type]
     spent = 0.0

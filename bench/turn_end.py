@@ -1,7 +1,7 @@
 """End of turn, offline: how much dead air each turn detector leaves after a finished turn,
 and how often it cuts a speaker off, on a labelled turn set of real speech.
 
-No server: the session's own input code (duplex_server/session/input_lane.py's
+No server: the session's own input code (duplex_server/session/input_processor.py's
 ``InputProcessor``, as the server builds it for a session's ``turn_detection``: Silero VAD,
 ``VadSegmenter``, and Smart Turn for ``semantic_vad``) is fed each turn as a client sends it,
 PCM16 16 kHz in 20 ms pieces, and the piece after which it emits ``speech_stopped`` is the
@@ -14,7 +14,14 @@ and the project's two TTS voices (Piper, eSpeak NG), each utterance as three tur
 by construction: ``complete`` (then 4 s of quiet), ``cut`` (stopped at a word boundary
 mid-sentence) and ``paused`` (0.4-1.2 s of silence inserted at a word boundary, then the
 rest). Detectors: ``server_vad`` at several silence windows, ``semantic_vad`` at each
-eagerness (``auto`` is ``medium``: the same threshold and wait). Figures per setting:
+eagerness (``auto`` is ``medium``: the same threshold and wait), and ``semantic_vad`` with
+``end_of_turn: words`` at each eagerness (family ``words``): at each pause the engine's
+Whisper stage transcribes the input so far, as the engine's pause guess does, and the front
+end's verdict (duplex_server/session/turn_words.py) scores the words. Both are computed here,
+and their measured compute time is counted: the verdict reaches the input processor
+(``end_turn``) with the first 20 ms piece after it. These figures alone depend on this
+machine's speed (~0.25 s a verdict on two cores); ``--no-words`` leaves them out. Figures
+per setting:
 
 * ``false_cutoff_pct``: paused turns ended before their speech was over (in the pause,
   or at a pause of the speech itself);
@@ -34,7 +41,7 @@ default (server_vad 500 ms, semantic_vad auto). The top-level ``false_cutoff_pct
 a session gets ``TurnDetection()``: server_vad, 500 ms); ``dead_air_ms_at_5pct`` is its
 family's.
 
-    python bench/turn_end.py [--seed 1] [--limit N] [--json PATH]
+    python bench/turn_end.py [--seed 1] [--limit N] [--json PATH] [--no-words]
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from audio_kit.pcm import edge_trim
 from audio_kit.smart_turn import SmartTurn
 from audio_kit.vad import SileroVad, VadSegmenter, VadStream
 from bench.probe import probe_ms
@@ -63,14 +71,17 @@ from bench.turn_end_set import RATE, Turn, build, utterances
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.session_config import SEMANTIC_MAX_WAIT_MS
-from duplex_server.protocol.vad_events import VadStop
-from duplex_server.session.input_lane import InputProcessor
+from duplex_server.protocol.vad_events import VadPause, VadResume, VadStart, VadStop
+from duplex_server.session.input_processor import InputProcessor
+from duplex_server.session.turn_words import WORDS_THRESHOLD, SentenceEnd
 
 PIECE_MS = 20
 PIECE_BYTES = RATE * PIECE_MS // 1000 * 2
 SERVER_WINDOWS_MS = (200, 300, 400, 500, 700, 1000, 1200, 1500)
 EAGERNESS = ("low", "medium", "high")
 CUT_HOLD_S = 2.0
+#: the engine's ASR trims a guess's quiet edges to this (configs/cpu.yaml edge_margin_ms)
+EDGE_MARGIN_MS = 150
 #: what a session gets with configs/cpu.yaml (no turn_detection there: the protocol default)
 DEFAULT_TD = TurnDetection()
 FORMAT = AudioFormat("pcm16", RATE)
@@ -78,6 +89,7 @@ FORMAT = AudioFormat("pcm16", RATE)
 FAMILY_DEFAULT = {
     "server_vad": f"server_vad_{DEFAULT_TD.silence_duration_ms}",
     "semantic_vad": "semantic_vad_medium",
+    "words": "words_medium",
 }
 
 
@@ -89,7 +101,7 @@ class Detector:
     td: TurnDetection
 
 
-def detectors() -> list[Detector]:
+def detectors(words: bool = False) -> list[Detector]:
     out = [
         Detector(f"server_vad_{w}", "server_vad", f"{w} ms", TurnDetection(silence_duration_ms=w))
         for w in SERVER_WINDOWS_MS
@@ -100,7 +112,52 @@ def detectors() -> list[Detector]:
             type="semantic_vad", eagerness=e, silence_duration_ms=SEMANTIC_MAX_WAIT_MS[e]
         )
         out.append(Detector(f"semantic_vad_{e}", "semantic_vad", e, td))
+    if words:
+        for e in EAGERNESS:
+            td = TurnDetection(
+                type="semantic_vad",
+                eagerness=e,
+                end_of_turn="words",
+                silence_duration_ms=SEMANTIC_MAX_WAIT_MS[e],
+            )
+            out.append(Detector(f"words_{e}", "words", e, td))
     return out
+
+
+class WordsJudge:
+    """What ``end_of_turn: words`` learns at a pause, as a live session learns it: the
+    engine's pause guess (its Whisper stage, engine/stages/asr_whisper.py, with the
+    configs/cpu.yaml options, on the input from speech_started's audio_start_ms to the
+    pause) and the front end's verdict on those words (duplex_server/session/turn_words.py).
+    Each pause is transcribed and scored once per run (the eagerness levels share them);
+    the compute time of both is measured here and counted: the verdict is usable only that
+    long after the pause."""
+
+    def __init__(self) -> None:
+        from engine.stages.asr_whisper import WhisperAsr, WhisperOptions
+
+        self.asr = WhisperAsr(WhisperOptions(cpu_threads=1, max_batch=1), "turn-end-asr")
+        self.asr.load()
+        self.model = SentenceEnd.shared()
+        self._seen: dict[tuple[str, float], tuple[str, float, float]] = {}
+
+    def verdict_ms_p50(self) -> float | None:
+        ms = [v[2] for v in self._seen.values()]
+        return round(statistics.median(ms), 1) if ms else None
+
+    def at_pause(
+        self, key: str, audio: npt.NDArray[np.float32], at_ms: float
+    ) -> tuple[str, float, float]:
+        """The words of ``audio`` (the input up to a pause), P(they end a sentence), and
+        the ms both took."""
+        seen = self._seen.get((key, at_ms))
+        if seen is None:
+            t0 = time.perf_counter()
+            text = self.asr.transcribe(edge_trim(audio, RATE, EDGE_MARGIN_MS), "en")
+            p = self.model.probability(text)
+            seen = (text, p, (time.perf_counter() - t0) * 1000)
+            self._seen[(key, at_ms)] = seen
+        return seen
 
 
 def default_name() -> str:
@@ -120,16 +177,44 @@ def vad_probabilities(pcm: bytes) -> list[float]:
     return [stream.detector.probability(c) for c in stream.split(pcm)]
 
 
-def turn_end(td: TurnDetection, pcm: bytes, probs: list[float]) -> float | None:
+def turn_end(
+    td: TurnDetection,
+    pcm: bytes,
+    probs: list[float],
+    judge: WordsJudge | None = None,
+    turn: Turn | None = None,
+) -> float | None:
     """Feed ``pcm`` in 20 ms pieces to a session's input processor for ``td``: the time (s)
-    at the end of the piece after which it emitted the first ``speech_stopped``, or None."""
+    at the end of the piece after which it emitted the first ``speech_stopped``, or None.
+    ``end_of_turn: words`` (``judge`` and ``turn`` given): each pause's words are judged
+    and a finished verdict is handed to the processor (``end_turn``, as the session's
+    ``EndTurn`` does) with the first piece after the verdict's compute time."""
     proc = InputProcessor(FORMAT, td, "silero")
     scores = iter(probs)
+    words = td.end_of_turn == "words" and judge is not None and turn is not None
+    threshold = WORDS_THRESHOLD[td.eagerness or "auto"]
+    start_ms = 0.0
+    verdict: tuple[float, float] | None = None  # (usable from ms, the pause's at_ms)
     for off in range(0, len(pcm), PIECE_BYTES):
+        if verdict is not None and off / 2 / RATE * 1000 >= verdict[0]:
+            proc.end_turn(verdict[1])
+            verdict = None
         _, chunks = proc.prepare(pcm[off : off + PIECE_BYTES])
         events = proc.events([next(scores) for _ in chunks], chunks, 0.0)
         if any(isinstance(e, VadStop) for e in events):
             return min(off + PIECE_BYTES, len(pcm)) / 2 / RATE
+        if not words:
+            continue
+        assert judge is not None and turn is not None
+        for e in events:
+            if isinstance(e, VadStart):
+                start_ms = e.audio_start_ms
+            elif isinstance(e, VadResume):
+                verdict = None
+            elif isinstance(e, VadPause):
+                audio = turn.audio[int(start_ms * RATE / 1000) : int(e.at_ms * RATE / 1000)]
+                _, p, ms = judge.at_pause(turn.name, audio, e.at_ms)
+                verdict = (e.at_ms + ms, e.at_ms) if p >= threshold else None
     return None
 
 
@@ -232,7 +317,9 @@ def at_rate(settings: dict[str, dict[str, Any]], pct: float) -> tuple[float | No
     return min(ok)
 
 
-def run(turns: list[Turn], dets: list[Detector], trace: bool = False) -> dict[str, Any]:
+def run(
+    turns: list[Turn], dets: list[Detector], trace: bool = False, judge: WordsJudge | None = None
+) -> dict[str, Any]:
     """Every detector over every turn: per-detector figures and per-turn rows."""
     rows: dict[str, list[dict[str, Any]]] = {d.name: [] for d in dets}
     with memoized_smart_turn():
@@ -240,7 +327,7 @@ def run(turns: list[Turn], dets: list[Detector], trace: bool = False) -> dict[st
             pcm = pcm16(turn.audio)
             probs = vad_probabilities(pcm)
             for d in dets:
-                row = measure(turn, turn_end(d.td, pcm, probs))
+                row = measure(turn, turn_end(d.td, pcm, probs, judge, turn))
                 rows[d.name].append(row)
                 if trace:
                     print(d.name, row)
@@ -253,7 +340,7 @@ def run(turns: list[Turn], dets: list[Detector], trace: bool = False) -> dict[st
             ms, name = at_rate(fam["settings"], pct)
             fam[f"dead_air_ms_at_{pct}pct"] = ms
             fam[f"setting_at_{pct}pct"] = name
-        # the family's false cut-offs at its default: server_vad's 500 ms, semantic_vad's auto
+        # the family's false cut-offs at its default: server_vad's 500 ms, the others' auto
         default = FAMILY_DEFAULT.get(family)
         if default in fam["settings"]:
             fam["default_setting"] = default
@@ -298,12 +385,18 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=0, help="only the first N utterances")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--trace", action="store_true", help="print each turn's outcome")
+    ap.add_argument(
+        "--no-words",
+        action="store_true",
+        help="leave out end_of_turn: words (it transcribes every pause: ~3 min more)",
+    )
     args = ap.parse_args()
     load, probe = os.getloadavg()[0], probe_ms()
     started = time.time()
     utts = utterances()
     turns = build(args.seed, utts[: args.limit] if args.limit else utts)
-    res = run(turns, detectors(), args.trace)
+    judge = None if args.no_words else WordsJudge()
+    res = run(turns, detectors(words=judge is not None), args.trace, judge)
     default = res["detectors"]["server_vad"]["settings"][default_name()]
     out: dict[str, Any] = {
         "seed": args.seed,
@@ -314,6 +407,8 @@ def main() -> int:
         "dead_air_ms_at_5pct": res["detectors"]["server_vad"]["dead_air_ms_at_5pct"],
         "dead_air_ms_at_10pct": res["detectors"]["server_vad"]["dead_air_ms_at_10pct"],
         "simulated_time": True,
+        # the words family's verdicts: the compute of the guess's ASR and the scoring (ms)
+        "words_verdict_ms_p50": None if judge is None else judge.verdict_ms_p50(),
         "loadavg_1m_before": round(load, 2),
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
         "probe_ms": probe,
@@ -326,6 +421,9 @@ def main() -> int:
         f"default {out['default_detector']}: false cut-offs {out['false_cutoff_pct']}%, "
         f"dead air p50 {out['dead_air_ms_p50']} ms"
     )
+    if judge is not None:
+        ms = out["words_verdict_ms_p50"]
+        print(f"words: a verdict (the guess's ASR and the scoring) took {ms} ms (p50)")
     print(
         f"load {out['loadavg_1m_before']} -> {out['loadavg_1m_after']}, probe {out['probe_ms']} ms"
     )

@@ -96,6 +96,10 @@ class SignalCall(Msg, frozen=True, tag="signal"):
     respond: bool = True
     # input.pause: W3C trace context of the turn's span (engine/spans.py)
     traceparent: str | None = None
+    # input.pause: send the guess's transcript back, tagged with this number (a non-final
+    # UserTranscript with ``guess``): the front end's end-of-turn judge reads it
+    # (semantic_vad with ``end_of_turn: words``, duplex_server/session/turn_words.py)
+    words: int | None = None
 
 
 class PlaybackMark(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -53,9 +53,14 @@ class ErrorInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class UserTranscript(Msg, frozen=True, tag="user_transcript"):
+    """A user turn's transcript (``final``), a live partial of the speech in progress, or
+    (``guess`` set) the transcript of a pause's guess that ``input.pause`` asked back with
+    ``words=guess``: the words of the input up to that pause."""
+
     fence: Fence
     text: str
     final: bool
+    guess: int | None = None
 
 
 class ResponseStarted(Msg, frozen=True, tag="response_started"):

@@ -31,6 +31,8 @@ from duplex_server.protocol.commands import (
     Commit,
     DeleteItem,
     Discard,
+    EndTurn,
+    JudgeWords,
     ProcessAudio,
     Send,
     Speculate,
@@ -98,6 +100,10 @@ class ClientInput:
         #: the speech over an answer and the interruption decision
         self.barge = BargeIn(responses, responses.playout)
         self._guessed = False  # an input.pause was sent for the speech in progress
+        #: ``end_of_turn: words``: the pause whose guess's words are awaited or judged now
+        #: (guess number, the pause's at_ms, eagerness); None: none
+        self._judging: tuple[int, float, str] | None = None
+        self._guess_no = 0
         #: a speech over an answer that ended while its words were on their way: (its item,
         #: its last voice, until when its words are waited for); its fate waits with it
         self._settling: tuple[str, float, float] | None = None
@@ -296,11 +302,32 @@ class ClientInput:
     def on_transcript(self, event: UserTranscript, now_ms: float) -> list[Action]:
         """The engine's transcript of a user turn (final), or a live hypothesis of the
         speech in progress (a transcription delta of the speech item)."""
+        if event.guess is not None:
+            return self._guess_words(event.guess, event.text)
         if event.final:
             self.timeline.transcript_ready(now_ms)
         if not event.final and event.fence.turn_id >= self.position.turn_id:
             return self._live_partial(event.text)
         return self.items.transcript(event.fence.turn_id, event.text, event.final)
+
+    def _guess_words(self, guess: int, text: str) -> list[Action]:
+        """The words of a pause's guess (``end_of_turn: words``): judged while that pause
+        goes on (words of a pause that speech ended since are stale)."""
+        judging = self._judging
+        if judging is None or judging[0] != guess or self.turns.speech_item is None:
+            return []
+        return [JudgeWords(guess, text, judging[2])]
+
+    def words_judged(self, guess: int, finished: bool) -> list[Action]:
+        """The verdict on a pause guess's words: a finished turn ends at that pause, if it
+        still goes on (the input lane checks that); an unfinished one waits for the
+        silence window (the eagerness's longest wait) or for more words."""
+        judging = self._judging
+        if not finished or judging is None or judging[0] != guess:
+            return []
+        if self.turns.speech_item is None:  # committed or cleared meanwhile
+            return []
+        return [EndTurn(judging[1])]
 
     def _live_partial(self, text: str) -> list[Action]:
         """The words a live hypothesis adds to what was already sent go out as a
@@ -401,6 +428,7 @@ class ClientInput:
             elif isinstance(step, SpeechBegan):
                 self.timeline.silence_broken()  # the user speaks: no idle timeout now
                 self._guessed = False
+                self._judging = None
                 out += self._give_up()  # (before this speech's audio reaches the engine)
                 start = int(step.audio_start_ms)
                 out.append(Send(ev.SpeechStarted(audio_start_ms=start, item_id=step.item_id)))
@@ -408,6 +436,7 @@ class ClientInput:
             elif isinstance(step, Speaking):
                 out += self.barge.speaking(td, step.speech_ms, now_ms)
             elif isinstance(step, SpeechEnded):
+                self._judging = None
                 out += self._speech_ended(step, config, now_ms)
             elif isinstance(step, Paused):
                 out += self.barge.quiet(td, True, now_ms)
@@ -415,8 +444,14 @@ class ClientInput:
                     self._guessed = True
                     respond = config.create_response
                     epoch = self.position.epoch
-                    out.append(Call(Speculate(epoch, "input.pause", respond=respond)))
+                    words = None
+                    if td is not None and td.end_of_turn == "words":
+                        self._guess_no += 1
+                        words = self._guess_no
+                        self._judging = (words, step.at_ms, td.eagerness or "auto")
+                    out.append(Call(Speculate(epoch, "input.pause", respond=respond, words=words)))
             elif isinstance(step, Resumed):
+                self._judging = None
                 out += self.barge.quiet(td, False, now_ms)
                 if self._guessed:
                     self._guessed = False

@@ -140,6 +140,7 @@ class Speculate:
     event_id: str | None = None
     respond: bool = True  # input.pause: the turn's commit will ask for a response
     traceparent: str | None = None  # input.pause: the turn's trace context (as on Commit)
+    words: int | None = None  # input.pause: send the guess's words back tagged so
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +249,25 @@ class TranscribeSpeech:
 
 
 @dataclass(frozen=True, slots=True)
+class JudgeWords:
+    """``end_of_turn: words``: judge whether ``text``, the words of the pause guess
+    ``guess`` (the input up to the pause the VAD reported at ``pause_at_ms``), is a finished
+    turn; the verdict goes to ``ClientInput.words_judged`` (duplex_server/session/turn_words.py)."""
+
+    guess: int
+    text: str
+    eagerness: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndTurn:
+    """End the turn now at the pause the VAD reported at ``pause_at_ms``, unless speech
+    came back since (the input lane decides: its ``EndTurn``)."""
+
+    pause_at_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class PurgeAudio:
     """Drop queued audio deltas whose epoch is below ``epoch`` (barge-in)."""
 
@@ -314,6 +334,8 @@ Action = (
     | ProcessAudio
     | ConfigureInput
     | TranscribeSpeech
+    | JudgeWords
+    | EndTurn
     | PurgeAudio
     | AckJournal
     | CloseSocket

@@ -47,6 +47,8 @@ class TurnDetectionParam(_Strict, frozen=True):
     interrupt_response: bool | UnsetType = UNSET
     idle_timeout_ms: int | UnsetType | None = UNSET
     eagerness: str | UnsetType = UNSET  # semantic_vad: low, medium, high, auto
+    # duplex extension, semantic_vad: what judges a pause (the audio: Smart Turn; the words)
+    end_of_turn: Literal["audio", "words"] | UnsetType = UNSET
     # duplex extensions: false barge-in guards
     min_interrupt_speech_ms: int | UnsetType = UNSET
     uninterruptible_ms: int | UnsetType = UNSET
@@ -305,6 +307,10 @@ class TurnDetection(msgspec.Struct, frozen=True):
     backchannels: tuple[str, ...] | None = None
     #: semantic_vad only (null for server_vad): how soon a turn that sounds finished ends
     eagerness: Literal["low", "medium", "high", "auto"] | None = None
+    #: semantic_vad only (null for server_vad): what judges a pause: ``audio`` (Smart Turn
+    #: on the turn's audio) or ``words`` (the pause guess's transcript, judged by a small
+    #: language model: duplex_server/session/turn_words.py)
+    end_of_turn: Literal["audio", "words"] | None = None
 
 
 class NoiseReductionOut(msgspec.Struct, frozen=True):

@@ -56,7 +56,10 @@ class SpeechEnded:
 
 @dataclass(frozen=True, slots=True)
 class Paused:
-    """A pause inside speech: the engine may transcribe ahead of the commit."""
+    """A pause inside speech: the engine may transcribe ahead of the commit. ``at_ms``:
+    the VAD's ``VadPause.at_ms``, the pause's name to the input lane (``EndTurn``)."""
+
+    at_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +189,7 @@ class InputTurns:
                 # more: the pause's guess transcribes the same audio whatever the append
                 # size (the rest of the append follows right after the pause)
                 out += self.flush(until_ms=v.at_ms)
-                out.append(Paused())
+                out.append(Paused(v.at_ms))
             elif isinstance(v, VadResume) and self.speech_item is not None:
                 out.append(Resumed())
         if self.speech_item is not None:

@@ -227,14 +227,18 @@ def _turn_detection(
             )
         changes["type"] = "semantic_vad"
         changes["eagerness"] = eagerness
+        cue = param.end_of_turn if isinstance(param.end_of_turn, str) else base.end_of_turn
+        changes["end_of_turn"] = cue or "audio"
         if base.type != "semantic_vad" or not isinstance(param.eagerness, UnsetType):
             changes.setdefault("silence_duration_ms", silence)
-    elif not isinstance(param.eagerness, UnsetType):
-        raise ProtocolError(
-            "invalid_value",
-            "eagerness applies to semantic_vad only",
-            param="turn_detection.eagerness",
-        )
+    else:
+        for name in ("eagerness", "end_of_turn"):
+            if not isinstance(getattr(param, name), UnsetType):
+                raise ProtocolError(
+                    "invalid_value",
+                    f"{name} applies to semantic_vad only",
+                    param=f"turn_detection.{name}",
+                )
     out = msgspec.structs.replace(base, **changes)
     if not 0.0 <= out.threshold <= 1.0:
         raise ProtocolError(

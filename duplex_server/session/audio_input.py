@@ -19,7 +19,8 @@ from duplex_server.protocol.commands import Action, ConfigureInput
 from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.machine import SessionMachine
 from duplex_server.protocol.vad_events import VadEvent
-from duplex_server.session.input_lane import InputLane, InputScheduler, VadBackend
+from duplex_server.session.input_lane import InputLane, InputScheduler
+from duplex_server.session.input_processor import VadBackend
 
 log = logging.getLogger(__name__)
 

@@ -20,164 +20,19 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from audio_kit.denoise import NoiseReduction, NoiseSuppressor
-from audio_kit.g711 import g711_to_pcm16
-from audio_kit.pcm import StreamResampler
-from audio_kit.smart_turn import SmartTurn
-from audio_kit.vad import VadSegmenter, VadStream, VoiceActivityDetector, make_vad, probabilities
-from duplex_contract.audio import INPUT_RATE, input_ms
+from audio_kit.denoise import NoiseReduction
+from audio_kit.vad import VoiceActivityDetector, probabilities
+from duplex_contract.audio import input_ms
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
-from duplex_server.protocol.vad_events import VadEvent, VadPause, VadResume, VadStart, VadStop
+from duplex_server.protocol.vad_events import VadEvent
+from duplex_server.session.input_processor import InputProcessor, VadBackend
 
 log = logging.getLogger(__name__)
-
-#: the VAD a lane runs (``engine.vad.backend``)
-VadBackend = Literal["silero", "energy"]
-
-#: VAD chunks of speech needed before speech_started (the segmenter's min_speech_ms).
-MIN_SPEECH_MS = 64.0
-#: Silence inside speech after which the engine transcribes speculatively (``input.pause``),
-#: so the transcript is ready when silence_duration_ms later ends the turn. Capped at half the
-#: silence window. Speech that resumes drops the speculation (``input.resume``).
-SPECULATE_AFTER_MS = 96.0
-#: ... and after this much while the turn has less than SPECULATE_SHORT_TURN_MS of speech: a
-#: short turn's guess is cheap (Whisper's cost grows with the audio), so a guess made stale
-#: by speech that resumes costs little, and a short question's answer starts 32 ms sooner.
-#: A long turn keeps SPECULATE_AFTER_MS: its guesses cost ~0.3-0.4 s each, and one started
-#: at a brief dip late in a long sentence held the ASR when the real pause came.
-SPECULATE_SHORT_AFTER_MS = 64.0
-SPECULATE_SHORT_TURN_MS = 3000.0
-#: semantic_vad: silence after which Smart Turn judges how finished the turn sounds. At or
-#: above the eagerness's threshold the turn ends there; below SEMANTIC_UNFINISHED (it sounds
-#: unfinished) it waits silence_duration_ms (the eagerness's longest wait); in between, the
-#: ordinary SEMANTIC_PLAIN_WAIT_MS (server_vad's default window).
-SEMANTIC_CHECK_MS = 200.0
-SEMANTIC_THRESHOLD = {"low": 0.98, "medium": 0.8, "auto": 0.8, "high": 0.6}
-SEMANTIC_UNFINISHED = 0.1
-SEMANTIC_PLAIN_WAIT_MS = 500.0
-#: semantic_vad: a turn with less speech than this is not judged (Smart Turn calls a lone
-#: "it" complete); it waits SEMANTIC_PLAIN_WAIT_MS
-SEMANTIC_MIN_SPEECH_MS = 400.0
-
-
-def _turn_wait(
-    threshold: float, plain_ms: float
-) -> Callable[[npt.NDArray[np.float32]], float | None]:
-    """Smart Turn's verdict on a turn so far, as the silence (ms) that ends it: 0 (now),
-    ``plain_ms``, or None (the longest wait). The model is loaded once a process."""
-    model = SmartTurn.shared()
-
-    def judge(audio: npt.NDArray[np.float32]) -> float | None:
-        p = model.probability(audio)
-        if p >= threshold:
-            return 0.0
-        return plain_ms if p >= SEMANTIC_UNFINISHED else None
-
-    return judge
-
-
-class InputProcessor:
-    """Sync and CPU-bound: wire bytes -> PCM16 16 kHz + VAD events. One per session."""
-
-    def __init__(
-        self,
-        fmt: AudioFormat,
-        turn_detection: TurnDetection | None,
-        vad_backend: VadBackend,
-        noise_reduction: NoiseReduction | None = None,
-    ) -> None:
-        self.format = fmt
-        self.turn_detection = turn_detection
-        self._resampler = StreamResampler(fmt.rate, INPUT_RATE)
-        self._denoise = None if noise_reduction is None else NoiseSuppressor(noise_reduction)
-        self._vad: VadStream | None = None
-        if turn_detection is not None:
-            td = turn_detection
-            pause_ms = min(SPECULATE_AFTER_MS, td.silence_duration_ms / 2)
-            short_pause: float | None = min(SPECULATE_SHORT_AFTER_MS, td.silence_duration_ms / 2)
-            end_of_turn: Callable[[npt.NDArray[np.float32]], float | None] | None = None
-            short_wait: float | None = None
-            if td.type == "semantic_vad":
-                pause_ms = min(SEMANTIC_CHECK_MS, td.silence_duration_ms / 2)
-                short_pause = None
-                short_wait = min(SEMANTIC_PLAIN_WAIT_MS, float(td.silence_duration_ms))
-                end_of_turn = _turn_wait(SEMANTIC_THRESHOLD[td.eagerness or "auto"], short_wait)
-            segmenter = VadSegmenter(
-                threshold=max(td.threshold, 0.01),
-                min_speech_ms=MIN_SPEECH_MS,
-                silence_duration_ms=float(td.silence_duration_ms),
-                prefix_padding_ms=float(td.prefix_padding_ms),
-                pause_ms=pause_ms,
-                short_pause_ms=short_pause,
-                short_turn_ms=SPECULATE_SHORT_TURN_MS,
-            )
-            self._vad = VadStream(
-                make_vad(vad_backend), segmenter, end_of_turn, SEMANTIC_MIN_SPEECH_MS, short_wait
-            )
-
-    def process(self, data: bytes, origin_ms: float) -> tuple[bytes, list[VadEvent]]:
-        """Decode and resample ``data``; VAD times are offset by ``origin_ms``."""
-        pcm, chunks = self.prepare(data)
-        if self._vad is None:
-            return pcm, []
-        detector = self._vad.detector
-        probs = [detector.probability(c) for c in chunks]
-        return pcm, self.events(probs, chunks, origin_ms)
-
-    @property
-    def detector(self) -> VoiceActivityDetector | None:
-        return None if self._vad is None else self._vad.detector
-
-    def prepare(self, data: bytes) -> tuple[bytes, list[npt.NDArray[np.float32]]]:
-        """Decode and resample ``data``: the PCM16 16 kHz audio and the VAD chunks it
-        completes, to be scored (possibly batched with other sessions') and passed to
-        :meth:`events` in order."""
-        if self.format.codec != "pcm16":
-            data = g711_to_pcm16(data, self.format.codec)
-        if self._vad is None or self._denoise is not None:
-            pcm = self._resampler.process(data)
-            if self._denoise is not None:
-                pcm = self._denoise.process(pcm)
-            if self._vad is None or not pcm:
-                return pcm, []
-            return pcm, self._vad.split(pcm)
-        # the resampler's float32 output goes to the VAD as is (the same samples as the
-        # PCM16, without converting them back: this runs every 20 ms of every session)
-        pcm, samples = self._resampler.process_samples(data)
-        if not pcm:
-            return pcm, []
-        return pcm, self._vad.split_samples(samples)
-
-    def events(
-        self, probs: list[float], chunks: list[npt.NDArray[np.float32]], origin_ms: float
-    ) -> list[VadEvent]:
-        """The VAD events of the prepared chunks and their probabilities, offset by
-        ``origin_ms``."""
-        if self._vad is None:
-            return []
-        out: list[VadEvent] = []
-        td = self.turn_detection
-        assert td is not None
-        found = [v for p, c in zip(probs, chunks, strict=True) for v in self._vad.observe(p, c)]
-        for v in found:
-            if v.kind == "speech_started":
-                onset = min(v.at_ms, v.audio_ms + td.prefix_padding_ms)
-                out.append(
-                    VadStart(onset_ms=origin_ms + onset, audio_start_ms=origin_ms + v.audio_ms)
-                )
-            elif v.kind == "speech_stopped":
-                out.append(VadStop(audio_end_ms=origin_ms + v.audio_ms, at_ms=origin_ms + v.at_ms))
-            elif v.kind == "pause":
-                out.append(VadPause(at_ms=origin_ms + v.at_ms))
-            else:
-                out.append(VadResume(at_ms=origin_ms + v.at_ms))
-        return out
 
 
 @dataclass(slots=True)
@@ -198,8 +53,18 @@ Processed = Callable[[bytes, list[VadEvent]], None]
 Failed = Callable[[BaseException], None]
 #: a new configuration for the lane's processor (queued in order with the audio)
 LaneConfig = tuple[AudioFormat, TurnDetection | None, NoiseReduction | None]
-#: what a lane queues: raw audio or a configuration
-LaneItem = bytes | LaneConfig
+
+
+@dataclass(frozen=True, slots=True)
+class EndTurn:
+    """A lane item: end the turn at the pause that began at ``pause_at_ms``
+    (:meth:`InputProcessor.end_turn`), in order with the audio."""
+
+    pause_at_ms: float
+
+
+#: what a lane queues: raw audio, a configuration, or an end of turn
+LaneItem = bytes | LaneConfig | EndTurn
 #: a job's outcome for one lane: (pcm16 16 kHz, VAD events) per audio piece, or its error
 LaneResult = list[tuple[bytes, list[VadEvent]]] | BaseException
 
@@ -265,6 +130,11 @@ class InputLane:
         if not self._busy:
             self._scheduler.ready(self)
 
+    def end_turn(self, pause_at_ms: float) -> None:
+        """End the turn at the pause that began at ``pause_at_ms``, if it still goes on when
+        the next audio is processed (queued in order with the audio)."""
+        self._queue.append(EndTurn(pause_at_ms))
+
     def close(self) -> None:
         """The session ended: drop queued audio; a job in flight delivers nothing."""
         self._closed = True
@@ -316,6 +186,10 @@ class InputLane:
         steps: list[LaneStep] = []
         try:
             for item in items:
+                if isinstance(item, EndTurn):
+                    if self._processor is not None:
+                        self._processor.end_turn(item.pause_at_ms)
+                    continue
                 if not isinstance(item, bytes):
                     self._processor = InputProcessor(item[0], item[1], self._vad_backend, item[2])
                     self._origin_ms = self._fed_ms

@@ -49,6 +49,8 @@ from duplex_server.protocol.commands import (
     CloseSocket,
     ConfigureInput,
     DropOutput,
+    EndTurn,
+    JudgeWords,
     ProcessAudio,
     PurgeAudio,
     Release,
@@ -76,11 +78,13 @@ from duplex_server.session.engine_calls import (
     execute,
 )
 from duplex_server.session.engine_tasks import EngineTasks
-from duplex_server.session.input_lane import InputScheduler, VadBackend
+from duplex_server.session.input_lane import InputScheduler
+from duplex_server.session.input_processor import VadBackend
 from duplex_server.session.meter import SessionMeter
 from duplex_server.session.outlet import Outlet
 from duplex_server.session.output_audio import OutputEncoder
 from duplex_server.session.speech_words import SpeechWords
+from duplex_server.session.turn_words import TurnWords
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +168,8 @@ class LiveSession:
         self._calls = CallQueue()
         #: the words of speech over an answer (the interruption decision's)
         self.words = SpeechWords(engine, core, self.apply, now_ms)
+        #: the verdicts on pause guesses' words (turn detection's ``end_of_turn: words``)
+        self.turn_words = TurnWords(core, self.apply)
         self._replicated_config = core.config  # the config the engine's replica has
         #: the seq of this front end's session.handover (a drain), 0: not handed over
         self.handed_over_at = 0
@@ -327,8 +333,15 @@ class LiveSession:
                 self.audio.put(action.data)
             elif isinstance(action, ConfigureInput):
                 self.audio.configure(action)
+                td = action.turn_detection
+                if td is not None and td.end_of_turn == "words":
+                    self.turn_words.warm()
             elif isinstance(action, TranscribeSpeech):
                 self.words.ask(action)
+            elif isinstance(action, JudgeWords):
+                self.turn_words.judge(action)
+            elif isinstance(action, EndTurn):
+                self.audio.lane.end_turn(action.pause_at_ms)
             elif isinstance(action, PurgeAudio):
                 dropped = outlet.purge_audio(action.epoch)
                 if dropped:
@@ -398,3 +411,4 @@ class LiveSession:
         finally:
             self.audio.close()
             await self.words.aclose()
+            await self.turn_words.aclose()

@@ -14,8 +14,6 @@ cancelled when the session ends.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import Callable
@@ -26,11 +24,12 @@ from duplex_contract.errors import EngineError
 from duplex_server.protocol.commands import Action, Call, Send, TranscribeSpeech
 from duplex_server.protocol.machine import SessionMachine
 from duplex_server.session.engine_calls import EngineSessions
+from duplex_server.session.latest_job import LatestJob
 
 log = logging.getLogger(__name__)
 
 
-class SpeechWords:
+class SpeechWords(LatestJob):
     """One session's transcriptions of speech over its answers."""
 
     def __init__(
@@ -40,18 +39,14 @@ class SpeechWords:
         apply: Callable[[list[Action]], None],
         clock: Callable[[], float],
     ) -> None:
+        super().__init__(apply)
         self.engine = engine
         self.core = core
-        self.apply = apply
         self.clock = clock
-        self._task: asyncio.Task[None] | None = None
 
     def ask(self, action: TranscribeSpeech) -> None:
         """Transcribe ``action``'s audio; its words go to the core when known."""
-        self.close()
-        self._task = asyncio.create_task(
-            self._run(action), name=f"words:{self.core.session_id}:{action.speech}"
-        )
+        self.start(self._run(action), f"words:{self.core.session_id}:{action.speech}")
 
     async def _run(self, action: TranscribeSpeech) -> None:
         language = self.core.config.language
@@ -80,21 +75,6 @@ class SpeechWords:
         )
         self.apply(actions)
 
-    def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-
-    async def aclose(self) -> None:
-        """The session ended: its job is cancelled and the session's ``apply`` let go (no
-        reference cycle keeps an ended session alive until the cyclic GC)."""
-        task = self._task
-        self.close()
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self.apply = _ignore
-
 
 def _what(actions: list[Action]) -> str:
     """What the words did, for the log: the events sent and the other actions, runs of
@@ -109,7 +89,3 @@ def _what(actions: list[Action]) -> str:
             names.append(type(a).__name__)
     runs = [(k, len(list(g))) for k, g in itertools.groupby(names)]
     return ", ".join(k if n == 1 else f"{k} x{n}" for k, n in runs) or "nothing"
-
-
-def _ignore(actions: list[Action]) -> None:
-    """What an ended session's words reach: nothing."""

@@ -47,6 +47,9 @@ class DuplexSession:
     close_reason: str = ""
     audio: bytearray = field(default_factory=bytearray)
     audio_stream_ms: float | None = None  # where ``audio`` starts on the input clock
+    #: the number ``input.pause`` asked its guess's words back with (None: not asked);
+    #: until speech resumes or the input is taken
+    guess_words: int | None = None
     text_parts: list[str] = field(default_factory=list)
     text_items: list[tuple[str | None, str]] = field(default_factory=list)
     tool_outputs: list[ToolOutput] = field(default_factory=list)
@@ -69,6 +72,7 @@ class DuplexSession:
         audio, text = bytes(self.audio), " ".join(p for p in self.text_parts if p.strip())
         self.audio.clear()
         self.audio_stream_ms = None
+        self.guess_words = None
         self.text_parts.clear()
         self.text_items.clear()
         self.tool_outputs.clear()

@@ -51,15 +51,18 @@ def signal(
 ) -> ControlResult:
     """A signal that does not cancel."""
     if call.event == "input.pause":
+        session.guess_words = call.words
         if session.audio:
             effects.speculate.append((session.fence, bytes(session.audio), call.respond))
         return session.ok(control_id)
     if call.event == "input.resume":
+        session.guess_words = None
         effects.unspeculate.append(session.session_id)
         return session.ok(control_id)
     if call.event == "input.discard":  # text items and tool outputs stay
         session.audio.clear()
         session.audio_stream_ms = None
+        session.guess_words = None
         effects.input_reset.append(session.session_id)  # its live partials are stale
         effects.unspeculate.append(session.session_id)
         return session.ok(control_id)

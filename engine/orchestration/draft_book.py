@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from duplex_contract.errors import StageError
 from duplex_contract.fence import Fence
+from duplex_contract.session_events import SessionEvent, UserTranscript
 from duplex_contract.tools import ResponseOptions
 from engine.duplex.fencing import draft_prefix
 from engine.orchestration.drafts import (
@@ -57,8 +58,10 @@ class DraftBook:
         route_of: Callable[[str], str],
         abort: Callable[[str, str], None],
         track: Callable[[asyncio.Task[Any]], None],
+        emit: Callable[[str, SessionEvent], None] | None = None,
     ) -> None:
         self.config = config
+        self._emit = emit  # a guess's words, to a session that asked for them
         self.pipeline = pipeline
         self.scheduler = scheduler
         self.speculation = speculation
@@ -117,6 +120,9 @@ class DraftBook:
                 self.drop(sid)
                 continue
             task = spec.start(fence, audio, respond, again)
+            session = self.sessions.get(sid)
+            if session is not None and session.guess_words is not None:
+                self._send_words(fence, session.guess_words, task)
             if again and sid in self.drafts:
                 pass  # the draft of the first guess goes on: the commit adopts it if the
                 # words came out the same (a soft tail rarely adds one)
@@ -124,6 +130,25 @@ class DraftBook:
                 self.start(fence, task)
             else:
                 self.drop(sid)
+
+    def _send_words(self, fence: Fence, number: int, asr: asyncio.Task[str]) -> None:
+        """Once the guess ``asr`` has its words, send them to the session (``input.pause``
+        asked with ``words=number``), unless the guess was dropped or failed, or the session
+        moved on (speech resumed, the input was committed, it closed)."""
+        emit = self._emit
+        if emit is None:
+            return
+        sid = fence.session_id
+
+        def done(task: asyncio.Task[str]) -> None:
+            if task.cancelled() or task.exception() is not None:
+                return
+            session = self.sessions.get(sid)
+            if session is None or session.state != "open" or session.guess_words != number:
+                return
+            emit(sid, UserTranscript(fence=fence, text=task.result(), final=False, guess=number))
+
+        asr.add_done_callback(done)
 
     # ------------------------------------------------------------------ drafts
     def start(self, fence: Fence, asr: asyncio.Task[str]) -> None:

@@ -277,6 +277,7 @@ class Orchestrator:
             route_of=facts.route_of,
             abort=self.aborts.abort,
             track=self.background.track,
+            emit=output.emit,
         )
         responder = Responder(
             config,

@@ -11,6 +11,7 @@ import pytest
 from audio_kit.smart_turn import SmartTurn
 from bench.turn_end import (
     Detector,
+    WordsJudge,
     at_rate,
     default_name,
     detectors,
@@ -39,7 +40,7 @@ from bench.turn_end_set import (
     whisper_model,
 )
 from duplex_server.protocol.events import TurnDetection
-from duplex_server.session.input_lane import SEMANTIC_CHECK_MS, SEMANTIC_PLAIN_WAIT_MS
+from duplex_server.session.input_processor import SEMANTIC_CHECK_MS, SEMANTIC_PLAIN_WAIT_MS
 
 pytestmark = pytest.mark.models
 
@@ -212,3 +213,31 @@ def test_the_detectors_are_the_session_s() -> None:
     sem = dets["semantic_vad_low"]
     assert isinstance(sem, Detector) and sem.td.type == "semantic_vad"
     assert sem.td.silence_duration_ms == 3000  # the eagerness's longest wait
+
+
+@pytest.fixture(scope="module")
+def judge() -> WordsJudge:
+    return WordsJudge()
+
+
+def test_words_end_a_finished_sentence_at_its_verdict_and_keep_a_hesitation(
+    utts: dict[str, Utterance], judge: WordsJudge
+) -> None:
+    """end_of_turn: words: "it was the age of foolishness." ends once its pause's words are
+    judged (the verdict's measured compute counted), well before medium's 1.5 s window; a
+    0.8 s hesitation after "It was the" waits (its words end in "the"), as does the same
+    sentence where the words are not judged at all (server_vad's 1500 ms window)."""
+    done = complete_turn(utts[FOOLISHNESS], seed=1)
+    paused = paused_turn(utts["It was the best of times,"], 2, 0.8, seed=1)
+    dets = [d for d in detectors(words=True) if d.name == "words_medium"]
+    assert dets and dets[0].td.end_of_turn == "words"
+    out = run([done, paused], dets, judge=judge)
+    done_row, paused_row = out["rows"]["words_medium"]
+    assert not done_row["cutoff"] and done_row["dead_air_ms"] < 1200, done_row
+    assert not paused_row["cutoff"], paused_row
+    fam = out["detectors"]["words"]
+    assert fam["default_setting"] == "words_medium" and fam["false_cutoff_pct"] == 0.0
+    assert judge.verdict_ms_p50() is not None and judge.verdict_ms_p50() > 0
+    pcm = pcm16(done.audio)
+    window = measure(done, turn_end(dets[0].td, pcm, vad_probabilities(pcm)))  # no judge
+    assert window["dead_air_ms"] >= 1500 > done_row["dead_air_ms"] + 300

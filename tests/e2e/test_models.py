@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import soundfile
@@ -178,3 +179,80 @@ def test_batch_speech_has_no_pause_inside_a_sentence(cpu_server: str) -> None:
             run = 0 if v else run + 1
             longest = max(longest, run)
         assert longest * 10 < 200, f"a {longest * 10} ms pause inside the sentence"
+
+
+async def _live(c: Client, pcm: bytes, rate: int = 24000) -> list[tuple[float, dict[str, Any]]]:
+    """Stream ``pcm`` as a microphone does (20 ms frames in real time) while recording every
+    event with the time it arrived (s, on the clock ``send`` started at 0)."""
+    import base64
+    import time
+
+    step = rate // 50 * 2
+    got: list[tuple[float, dict[str, Any]]] = []
+    t0 = time.monotonic()
+
+    async def receive() -> None:
+        while True:
+            event = json.loads(await c.ws.recv())
+            got.append((time.monotonic() - t0, event))
+
+    reader = asyncio.create_task(receive())
+    try:
+        for n, i in enumerate(range(0, len(pcm), step)):
+            await asyncio.sleep(max(0.0, t0 + n * 0.02 - time.monotonic()))
+            audio = base64.b64encode(pcm[i : i + step]).decode()
+            await c.send({"type": "input_audio_buffer.append", "audio": audio})
+        await asyncio.sleep(1.0)
+    finally:
+        reader.cancel()
+    return got
+
+
+def test_end_of_turn_words_ends_a_finished_sentence_soon_and_waits_through_a_hesitation(
+    cpu_server: str,
+) -> None:
+    """semantic_vad with ``end_of_turn: words`` on the real models: a finished sentence (the
+    human recording's "it was the age of foolishness.") ends well before the 1.5 s silence
+    window, once the pause's guess has its words; a 0.8 s hesitation after "... it was the
+    worst of" keeps the turn (its words end in "of"), where server_vad's 500 ms ends it."""
+    data, rate = soundfile.read(ROOT / "tests" / "data" / "two_cities.wav", dtype="int16")
+
+    def clip(a: float, b: float) -> bytes:
+        return resample_pcm16(data[int(a * rate) : int(b * rate)].tobytes(), rate, 24000)
+
+    finished = silence(500) + clip(5.7, 7.75) + silence(2500)
+    hesitant = silence(500) + clip(0.0, 3.44) + silence(800) + clip(3.44, 4.1) + silence(2500)
+
+    async def run() -> None:
+        async with Client.connect(cpu_server) as c:
+            await c.until("session.created", within=30)
+            td = {"type": "semantic_vad", "end_of_turn": "words", "create_response": False}
+            await c.send(
+                {"type": "session.update", "session": {"audio": {"input": {"turn_detection": td}}}}
+            )
+            up = await c.until("session.updated", within=30)
+            got = up["session"]["audio"]["input"]["turn_detection"]
+            assert (got["end_of_turn"], got["silence_duration_ms"]) == ("words", 1500)
+            events = await _live(c, finished)
+            stops = [t for t, e in events if e["type"] == "input_audio_buffer.speech_stopped"]
+            speech_end = (500 + (7.75 - 5.7) * 1000) / 1000  # the clip's end, as sent
+            assert len(stops) == 1, events
+            # the window would stop it >= 1.5 s after the speech; the words ~0.3-0.6 s
+            assert stops[0] - speech_end < 1.2, (stops, speech_end)
+            words = [
+                e["transcript"]
+                for _, e in events
+                if e["type"] == "conversation.item.input_audio_transcription.completed"
+            ]
+            assert words and "foolish" in str(words[0]).lower()
+            events = await _live(c, hesitant)
+            stopped = [e for _, e in events if e["type"] == "input_audio_buffer.speech_stopped"]
+            assert len(stopped) == 1, [e["type"] for _, e in events]  # one turn, not two
+            words = [
+                str(e["transcript"]).lower()
+                for _, e in events
+                if e["type"] == "conversation.item.input_audio_transcription.completed"
+            ]
+            assert len(words) == 1 and "worst" in words[0] and words[0].count("times") >= 2
+
+    asyncio.run(run())

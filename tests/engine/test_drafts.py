@@ -18,7 +18,7 @@ import pytest
 from duplex_contract.control import AppendCall, CommitCall, OpenCall, SignalCall
 from duplex_contract.errors import StageError
 from duplex_contract.fence import Fence
-from duplex_contract.session_events import AudioChunk, ResponseDone, SessionEvent
+from duplex_contract.session_events import AudioChunk, ResponseDone, SessionEvent, UserTranscript
 from duplex_contract.settings import SessionUpdate
 from engine.api.client import AsyncEngine
 from engine.orchestration.drafts import Draft
@@ -359,6 +359,58 @@ def test_a_draft_whose_stage_fails_is_freed_without_the_cyclic_gc(then: str) -> 
             assert freed() is None, "the failed draft is left to the cyclic GC"
         finally:
             gc.enable()
+            await engine.shutdown()
+
+    run(main())
+
+
+def test_a_pause_that_asks_for_words_gets_its_guess_s_transcript_once() -> None:
+    """``input.pause`` with ``words=N`` (the front end's end_of_turn: words): the guess's
+    transcript comes back as a non-final UserTranscript tagged N, the same words the commit
+    then reports; a pause without ``words``, or one that speech ended, sends none."""
+
+    def guesses(evs: list[SessionEvent]) -> list[UserTranscript]:
+        return [e for e in evs if isinstance(e, UserTranscript) and e.guess is not None]
+
+    async def main() -> None:
+        engine, _ = await _start()
+        try:
+            res = await engine.call(OpenCall())
+            sid, f, gen = res.session_id, res.accepted_fence, res.lease_generation
+            assert sid and f
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=SPEECH))
+            await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.pause"))
+            assert guesses(await _no_events(engine, sid)) == []  # not asked
+            await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.resume"))
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=SPEECH))
+            await engine.call(
+                SignalCall(fence=f, lease_generation=gen, event="input.pause", words=7)
+            )
+            evs = await collect(engine, sid, lambda e: bool(guesses([e])), 5 * UNIT)
+            (words,) = guesses(evs)
+            assert words.guess == 7 and not words.final and words.text.strip()
+            assert words.fence.session_id == sid
+            assert guesses(await _no_events(engine, sid)) == []  # once
+            # the user goes on at once: that guess is dropped, its words never sent
+            await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.resume"))
+            await engine.call(AppendCall(fence=f, lease_generation=gen, audio=SPEECH))
+            await engine.call(
+                SignalCall(fence=f, lease_generation=gen, event="input.pause", words=8)
+            )
+            await engine.call(SignalCall(fence=f, lease_generation=gen, event="input.resume"))
+            assert guesses(await _no_events(engine, sid)) == []
+            await engine.call(
+                SignalCall(fence=f, lease_generation=gen, event="input.pause", words=9)
+            )
+            evs = await collect(engine, sid, lambda e: bool(guesses([e])), 5 * UNIT)
+            (last,) = guesses(evs)
+            assert last.guess == 9
+            await engine.call(CommitCall(fence=f, lease_generation=gen))
+            evs = await collect(engine, sid, lambda e: isinstance(e, ResponseDone), 10 * UNIT)
+            final = [e for e in evs if isinstance(e, UserTranscript) and e.final]
+            assert [t.text for t in final] == [last.text]  # the guess the commit used
+            assert guesses(evs) == []
+        finally:
             await engine.shutdown()
 
     run(main())

@@ -392,3 +392,74 @@ def test_semantic_vad_settings_round_trip_and_bad_values() -> None:
     assert c.config.turn_detection.type == "server_vad"
     assert c.config.turn_detection.eagerness is None
     assert c.config.turn_detection.silence_duration_ms == 500
+
+
+def test_end_of_turn_words_round_trips_and_is_semantic_vad_s() -> None:
+    c = core()
+    out = _td_update(c, type="semantic_vad", end_of_turn="words")
+    updated = next(e for e in out if isinstance(e, ev.SessionUpdated))
+    td = updated.session.audio.input.turn_detection
+    assert td is not None and (td.type, td.end_of_turn, td.eagerness) == (
+        "semantic_vad",
+        "words",
+        "auto",
+    )
+    _td_update(c, type="semantic_vad", eagerness="high")  # the judge is kept
+    assert c.config.turn_detection is not None and c.config.turn_detection.end_of_turn == "words"
+    _td_update(c, type="semantic_vad", end_of_turn="audio")
+    assert c.config.turn_detection.end_of_turn == "audio"
+    before = c.config
+    out = _td_update(c, type="server_vad", end_of_turn="words")
+    err = next(e for e in out if isinstance(e, ev.Error))
+    assert err.error.code == "invalid_value" and err.error.param == "turn_detection.end_of_turn"
+    assert c.config == before
+    _td_update(c, type="server_vad")
+    assert c.config.turn_detection is not None and c.config.turn_detection.end_of_turn is None
+    _td_update(c, type="semantic_vad")  # a new semantic_vad judges by the audio
+    assert c.config.turn_detection.end_of_turn == "audio"
+
+
+def _words_core() -> SessionMachine:
+    c = core()
+    _td_update(c, type="semantic_vad", end_of_turn="words", eagerness="high")
+    c.on_input_audio(CHUNK, [VadStart(onset_ms=0.0, audio_start_ms=0.0)], 0)
+    return c
+
+
+def _guess(c: SessionMachine, n: int, text: str) -> list[Action]:
+    fence = c.position.fence
+    return c.on_engine_event(UserTranscript(fence=fence, text=text, final=False, guess=n), 0)
+
+
+def test_end_of_turn_words_asks_a_pause_s_words_and_ends_the_turn_at_that_pause() -> None:
+    from duplex_server.protocol.commands import EndTurn, JudgeWords
+
+    c = _words_core()
+    out = c.on_input_audio(CHUNK, [VadPause(at_ms=120.0)], 10)
+    assert Speculate(0, "input.pause", words=1) in calls(out)
+    out = _guess(c, 1, "What color is grass?")
+    assert out == [JudgeWords(1, "What color is grass?", "high")]  # not shown as a partial
+    assert c.input.words_judged(1, False) == []  # unfinished: the silence window decides
+    assert c.input.words_judged(1, True) == [EndTurn(120.0)]
+    # speech came back: that pause's words and verdict are stale
+    out = c.on_input_audio(CHUNK, [VadResume(at_ms=200.0)], 20)
+    assert Speculate(0, "input.resume") in calls(out)
+    assert _guess(c, 1, "What color") == []
+    assert c.input.words_judged(1, True) == []
+    out = c.on_input_audio(CHUNK, [VadPause(at_ms=400.0)], 30)
+    assert Speculate(0, "input.pause", words=2) in calls(out)
+    assert _guess(c, 1, "What color") == []  # an older guess's words
+    assert _guess(c, 2, "What color is grass?") != []
+    # the turn ended (the silence window, or the verdict through the lane): nothing pending
+    c.on_input_audio(CHUNK, [VadStop(audio_end_ms=380.0)], 40)
+    assert _guess(c, 2, "What color is grass?") == []
+    assert c.input.words_judged(2, True) == []
+
+
+def test_without_end_of_turn_words_a_pause_asks_no_words() -> None:
+    c = core()
+    _td_update(c, type="semantic_vad")
+    c.on_input_audio(CHUNK, [VadStart(onset_ms=0.0, audio_start_ms=0.0)], 0)
+    out = c.on_input_audio(CHUNK, [VadPause(at_ms=120.0)], 10)
+    assert Speculate(0, "input.pause") in calls(out)  # words=None
+    assert _guess(c, 1, "What color is grass?") == []

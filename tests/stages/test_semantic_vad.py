@@ -13,7 +13,7 @@ from audio_kit.smart_turn import SmartTurn, features, model_path
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad_events import VadEvent, VadStop
-from duplex_server.session.input_lane import (
+from duplex_server.session.input_processor import (
     SEMANTIC_CHECK_MS,
     SEMANTIC_PLAIN_WAIT_MS,
     InputProcessor,
