@@ -236,7 +236,9 @@ class Metrics:
         )
         self.chunk_overhead = Histogram(
             "duplex_chunk_overhead_seconds",
-            "Engine audio chunk received by the server -> its frame written to the socket",
+            "Engine audio chunk received by the server -> its frame written to the socket "
+            "(on the realtime WebSocket: handed to it; one loop iteration's writes go out "
+            "together at its end)",
             buckets=_FAST,
             registry=r,
         )

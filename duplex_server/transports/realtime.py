@@ -36,6 +36,7 @@ from duplex_server.session.attach import Outgoing
 from duplex_server.session.hub import Hub
 from duplex_server.session.live import LiveSession
 from duplex_server.session.writer import QueuedWriter
+from duplex_server.transports.ws_protocol import SCOPE_KEY, BufferedReadsProtocol
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,12 @@ class SocketTransport:
         self.ws = ws
         self.writer = QueuedWriter(hub)
         self._tasks: list[asyncio.Task[None]] = []
+        #: the connection's protocol (duplex_server/transports/ws_protocol.py), when the
+        #: server runs it: frames come to :meth:`_on_message` and go out by ``send_text_now``
+        scope = getattr(ws, "scope", None) or {}
+        self._proto: BufferedReadsProtocol | None = (scope.get("extensions") or {}).get(SCOPE_KEY)
+        self._max_frame = hub.config.server.max_frame_bytes
+        self._reading = True  # False once a frame was too large: nothing more is read
         #: the close code the client sent (1006: the connection dropped without one)
         self.peer_close_code: int | None = None
 
@@ -94,25 +101,37 @@ class SocketTransport:
                 self._stop()
 
     async def _read_loop(self) -> None:
-        max_frame = self.hub.config.server.max_frame_bytes
-        while True:
-            msg = await self.ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                self.peer_close_code = msg.get("code", 1006)
-                return
-            text, data = msg.get("text"), msg.get("bytes")
-            size = len(text) if text is not None else len(data or b"")
-            if size > max_frame:
-                too_large = f"frame of {size} bytes is over {max_frame}"
-                self.fatal(SessionFatal("frame_too_large", too_large))
-                return
-            session = self.session
-            if session is None:
-                continue  # replaced or closed: later input is refused silently
-            if text is not None:
-                session.receive_text(text)
-            elif data:
-                session.audio.receive_frame(data)
+        proto = self._proto
+        if proto is not None:  # frames come to _on_message as they are parsed
+            proto.direct = self._on_message
+        try:
+            while self._reading:
+                msg = await self.ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    self.peer_close_code = msg.get("code", 1006)
+                    return
+                self._on_message(msg.get("text"), msg.get("bytes"))
+        finally:
+            if proto is not None:
+                proto.direct = None
+
+    def _on_message(self, text: str | None, data: bytes | None) -> None:
+        """One whole message from the client (text or binary), in order."""
+        if not self._reading:
+            return
+        size = len(text) if text is not None else len(data or b"")
+        if size > self._max_frame:
+            self._reading = False
+            too_large = f"frame of {size} bytes is over {self._max_frame}"
+            self.fatal(SessionFatal("frame_too_large", too_large))
+            return
+        session = self.session
+        if session is None:
+            return  # replaced or closed: later input is refused silently
+        if text is not None:
+            session.receive_text(text)
+        elif data:
+            session.audio.receive_frame(data)
 
     async def _writer(self) -> None:
         try:
@@ -125,7 +144,9 @@ class SocketTransport:
         data = item.raw if session is None else session.next_frame(item)
         if data is None:
             return False  # stale audio, or an event for a session no longer attached
-        await self.ws.send_text(data.decode())
+        proto = self._proto
+        if proto is None or not proto.send_text_now(data):
+            await self.ws.send_text(data.decode())
         return True
 
     async def finish(self, code: int, reason: str) -> None:

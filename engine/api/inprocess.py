@@ -3,8 +3,10 @@ and the server's event loop (:class:`InProcessLink`; engine/api/client.py's
 :class:`~engine.api.client.AsyncEngine` holds it).
 
 Three janus queues connect the loop to the orchestrator thread: requests (server ->
-engine), outputs (session events and batch items) and rpc (control results); one router
-task per incoming queue hands each message to the client's :class:`EngineInbox`.
+engine), outputs (session events and batch items: one put per orchestrator loop iteration,
+a list when it emitted several, engine/orchestration/output_router.py's ``OutputBatch``) and
+rpc (control results); one router task per incoming queue hands each message to the
+client's :class:`EngineInbox`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class InProcessLink:
         inbox: EngineInbox,
         orchestrator: Orchestrator,
         requests: janus.SyncQueue[EngineRequest],
-        out: janus.Queue[EngineOutput],
+        out: janus.Queue[EngineOutput | list[EngineOutput]],
         rpc: janus.Queue[Any],
         thread: threading.Thread,
         thread_done: asyncio.Future[None],
@@ -43,7 +45,7 @@ class InProcessLink:
         self.inbox = inbox
         self.orchestrator = orchestrator
         self._requests = requests
-        self._out = out  # session events, batch items and the fatal error, one per put
+        self._out = out  # session events, batch items and the fatal error (lists: batches)
         self._rpc = rpc  # control results and the fatal error
         self._thread = thread
         self._thread_done: asyncio.Future[None] | None = thread_done
@@ -62,7 +64,7 @@ class InProcessLink:
         inbox: EngineInbox,
     ) -> InProcessLink:
         """Start the orchestrator thread and wait until its stages have loaded."""
-        out: janus.Queue[EngineOutput] = janus.Queue()
+        out: janus.Queue[EngineOutput | list[EngineOutput]] = janus.Queue()
         rpc: janus.Queue[Any] = janus.Queue()
         orch = Orchestrator(config, out.sync_q, rpc.sync_q, backends, tracing)
         thread, done = _run_in_thread(orch)
@@ -77,7 +79,12 @@ class InProcessLink:
     async def _route(self, queue: janus.Queue[Any]) -> None:
         q, inbox = queue.async_q, self.inbox
         while True:
-            inbox.receive(await q.get())
+            put = await q.get()
+            if isinstance(put, list):  # one loop iteration's outputs (OutputBatch)
+                for msg in put:
+                    inbox.receive(msg)
+            else:
+                inbox.receive(put)
 
     @property
     def open(self) -> bool:

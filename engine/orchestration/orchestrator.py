@@ -56,7 +56,7 @@ from engine.orchestration.capacity import CapacityAdmission, CapacityScheduler
 from engine.orchestration.counters import Counters
 from engine.orchestration.draft_book import DraftBook
 from engine.orchestration.live_partials import LivePartials, OnPartial, PartialFeed
-from engine.orchestration.output_router import OutputRouter
+from engine.orchestration.output_router import OutputBatch, OutputRouter
 from engine.orchestration.policies import make_scheduler
 from engine.orchestration.reaper import Reaper
 from engine.orchestration.responder import Responder
@@ -87,7 +87,7 @@ class Orchestrator:
     def __init__(
         self,
         config: EngineConfig,
-        out_q: janus.SyncQueue[EngineOutput],
+        out_q: janus.SyncQueue[EngineOutput | list[EngineOutput]],
         rpc_q: janus.SyncQueue[Any],
         backends: Mapping[str, Sequence[StageBackend]] | None = None,
         tracing: EngineTracing | None = None,
@@ -100,7 +100,8 @@ class Orchestrator:
         self.control = DuplexControl(config.duplex, config.default_instructions)
         self.counters = Counters()
         self.pools: dict[str, StagePool] = {}
-        self.output = OutputRouter(out_q.put_nowait, self.control.is_current, self.counters)
+        self._batch = OutputBatch(out_q.put_nowait)
+        self.output = OutputRouter(self._batch, self.control.is_current, self.counters)
         self.background = BackgroundTasks()
         self.aborts = StageAborts(self.pools, self.background.spawn)
         self.runners = Runners()
@@ -173,6 +174,7 @@ class Orchestrator:
     def _fatal(self, message: str) -> None:
         info = ErrorInfo.from_exc(EngineDeadError(message))
         try:
+            self._batch.flush()  # what was emitted before the death is read before it
             self._out.put_nowait(EngineFatal(error=info))
             self._rpc.put_nowait(EngineFatal(error=info))
         except RuntimeError:
@@ -205,6 +207,7 @@ class Orchestrator:
         finally:
             reaping.cancel()
             await self._stop_everything()
+            self._batch.flush()  # the last outputs, put before the loop ends
             self.request_q.close()
             await self.request_q.wait_closed()
             if self.store is not None:
@@ -388,6 +391,7 @@ class Orchestrator:
                         session_id=sid,
                         message="append pre-empted by a later cancel/close of its input",
                     )
+                    self._batch.flush()
                     self._rpc.put_nowait(
                         ControlResult(
                             control_id=msg.control_id, ok=False, session_id=sid, error=err
@@ -406,6 +410,7 @@ class Orchestrator:
                 result = msgspec.structs.replace(result, saved=False)
             if isinstance(call, OpenCall) and result.ok and result.session_id is not None:
                 self.tracing.session_opened(result.session_id, call.traceparent)
+            self._batch.flush()
             self._rpc.put_nowait(result)
             # the work a commit or a pause starts (tasks copy the context) joins its turn
             tp = call.traceparent if isinstance(call, CommitCall | SignalCall) else None

@@ -3,6 +3,7 @@ fence dropped before it is routed, batch outputs and lifecycle events put as the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
@@ -19,10 +20,38 @@ class Emit(Protocol):
     def __call__(self, sid: str, event: SessionEvent, *, final: bool = False) -> None: ...
 
 
+class OutputBatch:
+    """The output queue's ``put`` for the orchestrator's loop: the outputs of one loop
+    iteration go on the queue as one put, in order (a list when there are several), so the
+    server's loop is woken once per iteration instead of once per output (each janus put
+    from this thread is a ``call_soon_threadsafe``: a self-pipe write and a wake-up of the
+    other loop). The reader unpacks the lists. :meth:`flush` puts what is
+    pending now: before a control result goes on the other queue, so that outputs emitted
+    before it are not read after it, and when the loop is gone."""
+
+    def __init__(self, put: Callable[[EngineOutput | list[EngineOutput]], None]) -> None:
+        self._put = put
+        self._pending: list[EngineOutput] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __call__(self, output: EngineOutput) -> None:
+        if not self._pending:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self.flush)
+        self._pending.append(output)
+
+    def flush(self) -> None:
+        """Put what is pending (nothing if nothing is)."""
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        self._put(batch[0] if len(batch) == 1 else batch)
+
+
 class OutputRouter:
-    """Puts the engine's outputs on the output queue with ``put`` (its ``put_nowait``; one
-    put per item: batching per loop iteration was measured to raise the per-chunk latency,
-    p50 0.38 -> 0.55 ms at 32 sessions, without raising server capacity).
+    """Puts the engine's outputs on the output queue with ``put`` (an :class:`OutputBatch`
+    in the orchestrator: one put per loop iteration).
     ``is_current(fence)``: the control plane's word on whether a fence is still the
     session's."""
 

@@ -47,3 +47,33 @@ def test_events_without_a_fence_and_raw_outputs_pass() -> None:
     raw = SessionOutput(session_id="sess_b", event=TextDelta(fence=OLD, text="x"))
     router.put(raw)  # put as it is: no fence check
     assert put == [SessionOutput(session_id="sess_a", event=expired), raw]
+
+
+def test_outputs_of_one_loop_iteration_are_put_once_in_order() -> None:
+    """OutputBatch: one put per loop iteration (a list when there are several, the output
+    itself when one), in order; flush puts what is pending at once (before a control result
+    goes on the other queue) and then the scheduled flush finds nothing."""
+    import asyncio
+
+    from engine.orchestration.output_router import OutputBatch
+
+    def out(text: str) -> SessionOutput:
+        return SessionOutput(session_id="sess_a", event=TextDelta(fence=NEW, text=text))
+
+    async def main() -> list[object]:
+        puts: list[object] = []
+        batch = OutputBatch(puts.append)
+        batch(out("a"))
+        batch(out("b"))
+        assert puts == []  # the iteration goes on
+        await asyncio.sleep(0)
+        batch(out("c"))
+        await asyncio.sleep(0)
+        batch(out("d"))
+        batch.flush()
+        assert puts[-1] == out("d")
+        await asyncio.sleep(0)
+        batch.flush()  # nothing pending: nothing put
+        return puts
+
+    assert asyncio.run(main()) == [[out("a"), out("b")], out("c"), out("d")]
