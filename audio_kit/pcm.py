@@ -118,6 +118,8 @@ class StreamResampler:
         if self._stream is None or not data:
             return data, pcm16_to_float32(data)
         units = self._resampled(data)
+        if not units.size:  # soxr's output comes in blocks: often nothing for a frame
+            return b"", units
         out = units.astype("<i2").tobytes()
         units *= _INV_SCALE
         return out, units
@@ -136,9 +138,8 @@ class StreamResampler:
         and a power-of-two scale is exact in floating point, so the output is bit for bit
         the scaled one's times 32768, two array passes fewer per call; rounded, clipped."""
         assert self._stream is not None
-        return _round_units(
-            self._stream.resample_chunk(np.frombuffer(data, "<i2").astype(np.float32))
-        )
+        out = self._stream.resample_chunk(np.frombuffer(data, "<i2").astype(np.float32))
+        return _round_units(out) if out.size else out
 
     def flush(self) -> bytes:
         """End of stream: return the remaining output and reset for a new stream."""

@@ -215,7 +215,8 @@ class InputLane:
             self._on_failed(result)
             return
         for pcm, vad in result:
-            self._on_processed(pcm, vad)
+            if pcm or vad:  # (soxr gives nothing for some pieces: its output comes in blocks)
+                self._on_processed(pcm, vad)
         if self._queue and not self._closed:
             self._scheduler.ready(self)
 

@@ -318,8 +318,19 @@ def test_audio_input_queues_counts_refuses_and_hands_the_core_processed_audio() 
             assert core.seen == ["error:invalid_audio_frame", "frame:480", "audio:480", "refused"]
             for _ in range(5):
                 await asyncio.sleep(0)
+            # soxr holds its first ~50 ms back (its filter's delay, then output in blocks):
+            # a piece that comes out as nothing, with no VAD event, is not handed to the core
+            assert applied == ["error", "refused"] and core.audio == []
+            assert audio.backlog == 0
+            audio.receive_frame(b"\x00\x01" * 480)
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert applied == ["error", "refused"] and core.audio == []
+            audio.receive_frame(b"\x00\x01" * 480)  # now a block comes out
+            for _ in range(5):
+                await asyncio.sleep(0)
             assert applied == ["error", "refused", "processed"]
-            assert len(core.audio) == 1 and audio.backlog == 0
+            assert len(core.audio) == 1 and len(core.audio[0]) > 0 and audio.backlog == 0
             audio.receive(b"")  # nothing
             core.closed = True
             audio.receive(b"\x00\x00")  # the session ended: dropped
