@@ -29,7 +29,7 @@ import numpy as np
 import soundfile
 import soxr
 
-from audio_kit.pcm import float32_to_pcm16, resample
+from audio_kit.pcm import float32_to_pcm16, resample, upsample2x_pcm16
 
 #: silence (s) put around an uploaded clip: more than the ASR's edge margin (0.15 s)
 _EDGE_PAD_S = 0.2
@@ -220,6 +220,8 @@ def decode_audio(data: bytes, target_rate: int) -> tuple[bytes, float]:
     # 150 ms shorter (G.711 questions were heard differently live and in batch)
     pad = np.zeros(int(rate * _EDGE_PAD_S), dtype=np.float32)
     mono = np.concatenate([pad, mono.astype(np.float32), pad])
+    if rate == 8000 and target_rate == 16000:  # as a live session's input (audio_kit.pcm)
+        return upsample2x_pcm16(float32_to_pcm16(mono)), duration
     if rate != target_rate:
         mono = resample(mono, rate, target_rate)
     # rounded as the live input path rounds (a 16 kHz PCM16 upload keeps its samples)

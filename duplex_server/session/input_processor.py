@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from audio_kit.denoise import NoiseReduction, NoiseSuppressor
 from audio_kit.g711 import g711_to_pcm16
-from audio_kit.pcm import StreamResampler
+from audio_kit.pcm import input_resampler
 from audio_kit.smart_turn import SmartTurn
 from audio_kit.vad import VadSegmenter, VadStream, VoiceActivityDetector, make_vad
 from duplex_contract.audio import INPUT_RATE
@@ -82,7 +82,7 @@ class InputProcessor:
     ) -> None:
         self.format = fmt
         self.turn_detection = turn_detection
-        self._resampler = StreamResampler(fmt.rate, INPUT_RATE)
+        self._resampler = input_resampler(fmt.rate, INPUT_RATE)  # 8 kHz: no delay
         self._denoise = None if noise_reduction is None else NoiseSuppressor(noise_reduction)
         self._vad: VadStream | None = None
         if turn_detection is not None:

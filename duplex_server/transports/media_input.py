@@ -15,7 +15,7 @@ import soxr
 from audio_kit.echo import RATE as ECHO_RATE
 from audio_kit.echo import EchoControl
 from audio_kit.g711 import pcm16_to_g711
-from audio_kit.pcm import StreamResampler
+from audio_kit.pcm import StreamResampler, Upsampler2x
 from duplex_server.session.live import LiveSession
 
 
@@ -26,7 +26,10 @@ class InputFeed:
         self.session = session
         self.echo: EchoControl | None = None
         self._to16k: dict[int, StreamResampler] = {}
-        self._last8k = 0  # the previous 8 kHz sample (the 2x interpolation's one of state)
+        #: 8 -> 16 kHz with no delay: a stream resampler delays and batches its output, so
+        #: the input would reach the echo canceller in irregular blocks while the
+        #: transport's playout reports (Twilio marks) assume it arrives as it was recorded
+        self._up2x = Upsampler2x()
         self._out: StreamResampler | None = None
 
     def _echo_on(self) -> bool:
@@ -36,23 +39,6 @@ class InputFeed:
         elif not on:
             self.echo = None
         return on
-
-    def _upsample2x(self, pcm: bytes) -> bytes:
-        """8 -> 16 kHz by linear interpolation: no delay, one sample out per half sample in.
-
-        A stream resampler delays and batches its output, so the input would reach the echo
-        canceller in irregular blocks while the transport's playout reports (Twilio marks)
-        assume it arrives as it was recorded; telephone audio has nothing above 4 kHz to
-        lose to the simpler filter."""
-        x = np.frombuffer(pcm[: len(pcm) - len(pcm) % 2], dtype="<i2").astype(np.int32)
-        if not x.size:
-            return b""
-        prev = np.concatenate(([self._last8k], x[:-1]))
-        out = np.empty(x.size * 2, dtype=np.int32)
-        out[0::2] = (prev + x) // 2
-        out[1::2] = x
-        self._last8k = int(x[-1])
-        return out.astype("<i2").tobytes()
 
     def flush_echo(self) -> None:
         """The far end's playout was flushed (barge-in): the echo path restarts."""
@@ -95,7 +81,7 @@ class InputFeed:
         if rate == ECHO_RATE:
             return pcm
         if rate * 2 == ECHO_RATE:
-            return self._upsample2x(pcm)
+            return self._up2x.process(pcm)
         res = self._to16k.get(rate)
         if res is None:
             res = self._to16k[rate] = StreamResampler(rate, ECHO_RATE)

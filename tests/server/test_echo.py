@@ -182,8 +182,8 @@ def _speech_share(
     import numpy as np
 
     from audio_kit.echo import EchoControl
+    from audio_kit.pcm import upsample2x_pcm16
     from audio_kit.vad import SileroVad
-    from duplex_server.transports.media_input import InputFeed
 
     rng = np.random.default_rng(7)
     reply = _phone(_human("two_cities.wav", 0.75, 4.75, 2500.0))  # speech from the start
@@ -197,11 +197,8 @@ def _speech_share(
         length = voice.size
         mic[onset : onset + length] += voice
     mic = _phone(mic)
-    up = InputFeed.__new__(InputFeed)
-    up._last8k = 0
-    ref16 = up._upsample2x(reply.astype("<i2").tobytes())
-    up._last8k = 0
-    mic16 = up._upsample2x(mic.astype("<i2").tobytes())
+    ref16 = upsample2x_pcm16(reply.astype("<i2").tobytes())  # as InputFeed brings 8 kHz up
+    mic16 = upsample2x_pcm16(mic.astype("<i2").tobytes())
     ec = EchoControl()
     ec.playing(ref16)
     out = b"".join(ec.process(mic16[i : i + 640]) for i in range(0, len(mic16), 640))
@@ -295,8 +292,8 @@ def _echo_of_a_resumed_reply(late_ms: float) -> tuple[float, int, int]:
     import numpy as np
 
     from audio_kit.echo import EchoControl
+    from audio_kit.pcm import upsample2x_pcm16
     from audio_kit.vad import SileroVad
-    from duplex_server.transports.media_input import InputFeed
 
     rng = np.random.default_rng(11)
     reply = _phone(_human("two_cities.wav", 0.75, 4.75, 2500.0))
@@ -310,11 +307,9 @@ def _echo_of_a_resumed_reply(late_ms: float) -> tuple[float, int, int]:
     mic = rng.standard_normal(size) * 30.0
     mic[echo:] += line[: size - echo] * 0.5
     mic = _phone(mic)
-    up = InputFeed.__new__(InputFeed)
 
-    def to16k(x: np.ndarray) -> bytes:
-        up._last8k = 0
-        return up._upsample2x(x.clip(-32768, 32767).astype("<i2").tobytes())
+    def to16k(x: np.ndarray) -> bytes:  # as InputFeed brings 8 kHz up
+        return upsample2x_pcm16(x.clip(-32768, 32767).astype("<i2").tobytes())
 
     mic16 = to16k(mic)
     ec = EchoControl()

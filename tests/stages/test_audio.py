@@ -10,14 +10,17 @@ from audio_kit.pcm import (
     QUALITY,
     PcmChunker,
     StreamResampler,
+    Upsampler2x,
     edge_trim,
     float32_to_pcm16,
+    input_resampler,
     lead_trim,
     pcm16_to_float32,
     quiet_after,
     resample,
     resample_pcm16,
     split_pcm,
+    upsample2x_pcm16,
 )
 from duplex_contract.audible import AudibleStart, first_audible
 
@@ -115,6 +118,39 @@ def test_stream_resampler_gives_the_scaled_streams_bytes_and_their_samples() -> 
         clipped += int(np.sum(np.abs(samples) >= 32767 / 32768))
     assert clipped > 0  # the clip path ran
     assert stream.flush() == float32_to_pcm16(ref.resample_chunk(np.zeros(0, np.float32), True))
+
+
+def test_8k_input_is_brought_to_16k_at_once_the_same_however_it_is_cut() -> None:
+    """A session's 8 kHz input (G.711, Twilio) becomes 16 kHz with no delay and no blocks:
+    each piece gives two samples per input sample at once (soxr HQ gives nothing for the
+    first ~50 ms and then ~100 ms blocks), the midpoint with the sample before and the
+    sample itself; the output does not depend on where the stream was cut (odd bytes
+    carried), equals the whole buffer's (the batch route's), and the samples are the bytes
+    as float32. Other rates keep soxr."""
+    rng = np.random.default_rng(5)
+    x = np.clip(rng.normal(0, 8000, 8000), -32768, 32767).astype("<i2")
+    pcm = x.tobytes()
+    whole = upsample2x_pcm16(pcm)
+    assert len(whole) == 2 * len(pcm)
+    y = np.frombuffer(whole, "<i2").astype(np.int32)
+    assert np.array_equal(y[1::2], x)  # the input samples, where they were
+    prev = np.concatenate(([0], x[:-1].astype(np.int32)))
+    assert np.array_equal(y[0::2], (prev + x.astype(np.int32)) // 2)  # the midpoints
+    up = input_resampler(8000, 16000)
+    assert isinstance(up, Upsampler2x) and not up.passthrough
+    parts, n = [], 0
+    for i in range(0, len(pcm), 161):  # odd sizes: a byte carried between calls
+        got, samples = up.process_samples(pcm[i : i + 161])
+        assert np.array_equal(samples, pcm16_to_float32(got))
+        n += len(pcm[i : i + 161])
+        assert len(b"".join(parts)) + len(got) == 2 * (n // 2 * 2)  # nothing held back
+        parts.append(got)
+    assert b"".join(parts) == whole and up.flush() == b""
+    assert up.process(pcm[:320]) == whole[:640]  # flushed: a new stream
+    assert isinstance(input_resampler(24000, 16000), StreamResampler)
+    assert isinstance(input_resampler(16000, 16000), StreamResampler)
+    soxr_first = StreamResampler(8000, 16000).process(pcm[:320])  # 20 ms in
+    assert soxr_first == b""  # why: soxr holds the first 20 ms back entirely
 
 
 def test_stream_resampler_passthrough_keeps_odd_byte() -> None:
