@@ -100,10 +100,16 @@ class StreamResampler:
             if in_rate == out_rate
             else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality=QUALITY)
         )
+        self._fed = False  # audio went into the stream since it was last flushed or reset
 
     @property
     def passthrough(self) -> bool:
         return self._stream is None
+
+    @property
+    def holds(self) -> bool:
+        """Does it hold back input it has not given out (an odd byte, soxr's delay)?"""
+        return bool(self._carry) or self._fed
 
     def process(self, pcm: bytes) -> bytes:
         data = self._whole(pcm)
@@ -138,12 +144,14 @@ class StreamResampler:
         and a power-of-two scale is exact in floating point, so the output is bit for bit
         the scaled one's times 32768, two array passes fewer per call; rounded, clipped."""
         assert self._stream is not None
+        self._fed = True
         out = self._stream.resample_chunk(np.frombuffer(data, "<i2").astype(np.float32))
         return _round_units(out) if out.size else out
 
     def flush(self) -> bytes:
         """End of stream: return the remaining output and reset for a new stream."""
         self._carry = b""
+        self._fed = False
         if self._stream is None:
             return b""
         out = self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
@@ -153,6 +161,7 @@ class StreamResampler:
     def reset(self) -> None:
         """Drop buffered state (e.g. after a barge-in flushed the stream)."""
         self._carry = b""
+        self._fed = False
         if self._stream is not None:
             self._stream.clear()
 
@@ -188,6 +197,11 @@ class Upsampler2x:
     @property
     def passthrough(self) -> bool:
         return False
+
+    @property
+    def holds(self) -> bool:
+        """Only an odd byte is ever held back."""
+        return bool(self._carry)
 
     def _units(self, pcm: bytes) -> npt.NDArray[np.int32]:
         data = self._carry + pcm if self._carry else pcm

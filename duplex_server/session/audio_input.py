@@ -44,12 +44,15 @@ class AudioInput:
         metrics: Metrics,
         apply: Apply,
         clock: Callable[[], float],
+        on_barrier: Callable[[], None] | None = None,
     ) -> None:
         self.core = core
         self.metrics = metrics
         self.clock = clock
         self._apply = apply
-        self.lane = InputLane(inputs, vad_backend, max_backlog, self._processed, self._failed)
+        self.lane = InputLane(
+            inputs, vad_backend, max_backlog, self._processed, self._failed, on_barrier
+        )
 
     @property
     def backlog(self) -> int:

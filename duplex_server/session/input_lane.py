@@ -37,16 +37,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class LaneStep:
-    """One prepared piece of a lane's audio, between the two halves of a job."""
+    """One prepared piece of a lane's audio, between the two halves of a job (``processor``
+    None: a :class:`Barrier` reached, in order)."""
 
-    processor: InputProcessor
+    processor: InputProcessor | None
     origin_ms: float
     pcm: bytes
     chunks: list[npt.NDArray[np.float32]]
 
     @property
     def detector(self) -> VoiceActivityDetector | None:
-        return self.processor.detector if self.chunks else None
+        return self.processor.detector if self.chunks and self.processor else None
 
 
 Processed = Callable[[bytes, list[VadEvent]], None]
@@ -63,10 +64,21 @@ class EndTurn:
     pause_at_ms: float
 
 
-#: what a lane queues: raw audio, a configuration, or an end of turn
-LaneItem = bytes | LaneConfig | EndTurn
-#: a job's outcome for one lane: (pcm16 16 kHz, VAD events) per audio piece, or its error
-LaneResult = list[tuple[bytes, list[VadEvent]]] | BaseException
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """A lane item: the session goes on (``on_barrier``) once the audio queued before it is
+    processed: a commit or a clear of the input buffer then covers all the audio sent before
+    it. ``flush``: what the resampler still holds of that audio comes out first (a commit);
+    otherwise it is dropped (a clear)."""
+
+    flush: bool
+
+
+#: what a lane queues: raw audio, a configuration, an end of turn or a barrier
+LaneItem = bytes | LaneConfig | EndTurn | Barrier
+#: a job's outcome for one lane: (pcm16 16 kHz, VAD events) per audio piece (None: a
+#: barrier reached), or its error
+LaneResult = list[tuple[bytes, list[VadEvent]] | None] | BaseException
 
 
 def _ignore(*_: object) -> None:
@@ -90,6 +102,7 @@ class InputLane:
         max_backlog: int,
         on_processed: Processed,
         on_failed: Failed,
+        on_barrier: Callable[[], None] | None = None,
     ) -> None:
         self._scheduler = scheduler
         self._vad_backend = vad_backend
@@ -99,6 +112,7 @@ class InputLane:
         self._max_backlog = max_backlog
         self._on_processed = on_processed
         self._on_failed = on_failed
+        self._on_barrier: Callable[[], None] = on_barrier or _ignore
         self._queue: deque[LaneItem] = deque()
         self._backlog = 0
         self._busy = False  # in a worker job now
@@ -130,6 +144,22 @@ class InputLane:
         if not self._busy:
             self._scheduler.ready(self)
 
+    @property
+    def settled(self) -> bool:
+        """Nothing queued or in a job, and the resampler holds nothing back: all the audio
+        put so far has been handed to the session."""
+        if self._busy or self._queue:
+            return False
+        proc = self._processor
+        return proc is None or proc.holds_nothing
+
+    def barrier(self, flush: bool) -> None:
+        """Call ``on_barrier`` once the audio queued now has been processed (``flush``: and
+        what the resampler holds of it has come out; else that is dropped)."""
+        self._queue.append(Barrier(flush))
+        if not self._busy:
+            self._scheduler.ready(self)
+
     def end_turn(self, pause_at_ms: float) -> None:
         """End the turn at the pause that began at ``pause_at_ms``, if it still goes on when
         the next audio is processed (queued in order with the audio)."""
@@ -142,7 +172,7 @@ class InputLane:
         self._backlog = 0
         # the callbacks are the session's bound methods (session -> lane -> session): drop
         # them, so that an ended session is freed at once, not by the cyclic GC
-        self._on_processed, self._on_failed = _ignore, _ignore
+        self._on_processed, self._on_failed, self._on_barrier = _ignore, _ignore, _ignore
 
     # ------------------------------------------------------------------ scheduler side
     @property
@@ -190,6 +220,17 @@ class InputLane:
                     if self._processor is not None:
                         self._processor.end_turn(item.pause_at_ms)
                     continue
+                if isinstance(item, Barrier):
+                    proc = self._processor
+                    if proc is not None and item.flush:
+                        pcm, chunks = proc.drain()
+                        if pcm:
+                            steps.append(LaneStep(proc, self._origin_ms, pcm, chunks))
+                            self._fed_ms += input_ms(len(pcm))
+                    elif proc is not None:
+                        proc.drop_held()
+                    steps.append(LaneStep(None, 0.0, b"", []))
+                    continue
                 if not isinstance(item, bytes):
                     self._processor = InputProcessor(item[0], item[1], self._vad_backend, item[2])
                     self._origin_ms = self._fed_ms
@@ -214,7 +255,13 @@ class InputLane:
             self._queue.clear()
             self._on_failed(result)
             return
-        for pcm, vad in result:
+        for piece in result:
+            if piece is None:  # a barrier: the session goes on
+                self._on_barrier()
+                if self._closed:
+                    return
+                continue
+            pcm, vad = piece
             if pcm or vad:  # (soxr gives nothing for some pieces: its output comes in blocks)
                 self._on_processed(pcm, vad)
         if self._queue and not self._closed:
@@ -224,10 +271,13 @@ class InputLane:
 def finish_steps(steps: list[LaneStep], scores: list[list[float]]) -> LaneResult:
     """Worker thread, second half: the scored chunks -> VAD events, in order. ``scores``
     holds one list per step that has a detector, in step order."""
-    out: list[tuple[bytes, list[VadEvent]]] = []
+    out: list[tuple[bytes, list[VadEvent]] | None] = []
     it = iter(scores)
     try:
         for step in steps:
+            if step.processor is None:
+                out.append(None)
+                continue
             probs = next(it) if step.detector is not None else []
             events = step.processor.events(probs, step.chunks, step.origin_ms)
             out.append((step.pcm, events))

@@ -121,6 +121,25 @@ class InputProcessor:
         back since cancels it): the semantic end of turn of ``end_of_turn: words``."""
         self._end_at = pause_at_ms
 
+    @property
+    def holds_nothing(self) -> bool:
+        """All the audio given to :meth:`prepare` has come out (the resampler holds none)."""
+        return not self._resampler.holds
+
+    def drain(self) -> tuple[bytes, list[npt.NDArray[np.float32]]]:
+        """What the resampler still holds, as :meth:`prepare` gives audio (a commit of the
+        input buffer takes it); the resampler then starts a new stream."""
+        pcm = self._resampler.flush()
+        if self._denoise is not None and pcm:
+            pcm = self._denoise.process(pcm)
+        if self._vad is None or not pcm:
+            return pcm, []
+        return pcm, self._vad.split(pcm)
+
+    def drop_held(self) -> None:
+        """Drop what the resampler holds (a clear of the input buffer)."""
+        self._resampler.reset()
+
     def process(self, data: bytes, origin_ms: float) -> tuple[bytes, list[VadEvent]]:
         """Decode and resample ``data``; VAD times are offset by ``origin_ms``."""
         pcm, chunks = self.prepare(data)

@@ -163,7 +163,12 @@ class LiveSession:
             metrics=metrics,
             apply=self.apply,
             clock=now_ms,
+            on_barrier=self._barrier_passed,
         )
+        #: client events waiting for the input lane: a commit or clear of the input buffer
+        #: (first) waits until the audio sent before it is processed; what came after it
+        #: waits behind it, in order (None: nothing waits)
+        self._held: list[ev.AnyClientEvent] | None = None
         self.meter = SessionMeter(core.session_id, metrics)
         self._calls = CallQueue()
         #: the words of speech over an answer (the interruption decision's)
@@ -270,7 +275,35 @@ class LiveSession:
         except ProtocolError as exc:
             self.apply(self.core.error(exc))
             return
+        self._client_event(event)
+
+    def _client_event(self, event: ev.AnyClientEvent) -> None:
+        """A commit or clear of the input buffer covers all the audio sent before it: while
+        the input lane has some of it (queued, in a job, or held back by the resampler) the
+        event waits for it (:meth:`InputLane.barrier`), and later events wait behind it."""
+        if self._held is not None:
+            self._held.append(event)
+            return
+        if isinstance(event, ev.InputAudioBufferCommit | ev.InputAudioBufferClear) and not (
+            self.audio.lane.settled
+        ):
+            self._held = [event]
+            self.audio.lane.barrier(flush=isinstance(event, ev.InputAudioBufferCommit))
+            return
         self.apply(self.core.on_client_event(event, now_ms()))
+
+    def _barrier_passed(self) -> None:
+        """The audio before the waiting commit or clear is in: it, then what waited behind
+        it (which may wait again, behind a later commit)."""
+        held, self._held = self._held or [], None
+        if not held:
+            return
+        self.apply(self.core.on_client_event(held[0], now_ms()))
+        for i, event in enumerate(held[1:], 1):
+            if self._held is not None:  # a later commit waits again: the rest behind it
+                self._held.extend(held[i:])
+                return
+            self._client_event(event)
 
     def receive_dtmf(self, digit: str, received_at: int) -> None:
         """A keypad digit from a phone transport; ``received_at``: Unix time (s)."""

@@ -371,6 +371,46 @@ def test_transcription_session_raw_websocket(server: str) -> None:
     asyncio.run(run())
 
 
+PUSH_TO_TALK = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+
+
+@pytest.mark.parametrize("rate", [24000, 16000])
+def test_a_commit_sent_right_after_the_audio_takes_all_of_it_and_keeps_its_place(
+    server: str, rate: int
+) -> None:
+    """Push to talk as an OpenAI client does it: the appends, then at once the commit and a
+    response.create. The commit covers every byte appended before it (the input lane's
+    queue and what soxr still holds of 24 kHz input): a second commit finds nothing. The
+    events after the commit wait behind it: committed comes before response.created. A
+    clear sent the same way drops all of its audio."""
+
+    async def run() -> None:
+        async with Client.connect(server) as c:
+            await c.until("session.created")
+            fmt = {"type": "audio/pcm", "rate": rate}
+            session = {**PUSH_TO_TALK, "audio": {"input": {"turn_detection": None, "format": fmt}}}
+            await c.send({"type": "session.update", "session": session})
+            await c.until("session.updated")
+            await send_audio(c, tone(700, rate=rate), chunk_ms=20, rate=rate)
+            await c.send({"type": "input_audio_buffer.commit"})
+            await c.send({"type": "response.create"})
+            await c.until("response.done")
+            types = [e["type"] for e in c.events]
+            assert "error" not in types, c.events
+            assert types.index("input_audio_buffer.committed") < types.index("response.created")
+            await c.drain(0.5)
+            await c.send({"type": "input_audio_buffer.commit"})  # nothing was left behind
+            assert (await c.until("error"))["error"]["code"] == "input_audio_buffer_commit_empty"
+            await send_audio(c, tone(300, rate=rate), chunk_ms=20, rate=rate)
+            await c.send({"type": "input_audio_buffer.clear"})
+            await c.until("input_audio_buffer.cleared")
+            await c.drain(0.5)
+            await c.send({"type": "input_audio_buffer.commit"})  # the clear took it all
+            assert (await c.until("error"))["error"]["code"] == "input_audio_buffer_commit_empty"
+
+    asyncio.run(run())
+
+
 def test_transcription_session_sdk(server: str) -> None:
     async def run() -> None:
         client = _sdk(server)

@@ -43,7 +43,7 @@ from duplex_server.session.attach import Journal, Outgoing, Stamper
 from duplex_server.session.audio_input import AudioInput
 from duplex_server.session.engine_calls import CallQueue
 from duplex_server.session.engine_tasks import EngineTasks
-from duplex_server.session.input_lane import InputScheduler
+from duplex_server.session.input_lane import InputLane, InputScheduler
 from duplex_server.session.meter import SessionMeter
 from duplex_server.session.outlet import Outlet
 from duplex_server.session.output_audio import OutputEncoder
@@ -339,6 +339,49 @@ def test_audio_input_queues_counts_refuses_and_hands_the_core_processed_audio() 
             for _ in range(5):
                 await asyncio.sleep(0)
             assert applied == ["error", "refused", "processed"]
+
+    asyncio.run(run())
+
+
+def test_a_barrier_waits_for_the_queued_audio_and_flushes_or_drops_what_soxr_holds() -> None:
+    """InputLane.barrier: ``on_barrier`` runs after the audio queued before it reached the
+    core, with (flush) what the resampler still held of it, or (no flush: a clear) without
+    it; ``settled`` says whether any audio is still on its way."""
+
+    async def run() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            got: list[Any] = []
+            lane = InputLane(
+                InputScheduler(pool, 1),
+                "energy",
+                1 << 20,
+                lambda pcm, vad: got.append(len(pcm)),
+                got.append,
+                lambda: got.append("barrier"),
+            )
+            assert lane.settled  # nothing configured, nothing put
+            lane.configure(PCM16_24K, None)
+            audio = b"\x00\x01" * 24000  # 1 s at 24 kHz: 16000 samples at 16 kHz
+            lane.put(audio)
+            assert not lane.settled
+            lane.barrier(flush=True)
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert got[-1] == "barrier" and "barrier" not in got[:-1]
+            assert sum(n for n in got if isinstance(n, int)) == 2 * 16000  # all of it came out
+            assert lane.settled
+            got.clear()
+            lane.put(audio[:9600])  # 200 ms
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not lane.settled  # soxr holds the last of it back
+            held = sum(n for n in got if isinstance(n, int))
+            assert held < 2 * 3200
+            lane.barrier(flush=False)  # a clear: what is held is dropped
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert got[-1] == "barrier" and sum(n for n in got if isinstance(n, int)) == held
+            assert lane.settled
 
     asyncio.run(run())
 
