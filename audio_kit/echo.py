@@ -28,15 +28,20 @@ never happened. So:
   the least of the recent windows' is the path's. A line with no echo is known as such
   from the first window that could have heard the longest echo (~0.4 s into a reply).
 - A frame heard while the bot speaks is the caller's (double-talk) when the microphone,
-  less the echo the one-lag path predicts, is ``NEAR_MARGIN`` (6 dB) above the echo that
+  less the echo the measured path predicts, is ``NEAR_MARGIN`` (6 dB) above the echo that
   prediction leaves; the caller's speech then holds for ``HANGOVER_FRAMES``. Any other
   frame is echo and reaches VAD as silence (the guard).
-- The caller's frames pass as the canceller cleaned them where it is known to work (it
-  removed most of the echo in frames that were echo alone) or kept them; where it
-  suppressed them, as the microphone less the predicted echo.
+- The prediction is a 5-tap filter around the measured lag, fitted by least squares on
+  each window: one lag and one gain left a quarter of a call's echo unexplained (its
+  fractional delay: the far end plays 8 kHz, the reference is the server's 16 kHz).
+- The caller's frames pass as the canceller cleaned them where it kept them. Where it
+  suppressed them, they pass as the microphone less the predicted echo: while the canceller
+  has not converged, and once it has, where the measured filter explains the echo as well
+  (:meth:`EchoPath.trusted`). AEC3 holds back the first ~70 ms of double-talk even once
+  converged, and the VAD then heard the caller start that much later.
 - Until the first measurement the path is assumed loud (``INITIAL_ECHO_RATIO``, -6 dB: a
   speakerphone), so a reply's first words never interrupt themselves.
-- The one-lag prediction holds only for the alignment it was measured at. Every time the
+- The prediction holds only for the alignment it was measured at. Every time the
   playout starts again (a new reply after the reference ran out, a resume after a Twilio
   ``clear``) or a mark moves the reference, the far end's playout and the reference line up
   again to within a media frame, not a sample: the old lag then predicts the wrong samples
@@ -86,6 +91,15 @@ MIN_WINDOW_FRAMES = 20
 REALIGN_LAG_MS = 60
 #: frames kept: the window plus the longest lag
 _KEEP_FRAMES = WINDOW_FRAMES + MAX_LAG_MS // 10 + 4
+#: the prediction is a short filter around the measured lag (8 kHz samples either side),
+#: fitted by least squares on each window: one lag and one gain leave the echo's fractional
+#: delay and the line's filtering unexplained (a quarter of the echo on a call: the far end
+#: plays 8 kHz and the reference comes from the server's 16 kHz)
+TAPS_SIDE = 2
+#: the filter's prediction is trusted over a converged canceller's output when it explains
+#: this much of the echo (a window's correlation with its prediction; an echo path with a
+#: reverberant tail stays below it: ~0.85 at a direct-to-reverberant ratio of +3 dB)
+TRUSTED_FIT = 0.97
 #: the canceller counts as converged when frames of echo alone leave it below this share
 #: of the microphone (-10 dB), smoothed over frames by CONVERGED_ALPHA
 CONVERGED_SHARE = 0.3
@@ -128,9 +142,14 @@ class EchoPath:
         self.delay: int | None = None  # None: not measured yet
         self.lag = 0  # samples at 8 kHz
         self.gain = 0.0
+        #: the prediction filter: weights of lags ``lag - TAPS_SIDE`` .. ``lag + TAPS_SIDE``
+        self.taps = np.zeros(2 * TAPS_SIDE + 1)
         self.correlation = 0.0  # of the latest window
-        #: the correlation of the last window that was mostly echo (0: none seen yet)
+        #: how much of the echo the filter explains: the best window that was mostly echo
+        #: since the last realignment (0: none yet; the caller's speech only lowers a
+        #: window's, and the path is distrusted while the caller talks otherwise)
         self.fit = 0.0
+        self._fits: deque[float] = deque(maxlen=LEVEL_WINDOWS)
         #: the lag was measured on the reference's current alignment (see :meth:`realign`)
         self.aligned = False
         self._since_realign = 0  # frames added since the last realignment
@@ -180,22 +199,41 @@ class EchoPath:
             return echo
         return echo * max(float(np.sqrt(max(1.0 - self.fit**2, 0.0))), RESIDUAL_FLOOR)
 
+    def trusted(self) -> bool:
+        """Does the measured filter explain the echo as well as a converged canceller
+        (aligned, at least ``TRUSTED_FIT`` of it, and predicting from reference that was
+        lined up after the last realignment)? A reverberant path's tail is beyond its few
+        taps; reference from before a realignment may not be what the far end played
+        (a reference that ran out while the far end still played is padded with silence)."""
+        return (
+            self.aligned
+            and self.fit >= TRUSTED_FIT
+            and self._since_realign * _FRAME8 > self.lag + TAPS_SIDE + _FRAME8
+        )
+
     def latest_mic(self) -> np.ndarray:
         return self._mic[-1]
 
     def residual(self) -> np.ndarray:
-        """The latest microphone frame (8 kHz) less the echo the one-lag path predicts."""
+        """The latest microphone frame (8 kHz) less the echo the measured path predicts."""
         mic = self._mic[-1]
         if self.delay is None or self.gain == 0.0:
             return mic
-        frames = list(self._ref)
-        back, rest = divmod(self.lag, _FRAME8)  # whole frames back, then within a frame
-        idx = len(frames) - 1 - back
-        if idx < 0:
+        frames = self._ref
+        # mic[i] hears ref[i - lag - j] through tap j (-TAPS_SIDE..TAPS_SIDE): the reference
+        # from (lag + TAPS_SIDE) before this frame's start to (lag - TAPS_SIDE) before its end
+        lo = self.lag + TAPS_SIDE  # samples before the frame's start
+        need = -(-lo // _FRAME8) + 1  # frames back to reach them (and this one)
+        if need > len(frames):
             return mic
-        prev = frames[idx - 1] if idx > 0 else np.zeros(_FRAME8)
-        joined = np.concatenate((prev, frames[idx]))
-        return mic - self.gain * joined[_FRAME8 - rest : 2 * _FRAME8 - rest]
+        flat = np.concatenate([frames[i] for i in range(len(frames) - need, len(frames))])
+        start = flat.size - _FRAME8 - lo
+        width = _FRAME8 + 2 * TAPS_SIDE
+        seg = flat[start : start + width]
+        if seg.size < width:  # the latest taps reach past the reference heard so far
+            seg = np.concatenate((seg, np.zeros(width - seg.size)))
+        # mic sample k hears seg[k + TAPS_SIDE - j] through tap j
+        return mic - np.convolve(seg, self.taps, mode="valid")
 
     def _measure(self) -> None:
         n = min(len(self._mic), WINDOW_FRAMES)
@@ -221,6 +259,7 @@ class EchoPath:
             return
         mic_energy = float(np.dot(mic, mic))
         if mic_energy <= 0.0:  # digital silence while the bot spoke: no echo at all
+            self.taps = np.zeros(2 * TAPS_SIDE + 1)
             self._found(0.0, 0.0, 0, 0.0)
             return
         size = 1 << int(np.ceil(np.log2(seg.size + mic.size)))
@@ -236,15 +275,43 @@ class EchoPath:
         level = float(np.sqrt(mic_energy / ref_energy[best]))
         if abs(r) < ECHO_DOMINANT:
             level = min(level, SPREAD * abs(gain))
-        self._found(level, gain, top - int(shifts[best]), r)
+        lag = top - int(shifts[best])
+        self.taps, share = self._filter(mic, seg, top, lag, gain)
+        self._found(level, gain, lag, r, share)
 
-    def _found(self, level: float, gain: float, lag: int, correlation: float) -> None:
+    @staticmethod
+    def _filter(
+        mic: np.ndarray, seg: np.ndarray, top: int, lag: int, gain: float
+    ) -> tuple[np.ndarray, float]:
+        """The least-squares prediction filter around ``lag`` over the window, and the
+        share of the microphone's energy it leaves (the one-lag gain alone where the
+        fit is singular)."""
+        n = mic.size
+        padded = np.concatenate((np.zeros(TAPS_SIDE), seg, np.zeros(TAPS_SIDE)))
+        at = TAPS_SIDE + top - lag  # mic[i] hears padded[at + i - j] through tap j
+        cols = [padded[at - j : at - j + n] for j in range(-TAPS_SIDE, TAPS_SIDE + 1)]
+        x = np.stack(cols, axis=1)
+        try:
+            taps = np.linalg.solve(x.T @ x, x.T @ mic)
+        except np.linalg.LinAlgError:
+            taps = np.zeros(2 * TAPS_SIDE + 1)
+            taps[TAPS_SIDE] = gain
+        left = mic - x @ taps
+        return taps, float(np.dot(left, left) / max(np.dot(mic, mic), 1e-9))
+
+    def _found(
+        self, level: float, gain: float, lag: int, correlation: float, share: float = 1.0
+    ) -> None:
         """One window's measurement (``lag`` in 8 kHz samples, ``level`` its mic/reference
         RMS ratio at that lag): the path's level is the least of the recent windows', or a
         window's that was mostly echo at once (a louder path is believed without waiting)."""
         self.correlation = correlation
         if abs(correlation) >= ECHO_DOMINANT:
-            self.fit = abs(correlation)
+            # how much of the window the filter explains (at least what one lag does)
+            if not self.aligned:
+                self._fits.clear()
+            self._fits.append(max(abs(correlation), float(np.sqrt(max(1.0 - share, 0.0)))))
+            self.fit = max(self._fits)
             self._levels.clear()
             self.aligned = True  # (a window of double-talk does not say where the lag is)
         self._levels.append(level)
@@ -375,9 +442,10 @@ class EchoControl:
             self.guarded_frames += 1
             return b"\x00" * _FRAME_BYTES
         self.near_frames += 1
-        if self.converged or _rms(cleaned) >= 0.5 * level:
-            return cleaned.tobytes()  # the canceller works, or it kept the caller
-        # it suppressed the caller (double-talk before it converged, or no echo path): the
+        if _rms(cleaned) >= 0.5 * level or (self.converged and not path.trusted()):
+            return cleaned.tobytes()  # it kept the caller, or its filter is the better one
+        # it suppressed the caller (double-talk before it converged, no echo path, or the
+        # first ~70 ms of double-talk, which AEC3 holds back even once converged): the
         # microphone less the predicted echo, back at 16 kHz
         less = np.repeat(path.residual() - path.latest_mic(), 2)
         return bytes(np.clip(mic + less, -32768, 32767).astype("<i2").tobytes())
