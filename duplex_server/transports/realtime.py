@@ -51,8 +51,8 @@ class SocketTransport:
         self._tasks: list[asyncio.Task[None]] = []
         #: the connection's protocol (duplex_server/transports/ws_protocol.py), when the
         #: server runs it: frames come to :meth:`_on_message` and go out by ``send_text_now``
-        scope = getattr(ws, "scope", None) or {}
-        self._proto: BufferedReadsProtocol | None = (scope.get("extensions") or {}).get(SCOPE_KEY)
+        extensions = ws.scope.get("extensions") or {}  # (optional in ASGI)
+        self._proto: BufferedReadsProtocol | None = extensions.get(SCOPE_KEY)
         self._max_frame = hub.config.server.max_frame_bytes
         self._reading = True  # False once a frame was too large: nothing more is read
         #: the close code the client sent (1006: the connection dropped without one)

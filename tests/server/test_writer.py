@@ -215,6 +215,7 @@ class StuckSocket:
     """A WebSocket whose peer never reads: ``send_text`` never returns."""
 
     def __init__(self) -> None:
+        self.scope: dict[str, Any] = {"type": "websocket"}  # no server extensions
         self.closed: tuple[int, str] | None = None
         self._gone = asyncio.Event()
 
