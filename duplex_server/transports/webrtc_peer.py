@@ -10,12 +10,16 @@ connection got; nothing here knows the session. A loopback-only server drops the
 other candidates (:func:`loopback_candidates`), and :func:`use_host_addresses` limits the
 host candidates offered.
 
-The caller's audio leaves aiortc's jitter buffer as soon as a packet is complete
-(:func:`lean_jitter_buffer`): aiortc holds each audio frame until 4 newer packets have come
-(~80 ms), a cushion for a player with a clock. The server has none: it reads each frame as it
-comes (its VAD, the echo canceller and the ASR keep their own time), so the cushion was
-80 ms added to every barge-in and every turn end on WebRTC. Packets out of order still wait
-for the missing one, as before (up to the buffer's 16 packets).
+The caller's audio leaves aiortc's jitter buffer the moment its packet comes
+(:func:`lean_jitter_buffer`, :class:`AudioJitterBuffer`): aiortc holds each audio frame until
+4 newer packets have come (~80 ms), a cushion for a player with a clock. The server has none:
+it reads each frame as it comes (its VAD, the echo canceller and the ASR keep their own time),
+so the cushion was 80 ms added to every barge-in and every turn end on WebRTC. aiortc's buffer
+also counts a frame complete only when a packet of the next frame comes (a video frame spans
+packets); an Opus packet is one whole frame, so that wait (20 ms) is gone too. Nor does a
+packet wait for a missing one before it: aiortc's buffer did, until it was full, and then
+stayed that full, every later frame ~300 ms late for the rest of the call; a gap is now
+skipped, and a packet that comes after a later one is dropped, as lost.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ from aiortc import (
     RTCPeerConnection,
     RTCSessionDescription,
 )
-from aiortc.jitterbuffer import JitterBuffer
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.mediastreams import MediaStreamError
+from aiortc.rtp import RtpPacket
+from aiortc.utils import uint16_add
 from av import AudioFrame
 
 from duplex_server.protocol.errors import ProtocolError
@@ -45,8 +51,8 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "oai-events"
 #: aiortc 1.16's audio jitter buffer (rtcrtpreceiver.py): 16 packets, a frame released after
-#: 4 newer ones; here after the next one (the least: a frame is complete when it comes)
-JITTER_CAPACITY, MIC_PREFETCH = 16, 1
+#: 4 newer ones; here the moment it comes (:class:`AudioJitterBuffer`)
+JITTER_CAPACITY, MIC_PREFETCH = 16, 0
 _JITTER_ATTR = "_RTCRtpReceiver__jitter_buffer"
 
 
@@ -163,15 +169,51 @@ class WebRtcPeer:
                 self.listener.receive_mic(frame_pcm(frame), frame.sample_rate)
 
 
+class AudioJitterBuffer(JitterBuffer):
+    """aiortc's jitter buffer for a codec whose every packet is a whole frame (Opus, as
+    WebRTC carries it: RFC 7587 §4.2), for a reader that keeps its own time: each packet is
+    released as it comes.
+
+    aiortc's own finds a frame's end only when a packet with the next timestamp comes (one
+    packet late), waits for a missing packet until the buffer is full, and then lets one
+    frame go per packet added (its receiver decodes one frame per packet): one lost packet
+    left every later frame ~15 packets (300 ms) late for the rest of the call. Here nothing
+    waits: a gap is skipped (``skipped`` counts its packets) and a packet that comes after a
+    later one is dropped (``late``), as lost."""
+
+    def __init__(self, capacity: int = JITTER_CAPACITY) -> None:
+        super().__init__(capacity=capacity, prefetch=0)
+        self.skipped = 0  # packets never seen before a later one came
+        self.late = 0  # packets that came after a later one (dropped)
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        seq = packet.sequence_number
+        if self._origin is not None:  # the next packet expected
+            ahead = uint16_add(seq, -self._origin)
+            if ahead >= 0x8000:  # behind it: late, or a duplicate
+                self.late += 1
+                return False, None
+            self.skipped += ahead
+        self._origin = uint16_add(seq, 1)
+        # (the payload is the frame: aiortc depayloads audio as it is, video alone has a
+        # payload format)
+        return False, JitterFrame(data=packet.payload, timestamp=packet.timestamp)
+
+
 def lean_jitter_buffer(receiver: object, prefetch: int = MIC_PREFETCH) -> bool:
     """Give ``receiver`` (an aiortc ``RTCRtpReceiver`` for audio, before its first packet) a
     jitter buffer that releases each frame once ``prefetch`` newer packets have come (the
-    default :data:`MIC_PREFETCH`: when it is complete). False (and nothing changed) where
-    aiortc keeps it elsewhere than 1.16 does."""
+    default :data:`MIC_PREFETCH`, 0: as its packet comes, :class:`AudioJitterBuffer`). False
+    (and nothing changed) where aiortc keeps it elsewhere than 1.16 does."""
     if not isinstance(getattr(receiver, _JITTER_ATTR, None), JitterBuffer):
         log.warning("webrtc: aiortc's jitter buffer not found; it keeps its 80 ms cushion")
         return False
-    setattr(receiver, _JITTER_ATTR, JitterBuffer(capacity=JITTER_CAPACITY, prefetch=prefetch))
+    buffer = (
+        AudioJitterBuffer()
+        if prefetch == 0
+        else JitterBuffer(capacity=JITTER_CAPACITY, prefetch=prefetch)
+    )
+    setattr(receiver, _JITTER_ATTR, buffer)
     return True
 
 

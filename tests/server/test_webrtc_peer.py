@@ -1,7 +1,8 @@
-"""The WebRTC peer's microphone path: aiortc's jitter buffer releases each of the caller's
-audio frames as soon as it is complete, not 4 packets later (duplex_server/transports/
-webrtc_peer.py: the server reads frames as they come, so aiortc's player cushion was ~80 ms
-on every barge-in and every turn end)."""
+"""The WebRTC peer's microphone path: the jitter buffer releases each of the caller's audio
+packets as it comes, not 4 packets later nor when the next one comes, and a lost packet
+never holds back the ones after it (duplex_server/transports/webrtc_peer.py: the server reads
+frames as they come, so aiortc's player cushion was ~80 ms on every barge-in and every turn
+end, and after one lost packet ~300 ms for the rest of the call)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import AudioStreamTrack
 from aiortc.rtp import RtpPacket
 
-from duplex_server.transports.webrtc_peer import WebRtcPeer
+from duplex_server.transports.webrtc_peer import AudioJitterBuffer, WebRtcPeer
 
 #: where aiortc 1.16's RTCRtpReceiver keeps its jitter buffer
 JITTER_ATTR = "_RTCRtpReceiver__jitter_buffer"
@@ -28,8 +29,10 @@ class Listener:
 
 
 def packet(seq: int) -> RtpPacket:
-    out = RtpPacket(payload_type=111, sequence_number=seq, timestamp=seq * OPUS_FRAME)
-    out._data = b"\xfc"  # type: ignore[attr-defined]  # (the receiver sets it: the payload)
+    out = RtpPacket(
+        payload_type=111, sequence_number=seq, timestamp=seq * OPUS_FRAME, payload=b"\xfc"
+    )
+    out._data = out.payload  # type: ignore[attr-defined]  # (the receiver sets it: the payload)
     return out
 
 
@@ -43,7 +46,7 @@ def released(buffer: JitterBuffer, seqs: list[int]) -> list[int | None]:
     return out
 
 
-def test_the_callers_audio_leaves_the_jitter_buffer_when_the_next_packet_comes() -> None:
+def test_the_callers_audio_leaves_the_jitter_buffer_as_its_packet_comes() -> None:
     async def answer() -> JitterBuffer:
         caller = RTCPeerConnection()
         peer = WebRtcPeer(Listener(), AudioStreamTrack(), ice_servers=[])
@@ -61,8 +64,11 @@ def test_the_callers_audio_leaves_the_jitter_buffer_when_the_next_packet_comes()
             await caller.close()
 
     buffer = asyncio.run(answer())
-    # packet 1 is complete once packet 2 comes; aiortc's own buffer waits for packet 5
-    assert released(buffer, [1, 2, 3, 4]) == [None, 1, 2, 3]
+    assert isinstance(buffer, AudioJitterBuffer)
+    # each packet is a whole Opus frame: it leaves as it comes; aiortc's own buffer waits for
+    # the next packet (prefetch 1) or for 4 more (its default)
+    assert released(buffer, [1, 2, 3, 4]) == [1, 2, 3, 4]
+    assert released(JitterBuffer(capacity=16, prefetch=1), [1, 2, 3, 4]) == [None, 1, 2, 3]
     assert released(JitterBuffer(capacity=16, prefetch=4), [1, 2, 3, 4, 5]) == [
         None,
         None,
@@ -70,9 +76,27 @@ def test_the_callers_audio_leaves_the_jitter_buffer_when_the_next_packet_comes()
         None,
         1,
     ]
-    # out of order: a frame still waits for the packet before it
-    lean = JitterBuffer(capacity=buffer.capacity, prefetch=buffer._prefetch)
-    assert released(lean, [10, 12, 11, 13]) == [None, None, 10, 11]
+
+
+def test_a_lost_packet_never_holds_back_the_callers_later_audio() -> None:
+    """aiortc's buffer waits for a missing packet until it is full, then lets one frame go
+    per packet: after one loss every later frame stays ~15 packets late. Here a gap is
+    skipped and a packet that comes after a later one is dropped, as lost."""
+    stock = JitterBuffer(capacity=16, prefetch=1)
+    seqs = [1, 2, 3, *range(5, 40)]  # packet 4 lost
+    lag = [s - f for s, f in zip(seqs, released(stock, seqs), strict=True) if f is not None]
+    assert lag[-1] == 14  # (aiortc's: for the rest of the call)
+
+    lean = AudioJitterBuffer()
+    assert released(lean, seqs) == seqs
+    assert (lean.skipped, lean.late) == (1, 0)
+    lean = AudioJitterBuffer()
+    assert released(lean, [10, 12, 11, 13, 13, 14]) == [10, 12, None, 13, None, 14]
+    assert (lean.skipped, lean.late) == (1, 2)  # 11 skipped, then came late; 13 twice
+    # the sequence number wraps at 2**16
+    lean = AudioJitterBuffer()
+    assert released(lean, [65534, 65535, 0, 1]) == [65534, 65535, 0, 1]
+    assert lean.skipped == 0
 
 
 def test_the_bench_listener_holds_two_packets_as_a_browser_does() -> None:
