@@ -1,7 +1,11 @@
 """PCM helpers: int16 <-> float32 conversion and soxr resampling (one-shot and streaming).
 
 Audio crossing the engine is PCM16 mono little-endian bytes; model code works on float32
-numpy arrays in [-1, 1]. Resampling is always done by soxr (never by hand).
+numpy arrays in [-1, 1]. Resampling is done by soxr, except a live session's input, which
+must not wait: soxr's streaming resampler holds ~22 ms of it on average (up to ~37 ms, its
+output comes in blocks), and every speech start and end was heard that much later. Input
+at 8 kHz is brought to 16 kHz by :class:`Upsampler2x`, at 24 and 48 kHz (and other small
+ratios) by :class:`FirResampler`; :func:`input_resampler` picks.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from audio_kit.fir import FirResampler, fir_ratio
 from duplex_contract.audible import first_audible
 from duplex_contract.audio import duration_ms as contract_duration_ms
 
@@ -246,11 +251,17 @@ def upsample2x_pcm16(pcm: bytes) -> bytes:
     return Upsampler2x().process(pcm)
 
 
-def input_resampler(in_rate: int, out_rate: int) -> StreamResampler | Upsampler2x:
-    """The resampler of a session's input audio: :class:`Upsampler2x` for 8 -> 16 kHz
-    (no delay), soxr's :class:`StreamResampler` otherwise."""
+InputResampler = StreamResampler | Upsampler2x | FirResampler
+
+
+def input_resampler(in_rate: int, out_rate: int) -> InputResampler:
+    """The resampler of a session's input audio, none of which waits: :class:`Upsampler2x`
+    for 8 -> 16 kHz, :class:`FirResampler` for small ratios (24 and 48 kHz), soxr's
+    :class:`StreamResampler` otherwise (and as the passthrough at one rate)."""
     if in_rate == 8000 and out_rate == 16000:
         return Upsampler2x()
+    if fir_ratio(in_rate, out_rate):
+        return FirResampler(in_rate, out_rate)
     return StreamResampler(in_rate, out_rate)
 
 

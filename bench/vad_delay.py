@@ -3,14 +3,17 @@
     python bench/vad_delay.py [--vad silero|energy] [--json PATH]
 
 Every recording in tests/data is rendered in each input format a client may send
-(``audio.input.format``: PCM16 at 16 and 24 kHz, G.711 u-law at 8 kHz; soxr HQ from the
-file, as a client's own resampler would) and streamed in 20 ms frames through the session's
-input processor (``duplex_server.session.input_processor``: decode, resampling to 16 kHz,
-VAD, segmenter, server_vad defaults). For each speech start and stop the bench notes when
-it was decided, as the time the last frame needed had arrived, and compares it with the
-same decision for the 16 kHz stream, which needs no resampling. The difference is what the
-format's conversion adds to a barge-in and to a turn's end (the streaming resampler's
-delay, and its output coming in blocks).
+(``audio.input.format``: PCM16 at 16, 24 and 48 kHz (48 kHz: what a WebRTC call's Opus
+decodes to, which its input path brings to 16 kHz the same way), G.711 u-law at 8 kHz; soxr
+HQ from the file, as a client's own resampler would) and streamed in 20 ms frames through
+the session's input processor (``duplex_server.session.input_processor``: decode,
+resampling to 16 kHz, VAD, segmenter, server_vad defaults). For each speech start and stop
+the bench notes when it was decided, as the time the last frame needed had arrived, and
+compares it with the same decision for the 16 kHz stream, which needs no resampling. The
+difference is what the format's conversion adds to a barge-in and to a turn's end (a
+streaming resampler's delay, and its output coming in blocks: soxr's added ~18 ms on
+average at 24 kHz, up to 40; the input path's own resamplers,
+audio_kit.pcm.input_resampler, add none).
 
 An internal figure with no sockets: the audio's own clock, so it hardly depends on the
 machine. Prints a table; JSON: per format under ``formats``: ``events``,
@@ -45,6 +48,7 @@ FRAME_MS = 20
 FORMATS = [
     ("pcm16 16 kHz", "pcm16", 16000),
     ("pcm16 24 kHz", "pcm16", 24000),
+    ("pcm16 48 kHz", "pcm16", 48000),
     ("g711_ulaw 8 kHz", "g711_ulaw", 8000),
 ]
 

@@ -29,6 +29,7 @@ import numpy as np
 import soundfile
 import soxr
 
+from audio_kit.fir import FirResampler, fir_ratio
 from audio_kit.pcm import float32_to_pcm16, resample, upsample2x_pcm16
 
 #: silence (s) put around an uploaded clip: more than the ASR's edge margin (0.15 s)
@@ -222,6 +223,8 @@ def decode_audio(data: bytes, target_rate: int) -> tuple[bytes, float]:
     mono = np.concatenate([pad, mono.astype(np.float32), pad])
     if rate == 8000 and target_rate == 16000:  # as a live session's input (audio_kit.pcm)
         return upsample2x_pcm16(float32_to_pcm16(mono)), duration
+    if fir_ratio(rate, target_rate):  # 24, 48 kHz: as a live session's input, too
+        return FirResampler(rate, target_rate).process(float32_to_pcm16(mono)), duration
     if rate != target_rate:
         mono = resample(mono, rate, target_rate)
     # rounded as the live input path rounds (a 16 kHz PCM16 upload keeps its samples)

@@ -82,7 +82,7 @@ class InputProcessor:
     ) -> None:
         self.format = fmt
         self.turn_detection = turn_detection
-        self._resampler = input_resampler(fmt.rate, INPUT_RATE)  # 8 kHz: no delay
+        self._resampler = input_resampler(fmt.rate, INPUT_RATE)  # (none waits)
         self._denoise = None if noise_reduction is None else NoiseSuppressor(noise_reduction)
         self._vad: VadStream | None = None
         if turn_detection is not None:

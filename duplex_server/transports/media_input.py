@@ -15,7 +15,7 @@ import soxr
 from audio_kit.echo import RATE as ECHO_RATE
 from audio_kit.echo import EchoControl
 from audio_kit.g711 import pcm16_to_g711
-from audio_kit.pcm import StreamResampler, Upsampler2x
+from audio_kit.pcm import InputResampler, input_resampler
 from duplex_server.session.live import LiveSession
 
 
@@ -25,12 +25,13 @@ class InputFeed:
     def __init__(self, session: LiveSession) -> None:
         self.session = session
         self.echo: EchoControl | None = None
-        self._to16k: dict[int, StreamResampler] = {}
-        #: 8 -> 16 kHz with no delay: a stream resampler delays and batches its output, so
-        #: the input would reach the echo canceller in irregular blocks while the
-        #: transport's playout reports (Twilio marks) assume it arrives as it was recorded
-        self._up2x = Upsampler2x()
-        self._out: StreamResampler | None = None
+        #: to 16 kHz with no delay (audio_kit.pcm.input_resampler: WebRTC's 48 kHz by a FIR
+        #: filter, 8 kHz by interpolation): soxr's stream resampler delays and batches its
+        #: output, so the input would reach the echo canceller in irregular blocks while the
+        #: transport's playout reports (Twilio marks) assume it arrives as it was recorded,
+        #: and the VAD heard each speech start ~22 ms late on average
+        self._to16k: dict[int, InputResampler] = {}
+        self._out: InputResampler | None = None
 
     def _echo_on(self) -> bool:
         on = self.session.core.config.echo_cancellation
@@ -72,7 +73,7 @@ class InputFeed:
         fmt = self.session.core.config.input_format
         if fmt.rate != ECHO_RATE:
             if self._out is None or self._out.out_rate != fmt.rate:
-                self._out = StreamResampler(ECHO_RATE, fmt.rate)
+                self._out = input_resampler(ECHO_RATE, fmt.rate)
             pcm16k = self._out.process(pcm16k)
         data = pcm16k if fmt.codec == "pcm16" else pcm16_to_g711(pcm16k, fmt.codec)
         self.session.audio.receive(data)
@@ -80,9 +81,7 @@ class InputFeed:
     def _resample(self, pcm: bytes, rate: int) -> bytes:
         if rate == ECHO_RATE:
             return pcm
-        if rate * 2 == ECHO_RATE:
-            return self._up2x.process(pcm)
         res = self._to16k.get(rate)
         if res is None:
-            res = self._to16k[rate] = StreamResampler(rate, ECHO_RATE)
+            res = self._to16k[rate] = input_resampler(rate, ECHO_RATE)
         return res.process(pcm)

@@ -11,7 +11,7 @@ MODULES = sorted(p.stem for p in (ROOT / "audio_kit").glob("*.py") if p.stem != 
 
 
 def test_the_kit_has_its_modules() -> None:
-    assert MODULES == ["denoise", "echo", "g711", "pcm", "smart_turn", "vad"]
+    assert MODULES == ["denoise", "echo", "fir", "g711", "pcm", "smart_turn", "vad"]
 
 
 def test_importing_the_kit_loads_neither_side() -> None:

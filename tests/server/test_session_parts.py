@@ -318,19 +318,18 @@ def test_audio_input_queues_counts_refuses_and_hands_the_core_processed_audio() 
             assert core.seen == ["error:invalid_audio_frame", "frame:480", "audio:480", "refused"]
             for _ in range(5):
                 await asyncio.sleep(0)
-            # soxr holds its first ~50 ms back (its filter's delay, then output in blocks):
-            # a piece that comes out as nothing, with no VAD event, is not handed to the core
-            assert applied == ["error", "refused"] and core.audio == []
-            assert audio.backlog == 0
-            audio.receive_frame(b"\x00\x01" * 480)
+            # 24 kHz comes out at once (audio_kit.fir: no block delay): 10 ms, 160 samples
+            assert applied == ["error", "refused", "processed"] and audio.backlog == 0
+            assert [len(a) for a in core.audio] == [320]
+            audio.put(b"\x00")  # half a sample: the resampler holds it, nothing comes out,
+            for _ in range(5):  # and a piece that comes out as nothing is not handed on
+                await asyncio.sleep(0)
+            assert applied == ["error", "refused", "processed"] and len(core.audio) == 1
+            audio.receive_frame(b"\x00\x01" * 480)  # with the held byte: 480 samples whole
             for _ in range(5):
                 await asyncio.sleep(0)
-            assert applied == ["error", "refused"] and core.audio == []
-            audio.receive_frame(b"\x00\x01" * 480)  # now a block comes out
-            for _ in range(5):
-                await asyncio.sleep(0)
-            assert applied == ["error", "refused", "processed"]
-            assert len(core.audio) == 1 and len(core.audio[0]) > 0 and audio.backlog == 0
+            assert applied == ["error", "refused", "processed", "processed"]
+            assert [len(a) for a in core.audio] == [320, 640] and audio.backlog == 0
             audio.receive(b"")  # nothing
             core.closed = True
             audio.receive(b"\x00\x00")  # the session ended: dropped
@@ -338,12 +337,12 @@ def test_audio_input_queues_counts_refuses_and_hands_the_core_processed_audio() 
             audio.put(b"\x00\x00")  # after close: no core actions reach the session
             for _ in range(5):
                 await asyncio.sleep(0)
-            assert applied == ["error", "refused", "processed"]
+            assert applied == ["error", "refused", "processed", "processed"]
 
     asyncio.run(run())
 
 
-def test_a_barrier_waits_for_the_queued_audio_and_flushes_or_drops_what_soxr_holds() -> None:
+def test_a_barrier_waits_for_the_queued_audio_and_flushes_or_drops_what_is_held() -> None:
     """InputLane.barrier: ``on_barrier`` runs after the audio queued before it reached the
     core, with (flush) what the resampler still held of it, or (no flush: a clear) without
     it; ``settled`` says whether any audio is still on its way."""
@@ -371,12 +370,12 @@ def test_a_barrier_waits_for_the_queued_audio_and_flushes_or_drops_what_soxr_hol
             assert sum(n for n in got if isinstance(n, int)) == 2 * 16000  # all of it came out
             assert lane.settled
             got.clear()
-            lane.put(audio[:9600])  # 200 ms
+            lane.put(audio[:9601])  # 200 ms and half a sample
             for _ in range(5):
                 await asyncio.sleep(0)
-            assert not lane.settled  # soxr holds the last of it back
+            assert not lane.settled  # the resampler holds the half sample back
             held = sum(n for n in got if isinstance(n, int))
-            assert held < 2 * 3200
+            assert held == 2 * 3200  # (the rest came out at once)
             lane.barrier(flush=False)  # a clear: what is held is dropped
             for _ in range(5):
                 await asyncio.sleep(0)

@@ -1,0 +1,154 @@
+"""Low-delay resampling of live input by small rational ratios (24 and 48 kHz to 16 kHz).
+
+:class:`FirResampler`: a polyphase FIR filter whose output leaves as soon as the input it
+needs has come. :func:`audio_kit.pcm.input_resampler` picks it for a session's input (and a
+media transport's) where :func:`fir_ratio` says it can.
+"""
+
+from __future__ import annotations
+
+from math import gcd
+
+import numpy as np
+import numpy.typing as npt
+
+Float32Array = npt.NDArray[np.float32]
+_INV_SCALE = np.float32(1.0 / 32768.0)  # (audio_kit.pcm's: int16 units -> [-1, 1))
+
+
+class FirResampler:
+    """Stateful PCM16 mono resampling by a small rational ratio (24 -> 16 kHz is 2/3,
+    48 -> 16 kHz 1/3) with a polyphase FIR filter, for input that must not wait.
+
+    Every sample out is given as soon as the input it needs has come: 20 ms in, 20 ms out,
+    the filter's own delay 1.25 ms (:attr:`delay`, whole output samples). soxr's stream
+    resampler (:class:`audio_kit.pcm.StreamResampler`) held 24 and 48 kHz input back ~22 ms
+    on average and up to ~37 ms (its output comes in blocks); python-soxr has no setting
+    without the blocks (its ``vr`` mode holds 10-12 ms and costs more), and libsamplerate's
+    fastest sinc (the ``samplerate`` wheel: 1.2 ms) costs 31 us per 20 ms at 24 kHz and
+    83 us at 48 kHz, this ~20-25 us (soxr: ~6 us).
+
+    The filter: a Kaiser-windowed sinc at the upsampled rate, flat (within 0.01 dB) to 90%
+    of the lower rate's Nyquist frequency (7.2 kHz for 16 kHz), at least 65 dB down from
+    110% of it (8.8 kHz), where anything would fold back above 7.2 kHz. (With 85% / 115%,
+    14 fewer taps, the live transcript of "Fail better" at 24 kHz became "Failed better":
+    Whisper hears up to 8 kHz.) Its taps are
+    integers (units of 2**-20) and the input int16, so each output sample is an exact sum
+    in float64 whatever order BLAS adds in: the output is the same bytes however the
+    stream is cut into calls, run after run. The same interface as
+    :class:`audio_kit.pcm.StreamResampler`; nothing is held back but an odd byte, so
+    :meth:`flush` has nothing to give (the last 1.25 ms of a stream stays in the filter)."""
+
+    _UNIT = float(2**20)  # the taps' unit: 2**-20
+    PASS, STOP, ATTEN_DB = 0.9, 1.1, 65.0  # of the lower rate's Nyquist frequency
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        if in_rate <= 0 or out_rate <= 0:
+            raise ValueError(f"sample rates must be positive, got {in_rate} -> {out_rate}")
+        g = gcd(in_rate, out_rate)
+        self.in_rate, self.out_rate = in_rate, out_rate
+        self.up, self.down = out_rate // g, in_rate // g  # L, M
+        up, down = self.up, self.down
+        rate = in_rate * up  # the filter runs (notionally) at the upsampled rate
+        nyquist = min(in_rate, out_rate) / 2
+        width = 2 * np.pi * (self.STOP - self.PASS) * nyquist / rate
+        taps = int(np.ceil((self.ATTEN_DB - 8) / (2.285 * width))) + 1  # Kaiser's estimate
+        taps += -(taps - 1) % (2 * down)  # its delay, (taps - 1) / 2, whole output samples
+        #: the filter's delay in output samples (a sample in comes out this much later)
+        self.delay = (taps - 1) // (2 * down)
+        per_phase = -(-taps // up)
+        per_phase = -(-per_phase // down) * down  # whole rows of ``down`` input samples
+        beta = 0.1102 * (self.ATTEN_DB - 8.7)
+        cutoff = (self.PASS + self.STOP) / 2 * nyquist / rate  # cycles per sample
+        t = np.arange(taps) - (taps - 1) / 2
+        h = 2 * cutoff * np.sinc(2 * cutoff * t) * np.kaiser(taps, beta) * up
+        units = np.zeros(per_phase * up)  # (zero taps after the filter's: whole rows)
+        units[:taps] = np.round(h * self._UNIT)
+        self._taps = per_phase
+        self._rows = per_phase // down
+        #: per phase, the taps newest-last as a (down, rows) matrix: a window of input
+        #: samples cut into rows of ``down`` times it gives each row's part of each output
+        self._phases = [
+            np.ascontiguousarray(units[p::up][::-1].reshape(self._rows, down).T) for p in range(up)
+        ]
+        self._carry = b""
+        self._history: npt.NDArray[np.float64] = np.zeros(per_phase - 1)
+        self._in = 0  # input samples taken
+        self._out = 0  # output samples given
+
+    @property
+    def passthrough(self) -> bool:
+        return False
+
+    @property
+    def holds(self) -> bool:
+        """Only an odd byte is ever held back."""
+        return bool(self._carry)
+
+    def _units(self, pcm: bytes) -> npt.NDArray[np.float64]:
+        data = self._carry + pcm if self._carry else pcm
+        if len(data) % 2:
+            self._carry, data = data[-1:], data[:-1]
+        else:
+            self._carry = b""
+        x = np.frombuffer(data, dtype="<i2").astype(np.float64)
+        up, down, taps, rows = self.up, self.down, self._taps, self._rows
+        buf = np.concatenate((self._history, x))
+        first = self._in - (taps - 1)  # the input index of buf[0]
+        total = self._in + x.size
+        end = -(-(total * up) // down)  # outputs whose newest input sample has come
+        y = np.empty(end - self._out)
+        for r in range(up):  # outputs n = r (mod up) share a phase; their windows step by down
+            n0 = self._out + (r - self._out) % up
+            if n0 >= end:
+                continue
+            count = (end - n0 + up - 1) // up
+            newest, phase = divmod(n0 * down, up)
+            start = newest - (taps - 1) - first
+            window = buf[start : start + (count + rows - 1) * down].reshape(-1, down)
+            parts = window @ self._phases[phase]  # parts[j, k]: row j times tap row k
+            # output i sums parts[i + k, k] over k: a diagonal of ``parts``
+            diag = np.ndarray(
+                (count, rows), np.float64, buffer=parts, strides=(rows * 8, (rows + 1) * 8)
+            )
+            y[n0 - self._out :: up] = diag.sum(axis=1)
+        self._history = buf[buf.size - (taps - 1) :]
+        self._in, self._out = total, end
+        y *= 1.0 / self._UNIT
+        np.rint(y, out=y)
+        np.minimum(y, 32767.0, out=y)
+        np.maximum(y, -32768.0, out=y)
+        return y
+
+    def process(self, pcm: bytes) -> bytes:
+        return self._units(pcm).astype("<i2").tobytes()
+
+    def process_samples(self, pcm: bytes) -> tuple[bytes, Float32Array]:
+        """:meth:`process`, and the same output as float32 samples (``pcm16_to_float32``
+        of the bytes)."""
+        units = self._units(pcm)
+        samples = units.astype(np.float32)
+        samples *= _INV_SCALE
+        return units.astype("<i2").tobytes(), samples
+
+    def flush(self) -> bytes:
+        """End of stream: nothing is held back; reset for a new stream."""
+        self._carry = b""
+        self.reset()
+        return b""
+
+    def reset(self) -> None:
+        self._carry = b""
+        self._history = np.zeros(self._taps - 1)
+        self._in = 0
+        self._out = 0
+
+
+#: ratios :class:`FirResampler` takes (up to L/M with L <= 4 and M <= 6: 24, 32, 48 kHz to
+#: 16 kHz and back); others (44.1 kHz: 160/441) keep soxr
+FIR_MAX_UP, FIR_MAX_DOWN = 4, 6
+
+
+def fir_ratio(in_rate: int, out_rate: int) -> bool:
+    g = gcd(in_rate, out_rate)
+    return in_rate != out_rate and out_rate // g <= FIR_MAX_UP and in_rate // g <= FIR_MAX_DOWN
