@@ -25,7 +25,8 @@ transport (under ``transports``):
 * ``backchannel_cut_pct``: backchannels and noises that ended the answer (and per kind);
 * ``false_cut_resumed_pct``: of those the server paused for, the answer resumed from where it
   stopped within 1 s of the sound's end;
-* ``echo_bargeins``: echo-only trials in which the answer paused or stopped (goal 0);
+* ``echo_bargeins``: echo-only trials in which the answer paused or stopped, at any time
+  from its first audio (goal 0);
 * ``trials``: judged trials (a trial whose answer was over before the sound is void and
   retried); and the WER of the turn after a real interruption (WebSocket, WebRTC) against
   the batch route's on the same clips.

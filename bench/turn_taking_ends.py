@@ -288,7 +288,8 @@ async def webrtc(addr: str, clip: Clip | None, offset_s: float, echo: Echo | Non
         if clip is not None:
             out.onset = _frame_time(client.mic.voice_sent, clip.at(rate, clip.first), rate)
             out.end = _frame_time(client.mic.voice_sent, clip.at(rate, clip.last), rate)
-        _judge_events(out, client.events, start)
+        # echo alone: from the answer's first audio (its echo can pause it any time)
+        _judge_events(out, client.events, start if clip is not None else client.time_of(started))
         out.trace(client.events)
         stops = [t for _, t in _silent_runs(client.frames, start)]
         if out.stopped_at is not None and stops:  # the audio itself, where it stopped
@@ -364,7 +365,8 @@ async def twilio(
     clears = [
         t for t, m in zip(sim.received_at, sim.received, strict=True) if m["event"] == "clear"
     ]
-    clears = [t for t in clears if t >= start]
+    if clip is not None:  # echo alone: from the answer's first audio
+        clears = [t for t in clears if t >= start]
     if clears:
         out.stopped_at = clears[0]
         out.paused = True
