@@ -222,8 +222,10 @@ class EchoPath:
         )
 
     def measured_echo(self) -> bool:
-        """Was an echo measured on this path's alignment (a window mostly echo)?"""
-        return self.aligned and self.fit > 0.0 and self.gain != 0.0
+        """Was an echo measured on this path's alignment (a window mostly echo)? (Only
+        such a window sets :attr:`aligned`, and it sets :attr:`fit` to at least
+        ``ECHO_DOMINANT``.)"""
+        return self.aligned and self.gain != 0.0
 
     def latest_mic(self) -> np.ndarray:
         return self._mic[-1]
@@ -464,5 +466,5 @@ class EchoControl:
         # it suppressed the caller (double-talk before it converged, no echo path, or the
         # first ~70 ms of double-talk, which AEC3 holds back even once converged): the
         # microphone less the predicted echo, back at 16 kHz
-        less = np.repeat(path.residual() - path.latest_mic(), 2)
+        less = np.repeat(residual - path.latest_mic(), 2)
         return bytes(np.clip(mic + less, -32768, 32767).astype("<i2").tobytes())

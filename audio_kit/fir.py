@@ -2,7 +2,9 @@
 
 :class:`FirResampler`: a polyphase FIR filter whose output leaves as soon as the input it
 needs has come. :func:`audio_kit.pcm.input_resampler` picks it for a session's input (and a
-media transport's) where :func:`fir_ratio` says it can.
+media transport's) where :func:`fir_ratio` says it can. :class:`PromptResampler`: what it
+shares with :class:`audio_kit.pcm.Upsampler2x` (the other input resampler that waits for
+nothing but an odd byte).
 """
 
 from __future__ import annotations
@@ -16,7 +18,68 @@ Float32Array = npt.NDArray[np.float32]
 _INV_SCALE = np.float32(1.0 / 32768.0)  # (audio_kit.pcm's: int16 units -> [-1, 1))
 
 
-class FirResampler:
+class OddByteCarry:
+    """A PCM16 stream cut anywhere: an odd byte waits in ``_carry`` for the rest of its
+    sample (every input resampler: :class:`PromptResampler`'s,
+    :class:`audio_kit.pcm.StreamResampler`)."""
+
+    def __init__(self) -> None:
+        self._carry = b""
+
+    def _whole(self, pcm: bytes) -> bytes:
+        """The whole samples of what came before and ``pcm`` (an odd byte waits)."""
+        data = self._carry + pcm if self._carry else pcm
+        if len(data) % 2:
+            self._carry, data = data[-1:], data[:-1]
+        else:
+            self._carry = b""
+        return data
+
+
+class PromptResampler(OddByteCarry):
+    """What a stream resampler that holds nothing back but an odd byte shares
+    (:class:`FirResampler`, :class:`audio_kit.pcm.Upsampler2x`): the ``passthrough`` /
+    ``holds`` properties, :meth:`process`, :meth:`process_samples` and :meth:`flush`. A
+    subclass gives :meth:`_units` (its output in int16 units, rounded and clipped, from the
+    whole samples :meth:`_whole` hands it) and :meth:`reset`."""
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        super().__init__()
+        self.in_rate, self.out_rate = in_rate, out_rate
+
+    @property
+    def passthrough(self) -> bool:
+        return False
+
+    @property
+    def holds(self) -> bool:
+        """Only an odd byte is ever held back."""
+        return bool(self._carry)
+
+    def _units(self, pcm: bytes) -> npt.NDArray[np.float64] | npt.NDArray[np.int32]:
+        raise NotImplementedError
+
+    def process(self, pcm: bytes) -> bytes:
+        return self._units(pcm).astype("<i2").tobytes()
+
+    def process_samples(self, pcm: bytes) -> tuple[bytes, Float32Array]:
+        """:meth:`process`, and the same output as float32 samples (``pcm16_to_float32``
+        of the bytes)."""
+        units = self._units(pcm)
+        samples = units.astype(np.float32)
+        samples *= _INV_SCALE
+        return units.astype("<i2").tobytes(), samples
+
+    def flush(self) -> bytes:
+        """End of stream: nothing is held back; reset for a new stream."""
+        self.reset()
+        return b""
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+
+class FirResampler(PromptResampler):
     """Stateful PCM16 mono resampling by a small rational ratio (24 -> 16 kHz is 2/3,
     48 -> 16 kHz 1/3) with a polyphase FIR filter, for input that must not wait.
 
@@ -45,8 +108,8 @@ class FirResampler:
     def __init__(self, in_rate: int, out_rate: int) -> None:
         if in_rate <= 0 or out_rate <= 0:
             raise ValueError(f"sample rates must be positive, got {in_rate} -> {out_rate}")
+        super().__init__(in_rate, out_rate)
         g = gcd(in_rate, out_rate)
-        self.in_rate, self.out_rate = in_rate, out_rate
         self.up, self.down = out_rate // g, in_rate // g  # L, M
         up, down = self.up, self.down
         rate = in_rate * up  # the filter runs (notionally) at the upsampled rate
@@ -71,27 +134,12 @@ class FirResampler:
         self._phases = [
             np.ascontiguousarray(units[p::up][::-1].reshape(self._rows, down).T) for p in range(up)
         ]
-        self._carry = b""
         self._history: npt.NDArray[np.float64] = np.zeros(per_phase - 1)
         self._in = 0  # input samples taken
         self._out = 0  # output samples given
 
-    @property
-    def passthrough(self) -> bool:
-        return False
-
-    @property
-    def holds(self) -> bool:
-        """Only an odd byte is ever held back."""
-        return bool(self._carry)
-
     def _units(self, pcm: bytes) -> npt.NDArray[np.float64]:
-        data = self._carry + pcm if self._carry else pcm
-        if len(data) % 2:
-            self._carry, data = data[-1:], data[:-1]
-        else:
-            self._carry = b""
-        x = np.frombuffer(data, dtype="<i2").astype(np.float64)
+        x = np.frombuffer(self._whole(pcm), dtype="<i2").astype(np.float64)
         up, down, taps, rows = self.up, self.down, self._taps, self._rows
         buf = np.concatenate((self._history, x))
         first = self._in - (taps - 1)  # the input index of buf[0]
@@ -119,23 +167,6 @@ class FirResampler:
         np.minimum(y, 32767.0, out=y)
         np.maximum(y, -32768.0, out=y)
         return y
-
-    def process(self, pcm: bytes) -> bytes:
-        return self._units(pcm).astype("<i2").tobytes()
-
-    def process_samples(self, pcm: bytes) -> tuple[bytes, Float32Array]:
-        """:meth:`process`, and the same output as float32 samples (``pcm16_to_float32``
-        of the bytes)."""
-        units = self._units(pcm)
-        samples = units.astype(np.float32)
-        samples *= _INV_SCALE
-        return units.astype("<i2").tobytes(), samples
-
-    def flush(self) -> bytes:
-        """End of stream: nothing is held back; reset for a new stream."""
-        self._carry = b""
-        self.reset()
-        return b""
 
     def reset(self) -> None:
         self._carry = b""

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from audio_kit.fir import FirResampler, fir_ratio
+from audio_kit.fir import FirResampler, OddByteCarry, PromptResampler, fir_ratio
 from duplex_contract.audible import first_audible
 from duplex_contract.audio import duration_ms as contract_duration_ms
 
@@ -81,7 +81,7 @@ def samples_for_ms(sample_rate: int, ms: float) -> int:
     return max(1, round(sample_rate * ms / 1000.0))
 
 
-class StreamResampler:
+class StreamResampler(OddByteCarry):
     """Stateful PCM16 mono resampler for audio that arrives in pieces (soxr ResampleStream).
 
     ``process`` takes any number of bytes (an odd trailing byte is kept for the next call)
@@ -97,9 +97,9 @@ class StreamResampler:
     def __init__(self, in_rate: int, out_rate: int) -> None:
         if in_rate <= 0 or out_rate <= 0:
             raise ValueError(f"sample rates must be positive, got {in_rate} -> {out_rate}")
+        super().__init__()
         self.in_rate = in_rate
         self.out_rate = out_rate
-        self._carry = b""
         self._stream: soxr.ResampleStream | None = (
             None
             if in_rate == out_rate
@@ -134,15 +134,6 @@ class StreamResampler:
         out = units.astype("<i2").tobytes()
         units *= _INV_SCALE
         return out, units
-
-    def _whole(self, pcm: bytes) -> bytes:
-        """The whole samples of what came before and ``pcm`` (an odd byte waits)."""
-        data = self._carry + pcm if self._carry else pcm
-        if len(data) % 2:
-            self._carry, data = data[-1:], data[:-1]
-        else:
-            self._carry = b""
-        return data
 
     def _resampled(self, data: bytes) -> Float32Array:
         """soxr on the int16 values as float32, not scaled to [-1, 1): resampling is linear
@@ -181,7 +172,7 @@ EDGE_FLOOR = 1e-4
 TAIL_REL = EDGE_REL
 
 
-class Upsampler2x:
+class Upsampler2x(PromptResampler):
     """Stateful PCM16 mono 2x upsampling (8 -> 16 kHz) by linear interpolation, for input.
 
     No delay and no blocks: each input sample gives two output samples at once, the
@@ -194,27 +185,11 @@ class Upsampler2x:
     buffer (the batch route, so that a clip is heard as a live stream of it is)."""
 
     def __init__(self) -> None:
-        self.in_rate = 8000
-        self.out_rate = 16000
-        self._carry = b""
+        super().__init__(8000, 16000)
         self._last = 0  # the previous input sample (the interpolation's one of state)
 
-    @property
-    def passthrough(self) -> bool:
-        return False
-
-    @property
-    def holds(self) -> bool:
-        """Only an odd byte is ever held back."""
-        return bool(self._carry)
-
     def _units(self, pcm: bytes) -> npt.NDArray[np.int32]:
-        data = self._carry + pcm if self._carry else pcm
-        if len(data) % 2:
-            self._carry, data = data[-1:], data[:-1]
-        else:
-            self._carry = b""
-        x = np.frombuffer(data, dtype="<i2").astype(np.int32)
+        x = np.frombuffer(self._whole(pcm), dtype="<i2").astype(np.int32)
         out = np.empty(x.size * 2, dtype=np.int32)
         if x.size:
             prev = np.empty_like(x)
@@ -224,22 +199,6 @@ class Upsampler2x:
             out[1::2] = x
             self._last = int(x[-1])
         return out
-
-    def process(self, pcm: bytes) -> bytes:
-        return self._units(pcm).astype("<i2").tobytes()
-
-    def process_samples(self, pcm: bytes) -> tuple[bytes, Float32Array]:
-        """:meth:`process`, and the same output as float32 samples (``pcm16_to_float32``
-        of the bytes)."""
-        units = self._units(pcm)
-        samples = units.astype(np.float32)
-        samples *= _INV_SCALE
-        return units.astype("<i2").tobytes(), samples
-
-    def flush(self) -> bytes:
-        """End of stream: nothing is held back; reset for a new stream."""
-        self.reset()
-        return b""
 
     def reset(self) -> None:
         self._carry = b""
