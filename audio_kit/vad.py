@@ -278,6 +278,12 @@ class VadSegmenter:
         self._onset = None
         self._silence = None
 
+    @property
+    def candidate(self) -> bool:
+        """Is a speech onset heard (a chunk at or above ``threshold``) that has not yet
+        lasted ``min_speech_ms`` (or been dropped by a chunk of silence)?"""
+        return not self.speaking and self._onset is not None
+
     def update(self, probability: float, start_ms: float, end_ms: float) -> VadEvent | None:
         """Feed one chunk covering [start_ms, end_ms) of the audio timeline."""
         is_speech = probability >= self.threshold

@@ -74,6 +74,8 @@ class BargeIn:
         self.settling: Speech | None = None
         #: verdicts so far (for tests and metrics): pause, stop, resume
         self.counts = {"pause": 0, "stop": 0, "resume": 0}
+        #: (response id, item id) of an answer paused on an onset not yet speech
+        self.tentative: tuple[str, str] | None = None
 
     @property
     def holding(self) -> bool:
@@ -85,20 +87,51 @@ class BargeIn:
         return Rule.of(td, server_playout=self.playout.far_end)
 
     # ------------------------------------------------------------------ evidence
+    def candidate(self, td: ev.TurnDetection | None, now_ms: float) -> list[Action]:
+        """An onset heard (one VAD window of voice), not yet speech: in ``confirm`` the
+        audible answer pauses now, one window sooner than at the speech's start (which
+        keeps it paused, :meth:`onset`); an onset that falls silent first takes the pause
+        back (:meth:`lost`)."""
+        rule = self.rule(td)
+        if rule is None or rule.mode == "immediate" or self.tentative is not None:
+            return []
+        target = self._audible(now_ms)
+        if target is None or not rule.window_open(self._started(target[0]), now_ms):
+            return []
+        if self.playout.is_paused(target[1]):
+            return []  # (already held)
+        self.tentative = target
+        self.counts["pause"] += 1
+        self.playout.pause(target[1], now_ms)
+        return [Send(ev.OutputAudioPaused(response_id=target[0], item_id=target[1]))]
+
+    def lost(self, now_ms: float) -> list[Action]:
+        """The onset fell silent before it was speech (or hovered ``ONSET_HOLD_MS``
+        between the VAD's thresholds): a pause on it is taken back."""
+        tentative, self.tentative = self.tentative, None
+        if tentative is None or not self.playout.alive(tentative[1]):
+            return []
+        self.counts["resume"] += 1
+        return self._resume(tentative[0], tentative[1], now_ms)
+
     def onset(self, td: ev.TurnDetection | None, now_ms: float) -> list[Action]:
         """Speech began (the VAD's onset)."""
         self.speech, self.target = None, None
+        tentative, self.tentative = self.tentative, None
         rule = self.rule(td)
-        if rule is None or rule.mode == "immediate":
-            return []
-        target = self._audible(now_ms)
-        if target is None:
-            return []  # nothing heard yet: the immediate rule applies
-        self.speech, self.target = Speech(), target
+        target = None if rule is None or rule.mode == "immediate" else self._audible(now_ms)
+        out: list[Action] = []
+        held = tentative is not None and tentative == target
+        if tentative is not None and not held:
+            self.tentative = tentative
+            out = self.lost(now_ms)  # (the rule or the answer changed meanwhile)
+        if rule is None or target is None:
+            return out  # nothing heard yet (or immediate): the immediate rule applies
+        self.speech, self.target = Speech(state="paused" if held else "heard"), target
         self.number += 1
         self._audio = bytearray()
         self._last_ms = 0.0
-        return self._judge(rule, now_ms)
+        return out + self._judge(rule, now_ms)
 
     def audio(self, pcm: bytes) -> None:
         """Audio of the speech (what is appended to the engine for it), kept for its words."""
@@ -216,16 +249,20 @@ class BargeIn:
             return [Send(ev.OutputAudioPaused(response_id=rid, item_id=item_id))]
         if verdict == "resume":
             speech.state = "taken_back"
-            position = self.playout.resume_position(item_id)
-            audio = self.playout.resume(item_id, now_ms)
-            at = audio[0].audio_start_ms if audio else position
-            resumed = ev.OutputAudioResumed(response_id=rid, item_id=item_id, audio_start_ms=at)
-            return [Send(resumed), *audio]
+            return self._resume(rid, item_id, now_ms)
         speech.state = "stopped"
         self.playout.release(item_id)
         if self.responses.active:
             return self.responses.cancel("barge_in", "turn_detected", None, now_ms)
         return self.playout.clear(rid)
+
+    def _resume(self, rid: str, item_id: str, now_ms: float) -> list[Action]:
+        """The paused answer plays on from its last played position."""
+        position = self.playout.resume_position(item_id)
+        audio = self.playout.resume(item_id, now_ms)
+        at = audio[0].audio_start_ms if audio else position
+        resumed = ev.OutputAudioResumed(response_id=rid, item_id=item_id, audio_start_ms=at)
+        return [Send(resumed), *audio]
 
     def _started(self, response_id: str) -> float | None:
         """When ``response_id`` started (its uninterruptible window), if known."""

@@ -43,6 +43,7 @@ from duplex_server.protocol.errors import ProtocolError
 from duplex_server.protocol.input import (
     AudioReady,
     InputTurns,
+    Onset,
     Paused,
     Resumed,
     Speaking,
@@ -107,8 +108,7 @@ class ClientInput:
         #: a speech over an answer that ended while its words were on their way: (its item,
         #: its last voice, until when its words are waited for); its fate waits with it
         self._settling: tuple[str, float, float] | None = None
-        # not a lambda over self: a reference cycle would keep a closed session until the
-        # cyclic GC ran
+        # (not a lambda over self: its reference cycle keeps a closed session until the GC)
         self.turns = InputTurns(functools.partial(items.new_id, "item"))
         self._partials: dict[str, str] = {}  # speech item -> live transcript sent so far
 
@@ -330,8 +330,7 @@ class ClientInput:
         return [EndTurn(judging[1])]
 
     def _live_partial(self, text: str) -> list[Action]:
-        """The words a live hypothesis adds to what was already sent go out as a
-        transcription delta of the speech item."""
+        """What a live hypothesis adds to the words sent goes out as a transcription delta."""
         item_id = self.turns.speech_item
         if item_id is None:
             return []
@@ -435,6 +434,8 @@ class ClientInput:
                 out += self.barge.onset(td, now_ms)
             elif isinstance(step, Speaking):
                 out += self.barge.speaking(td, step.speech_ms, now_ms)
+            elif isinstance(step, Onset):  # a voice not yet speech: confirm pauses on it
+                out += self.barge.candidate(td, now_ms) if step.heard else self.barge.lost(now_ms)
             elif isinstance(step, SpeechEnded):
                 self._judging = None
                 out += self._speech_ended(step, config, now_ms)

@@ -15,10 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from duplex_contract.audio import INPUT_RATE, input_bytes, input_ms
+from duplex_server.protocol import vad_events
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.interruption import Rule, Speech, decide
 from duplex_server.protocol.vad_events import VadEvent, VadPause, VadResume, VadStart, VadStop
 
+_ONSETS = (vad_events.VadOnset, vad_events.VadOnsetLost)
 #: idle audio kept beyond the prefix padding (a speech onset reaches back this far)
 _IDLE_KEEP_MS = 1000.0
 
@@ -67,7 +69,15 @@ class Resumed:
     """Speech came back after a pause: drop that speculation."""
 
 
-TurnStep = AudioReady | SpeechBegan | Speaking | SpeechEnded | Paused | Resumed
+@dataclass(frozen=True, slots=True)
+class Onset:
+    """A speech onset heard, not yet speech (``heard``; ``confirm`` pauses the answer on
+    it), or lost before it was (a pause on it is taken back)."""
+
+    heard: bool
+
+
+TurnStep = AudioReady | SpeechBegan | Speaking | SpeechEnded | Paused | Resumed | Onset
 
 
 def should_interrupt(
@@ -192,6 +202,8 @@ class InputTurns:
                 out.append(Paused(v.at_ms))
             elif isinstance(v, VadResume) and self.speech_item is not None:
                 out.append(Resumed())
+            elif isinstance(v, _ONSETS) and self.speech_item is None:
+                out.append(Onset(isinstance(v, vad_events.VadOnset)))
         if self.speech_item is not None:
             out += self.flush()
             assert self._onset_ms is not None

@@ -12,8 +12,10 @@ Modes (``turn_detection.interrupt_mode``):
 
 * ``immediate`` (OpenAI's behaviour): speech that lasts ``min_interrupt_speech_ms`` stops the
   answer (not within ``uninterruptible_ms`` of its start), and a cut is final.
-* ``confirm``: the answer **pauses** at the speech onset (the user hears it stop at once),
-  then the speech is judged. It **stops** the answer (as ``immediate`` would) when it says a
+* ``confirm``: the answer **pauses** at the speech onset (the user hears it stop at once:
+  the VAD's first window of voice, one before the speech is confirmed; an onset that is
+  lost before, :class:`~duplex_server.protocol.vad_events.VadOnsetLost`, takes the pause
+  back), then the speech is judged. It **stops** the answer (as ``immediate`` would) when it says a
   word that is not a backchannel by the time it falls quiet, or when its voice lasts to
   ``confirm_window_ms`` from its onset. It **resumes** the answer from where it paused when
   it falls quiet (the VAD's pause inside speech, ~64-96 ms of silence) sooner, having said
@@ -34,11 +36,12 @@ session runtime) and the verdict waits up to ``words_wait_ms`` (:data:`WORDS_WAI
 them. The live partials (pocketsphinx, a bounded number of streams) come too late and too
 wrong for this (measured: first words 0.4-1.4 s after the onset on a loaded machine, and
 "you", "if", "the" for "wait", "try again", "yeah"; "and i'm a champ" for "mm-hm"): they are
-shown to the client, not judged. Budget: the pause at the onset (~100 ms after it, the
-VAD's), the verdict when the speech falls quiet (its length, ~100 ms of silence, then its
-words: ~0.2-0.6 s) or at ``confirm_window_ms``. Speech whose words do not come in time (a
-loaded ASR stage) is judged on the acoustic evidence alone: short speech that falls quiet
-is taken back, long speech stops the answer, so a lone short "wait" is then taken back too.
+shown to the client, not judged. Budget: the pause at the onset (the VAD's first window
+of voice, 32 ms before it confirms the speech), the verdict when the speech falls quiet
+(its length, ~100 ms of silence, then its words: ~0.2-0.6 s) or at ``confirm_window_ms``.
+Speech whose words do not come in time (a loaded ASR stage) is judged on the acoustic
+evidence alone: short speech that falls quiet is taken back, long speech stops the
+answer, so a lone short "wait" is then taken back too.
 
 How words are read (:func:`heard`): hyphens as spaces, then lower-cased; a phrase of the
 backchannel list counts as a backchannel; single letters, words in capitals (Whisper spells

@@ -276,6 +276,11 @@ class Playout:
         item = self._items.get(item_id)
         return item is not None and item.resuming
 
+    def is_paused(self, item_id: str) -> bool:
+        """Is ``item_id``'s audio held by a pause now?"""
+        item = self._items.get(item_id)
+        return item is not None and item.paused
+
     def alive(self, item_id: str) -> bool:
         """May ``item_id`` still be heard (not cancelled, flushed or trimmed)?"""
         item = self._items.get(item_id)

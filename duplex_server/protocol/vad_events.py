@@ -40,4 +40,20 @@ class VadResume:
     at_ms: float
 
 
-VadEvent = VadStart | VadStop | VadPause | VadResume
+@dataclass(frozen=True, slots=True)
+class VadOnset:
+    """A speech onset heard (one VAD chunk over the threshold) that is not yet speech: a
+    ``VadStart`` follows once it lasts the segmenter's ``min_speech_ms``, a
+    ``VadOnsetLost`` if silence comes first. ``at_ms``: where the VAD heard it."""
+
+    at_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class VadOnsetLost:
+    """The onset fell silent before it was speech."""
+
+    at_ms: float
+
+
+VadEvent = VadStart | VadStop | VadPause | VadResume | VadOnset | VadOnsetLost

@@ -19,8 +19,10 @@ from audio_kit.denoise import NoiseReduction, NoiseSuppressor
 from audio_kit.g711 import g711_to_pcm16
 from audio_kit.pcm import input_resampler
 from audio_kit.smart_turn import SmartTurn
+from audio_kit.vad import VadEvent as AudioVadEvent
 from audio_kit.vad import VadSegmenter, VadStream, VoiceActivityDetector, make_vad
 from duplex_contract.audio import INPUT_RATE
+from duplex_server.protocol import vad_events
 from duplex_server.protocol.codec import AudioFormat
 from duplex_server.protocol.events import TurnDetection
 from duplex_server.protocol.vad_events import VadEvent, VadPause, VadResume, VadStart, VadStop
@@ -30,6 +32,15 @@ VadBackend = Literal["silero", "energy"]
 
 #: VAD chunks of speech needed before speech_started (the segmenter's min_speech_ms).
 MIN_SPEECH_MS = 64.0
+#: an onset (one VAD window of voice) that is neither speech nor silence this long after it
+#: was heard (the VAD hovering between its two thresholds) is told lost: a pause of the
+#: answer on it is taken back
+ONSET_HOLD_MS = 200.0
+#: an onset is told (and confirm mode pauses the answer on it) only on a window of voice
+#: this sure; a less sure one waits for the speech's start, one window later. Measured live
+#: on WebRTC (bench/turn_taking.py, server log): the first window of a real interruption
+#: scored 0.54-0.98 (median ~0.8 without echo, ~0.68 over it), the echo's blips 0.53-0.62
+ONSET_SURE = 0.7
 #: Silence inside speech after which the engine transcribes speculatively (``input.pause``),
 #: so the transcript is ready when silence_duration_ms later ends the turn. Capped at half the
 #: silence window. Speech that resumes drops the speculation (``input.resume``).
@@ -114,6 +125,9 @@ class InputProcessor:
         self._pause_at: float | None = None
         #: end_turn's request: end the turn at the pause that began here, if it goes on
         self._end_at: float | None = None
+        #: where the onset not yet speech was heard (the segmenter's ``candidate``; -1: it
+        #: was told lost by ``ONSET_HOLD_MS``; None: no onset)
+        self._onset_at: float | None = None
 
     def end_turn(self, pause_at_ms: float) -> None:
         """End the turn at the pause reported at ``pause_at_ms`` (its ``VadPause.at_ms``)
@@ -181,9 +195,47 @@ class InputProcessor:
         if self._vad is None:
             return []
         out: list[VadEvent] = []
+        segmenter = self._vad.segmenter
+        for p, c in zip(probs, chunks, strict=True):
+            found = self._vad.observe(p, c)
+            self._onsets(origin_ms, out)
+            self._vad_events(found, origin_ms, out)
+        if self._end_at is not None:
+            end_at, self._end_at = self._end_at, None
+            if end_at == self._pause_at and segmenter.paused:
+                stop = segmenter.end_now(self._vad.position_ms)
+                if stop is not None:
+                    self._pause_at = None
+                    out.append(
+                        VadStop(
+                            audio_end_ms=origin_ms + stop.audio_ms, at_ms=origin_ms + stop.at_ms
+                        )
+                    )
+        return out
+
+    def _onsets(self, origin_ms: float, out: list[VadEvent]) -> None:
+        """A speech onset heard (the segmenter's candidate, on a window of at least
+        ``ONSET_SURE``), or lost: fallen silent before it was speech, or ``ONSET_HOLD_MS``
+        of neither (between the VAD's thresholds)."""
+        assert self._vad is not None
+        candidate, now = self._vad.segmenter.candidate, self._vad.position_ms
+        sure = self._vad.last_probability >= ONSET_SURE
+        if candidate and self._onset_at is None and sure:
+            self._onset_at = now
+            out.append(vad_events.VadOnset(at_ms=origin_ms + now))
+        elif self._onset_at is not None and not candidate:
+            if not self._vad.segmenter.speaking and self._onset_at >= 0:
+                out.append(vad_events.VadOnsetLost(at_ms=origin_ms + now))
+            self._onset_at = None
+        elif self._onset_at is not None and 0 <= self._onset_at <= now - ONSET_HOLD_MS:
+            self._onset_at = -1.0  # (told lost; a speech start may still follow)
+            out.append(vad_events.VadOnsetLost(at_ms=origin_ms + now))
+
+    def _vad_events(
+        self, found: list[AudioVadEvent], origin_ms: float, out: list[VadEvent]
+    ) -> None:
         td = self.turn_detection
         assert td is not None
-        found = [v for p, c in zip(probs, chunks, strict=True) for v in self._vad.observe(p, c)]
         for v in found:
             if v.kind == "speech_started":
                 onset = min(v.at_ms, v.audio_ms + td.prefix_padding_ms)
@@ -199,15 +251,3 @@ class InputProcessor:
             else:
                 self._pause_at = None
                 out.append(VadResume(at_ms=origin_ms + v.at_ms))
-        if self._end_at is not None:
-            end_at, self._end_at = self._end_at, None
-            if end_at == self._pause_at and self._vad.segmenter.paused:
-                stop = self._vad.segmenter.end_now(self._vad.position_ms)
-                if stop is not None:
-                    self._pause_at = None
-                    out.append(
-                        VadStop(
-                            audio_end_ms=origin_ms + stop.audio_ms, at_ms=origin_ms + stop.at_ms
-                        )
-                    )
-        return out
