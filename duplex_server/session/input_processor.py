@@ -37,9 +37,10 @@ MIN_SPEECH_MS = 64.0
 #: answer on it is taken back
 ONSET_HOLD_MS = 200.0
 #: an onset is told (and confirm mode pauses the answer on it) only on a window of voice
-#: this sure; a less sure one waits for the speech's start, one window later. Measured live
-#: on WebRTC (bench/turn_taking.py, server log): the first window of a real interruption
-#: scored 0.54-0.98 (median ~0.8 without echo, ~0.68 over it), the echo's blips 0.53-0.62
+#: this sure; a less sure one waits for the speech's start, one window later. (Logged once
+#: inside the server on a WebRTC run of bench/turn_taking.py: the first window of a real
+#: interruption scored 0.54-0.98, median ~0.8 without echo, ~0.68 over it; the echo's blips
+#: that passed echo control 0.53-0.62.)
 ONSET_SURE = 0.7
 #: Silence inside speech after which the engine transcribes speculatively (``input.pause``),
 #: so the transcript is ready when silence_duration_ms later ends the turn. Capped at half the
