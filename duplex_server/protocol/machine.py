@@ -54,6 +54,7 @@ from duplex_server.protocol.commands import (
     CloseSession,
     CloseSocket,
     Commit,
+    ConfigureInput,
     DropOutput,
     EngineCommand,
     Release,
@@ -124,6 +125,9 @@ class SessionMachine:
             return self.responses.on_client_event(e, self.config, now_ms)
         if isinstance(e, ev.SessionUpdate):
             self.config, out = self.input.update(e, self.config)
+            if any(isinstance(a, ConfigureInput) for a in out):
+                # a new input lane never tells an onset's pause lost: it is taken back now
+                out += self.input.barge.lost(now_ms)
             return out
         if isinstance(e, ev.SessionHeartbeat):
             return [Call(Touch(self.epoch, "heartbeat")), Send(ev.HeartbeatAck())]

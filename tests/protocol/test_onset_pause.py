@@ -111,3 +111,17 @@ def test_an_opted_in_websocket_client_is_told_to_pause_at_the_onset() -> None:
     assert sent(_heard(c, 100)) == [ev.OutputAudioPaused(response_id=a.id, item_id=a.item)]
     (resumed,) = [e for e in sent(_lost(c, 140)) if isinstance(e, ev.OutputAudioResumed)]
     assert resumed == ev.OutputAudioResumed(response_id=a.id, item_id=a.item)
+
+
+def test_a_new_input_lane_takes_back_an_onsets_pause() -> None:
+    """A ``session.update`` that reconfigures the input lane gives it a new VAD, which
+    will never tell the onset lost: the pause on it is taken back at once (no answer is
+    left paused), and an update that keeps the lane changes nothing."""
+    c, _ = _paused(50.0)
+    same = ev.SessionUpdate(session=ev.SessionParam(instructions="Be brief."))
+    assert ev.OutputAudioResumed not in _kinds(c.on_client_event(same, 1020))
+    td = ev.TurnDetectionParam(silence_duration_ms=700)
+    out = c.on_client_event(ev.SessionUpdate(session=ev.SessionParam(turn_detection=td)), 1030)
+    assert ev.OutputAudioResumed in _kinds(out) and _audio(out)
+    assert c.barge.counts == {"pause": 1, "stop": 0, "resume": 1}
+    assert _lost(c, 1100) == []
