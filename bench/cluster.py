@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.serverproc import ROOT, free_port, server_env
+from bench.serverproc import ROOT, free_port, free_run, server_env
 from duplex_server.ops.scale import haproxy_config
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
@@ -171,7 +170,7 @@ class Supervised:
         self.config = config
         self.ready_s = ready_s
         self.tmp = Path(tempfile.mkdtemp(prefix="duplex-supervised-"))
-        first = _free_run(fronts)
+        first = free_run(fronts)
         self.fronts = {f"w{i + 1}": f"127.0.0.1:{first + i}" for i in range(fronts)}
         self.first_port = first
         self.lb = f"127.0.0.1:{free_port()}"
@@ -232,20 +231,6 @@ class Supervised:
         if keep:
             shutil.copy(self.log, Path(keep) / "supervisor.log")
         shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _free_run(n: int) -> int:
-    """A port P with P+1 .. P+n-1 also free (``serve --workers n`` listens on them)."""
-    for _ in range(50):
-        port = free_port()
-        try:
-            for i in range(1, n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port + i))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no {n} free ports in a row")
 
 
 @contextlib.contextmanager

@@ -23,6 +23,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_run(n: int) -> int:
+    """A free port P with P+1 .. P+n-1 also free (``serve --workers n`` listens on them,
+    and exits with 1 if one is taken: a loopback client's ephemeral port can be)."""
+    for _ in range(50):
+        port = free_port()
+        try:
+            for i in range(1, n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + i))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no {n} free ports in a row")
+
+
 def server_env() -> dict[str, str]:
     """The environment of a server subprocess: offline, and importing this checkout's code
     (whatever checkout the virtual environment was installed from)."""
@@ -87,7 +102,7 @@ def running_scaled(
     """``duplex-server serve --workers N`` (engine process + N front ends), and HAProxy in
     front when ``via_lb``. Yields (addresses clients connect to, front-end addresses,
     server pids: the engine's and the front ends')."""
-    first = free_port()
+    first = free_run(workers)
     exe = Path(sys.executable).with_name("duplex-server")
     cmd = [str(exe), "serve", "--config", str(config), "--port", str(first)]
     cmd += ["--workers", str(workers), "--log-level", "warning"]

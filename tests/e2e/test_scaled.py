@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from bench.serverproc import free_run
 from duplex_server.ops.scale import haproxy_config
 from engine.duplex.fencing import route_key_of
 from tests.e2e.test_engine_process import _status, free_port, wait_for
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 @contextlib.contextmanager
 def scaled(tmp: Path) -> Iterator[str]:
     config = write_config(tmp, engine=REALTIME_TTS)
-    first = free_port()
+    first = free_run(2)  # (serve --workers 2 listens on it and the next)
     second = first + 1
     lb_port = free_port()
     (tmp / "haproxy.cfg").write_text(

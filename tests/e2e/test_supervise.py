@@ -23,7 +23,7 @@ from duplex_client import DuplexClient
 from duplex_client import events as ev
 
 from bench.cluster import HAPROXY, health
-from bench.serverproc import free_port
+from bench.serverproc import free_port, free_run
 from duplex_server.ops.scale import haproxy_config
 from engine.duplex.fencing import route_key_of
 from tests.e2e.test_failover import ENGINE, _answer, _until
@@ -36,16 +36,6 @@ pytestmark = [
         reason="needs haproxy (Debian: apt-get install -y haproxy; `make test` installs it)",
     ),
 ]
-
-
-def _free_pair() -> int:
-    """A port P with P+1 also free (``--workers 2`` listens on both)."""
-    for _ in range(50):
-        port = free_port()
-        with contextlib.suppress(OSError), socket.socket() as s:
-            s.bind(("127.0.0.1", port + 1))
-            return port
-    raise RuntimeError("no two free ports in a row")
 
 
 def front_pid(sup: int, key: str) -> int | None:
@@ -106,7 +96,7 @@ def workers(
     if config is None:
         server = {"drain_s": 10, "drain_health_s": 2.5, **(server or {})}
         config = write_config(tmp, engine=ENGINE, server=server)
-    first = _free_pair()
+    first = free_run(2)
     fronts = {"w1": f"127.0.0.1:{first}", "w2": f"127.0.0.1:{first + 1}"}
     err = tmp / "supervisor.err"
     with err.open("wb") as out:
