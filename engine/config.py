@@ -136,6 +136,10 @@ class PromptConfig(_Frozen, frozen=True):
     # ... and a sentence after the first is spoken only if the reply then has at most this
     # many words (it is held until it ends; one that runs past is left out). null: no limit.
     spoken_max_words: PositiveInt | None = None
+    # Once a response has ended, the next prompt's start (all of it but the user's next
+    # words) is evaluated into the LLM's prompt cache while the answer plays, where the
+    # backend keeps one (llama.cpp): the next answer then evaluates only the new words.
+    warm_next_prompt: bool = True
 
 
 class EngineConfig(_Frozen, frozen=True):

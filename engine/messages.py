@@ -86,6 +86,10 @@ class LlmRequest(Msg, frozen=True, tag="llm"):
     session_id: str | None = None
     tools: tuple[Tool, ...] = ()
     tool_required: bool = False
+    #: only bring ``messages`` (rendered without the assistant's turn) into the backend's
+    #: prompt cache, and answer ``StageDone``: a later request whose prompt starts with them
+    #: evaluates only the rest (sent only to a backend whose ``warms_prompts`` is true)
+    prefill_only: bool = False
 
 
 class TtsRequest(Msg, frozen=True, tag="tts"):

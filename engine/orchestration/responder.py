@@ -5,6 +5,7 @@ written into the history, and closed by one ``ResponseDone`` with the engine's t
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -26,9 +27,12 @@ from engine.orchestration.draft_book import DraftBook
 from engine.orchestration.drafts import Draft, response_plan, start_response
 from engine.orchestration.history import ConversationHistory
 from engine.orchestration.output_router import Emit
+from engine.orchestration.prompt_warm import warm_next_prompt, warms
 from engine.orchestration.speculation import SpeculativeAsr
 from engine.orchestration.tool_calls import CallStream, finish_call
 from engine.pipeline.pipeline import LlmResult, Pipeline, SpokenChunk
+
+log = logging.getLogger(__name__)
 
 
 class ResponseStream:
@@ -147,6 +151,7 @@ class Responder:
         self._config = config
         self._pipeline = pipeline
         self._drafts = drafts
+        self._warming: set[asyncio.Task[bool]] = set()  # warm-ups of next prompts in flight
         self._speculation = speculation
         self._counters = counters
         self._emit = emit
@@ -201,6 +206,13 @@ class Responder:
         else:
             out.finish_history()
         self._speculation.answered(sid)  # the session's next words are a new utterance
+        if (
+            record
+            and not result.call
+            and self._config.prompt.warm_next_prompt
+            and warms(self._pipeline, plan.route)
+        ):
+            self._warm(session, f"{prefix}/warm")
         self._emit(
             sid,
             ResponseDone(
@@ -214,6 +226,20 @@ class Responder:
                 timing_ms={k: round(v, 1) for k, v in marks.items()},
             ),
         )
+
+    def _warm(self, session: DuplexSession, prefix: str) -> None:
+        """Evaluate the head of the session's next prompt while this answer plays
+        (engine/orchestration/prompt_warm.py); nothing waits for it."""
+        task = asyncio.create_task(
+            warm_next_prompt(self._pipeline, self._config, session, prefix), name=f"warm:{prefix}"
+        )
+        self._warming.add(task)
+        task.add_done_callback(self._warm_done)
+
+    def _warm_done(self, task: asyncio.Task[bool]) -> None:
+        self._warming.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("warming the next prompt failed", exc_info=task.exception())
 
     async def _adopt(self, draft: Draft, out: ResponseStream) -> LlmResult:
         """The draft's result; what it held and what it makes from now on goes to ``out``."""

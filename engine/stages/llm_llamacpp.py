@@ -139,15 +139,38 @@ class ChatPrompt:
             bos_token=llama.detokenize([bos], special=True).decode("utf-8", "replace"),
             add_generation_prompt=True,
         )
+        #: the same without the assistant's turn at the end: the start of a later prompt
+        self._head: Any = llama_chat_format.Jinja2ChatFormatter(
+            template=template,
+            eos_token=self._formatter.eos_token,
+            bos_token=self._formatter.bos_token,
+            add_generation_prompt=False,
+        )
 
     def tokens(self, messages: tuple[ChatMessage, ...]) -> list[int]:
-        result = self._formatter(
-            messages=[{"role": m.role, "content": m.content} for m in messages]
-        )
+        return self._tokenize(self._formatter, messages)
+
+    def head_tokens(self, messages: tuple[ChatMessage, ...]) -> list[int]:
+        """``messages`` as the start of a prompt that goes on after them."""
+        return self._tokenize(self._head, messages)
+
+    def _tokenize(self, formatter: Any, messages: tuple[ChatMessage, ...]) -> list[int]:
+        result = formatter(messages=[{"role": m.role, "content": m.content} for m in messages])
         tokens: list[int] = self._llama.tokenize(
             result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True
         )
         return tokens
+
+
+def cached_prefix(llama: Any, tokens: list[int]) -> int:
+    """How many of ``tokens`` the context's KV cache holds already (its longest common
+    prefix with what the context evaluated last)."""
+    n = 0
+    for a, b in zip(llama.input_ids[: llama.n_tokens].tolist(), tokens, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 class LlamaCppLlm(StageFront):
@@ -161,6 +184,10 @@ class LlamaCppLlm(StageFront):
     emits: Edge = Edge.TEXT
     device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
     keeps_auto: ClassVar[bool] = False
+    #: takes ``LlmRequest.prefill_only`` (its context's KV cache keeps the last prompt)
+    warms_prompts: ClassVar[bool] = True
+    #: prompt tokens a warm-up evaluates between its checks for other work (one decode call)
+    WARM_STEP: ClassVar[int] = 16
 
     def __init__(
         self, options: LlamaCppOptions, name: str, *, device: str = "cpu", stage: str | None = None
@@ -174,6 +201,8 @@ class LlamaCppLlm(StageFront):
         self._threads = options.n_threads  # what the context decodes with now
         self.thread_switches = 0  # n_threads_alone <-> n_threads changes (tests)
         self.first_clause_pauses = 0  # decoding paused for its first clause (tests)
+        self.reused = 0  # prompt tokens the last request found in the KV cache (tests)
+        self.warmed = 0  # warm-ups that evaluated their whole prompt head (tests)
         self.runtime = ThreadedRuntime(name, self)
 
     def serving(self) -> ThreadedRuntime:
@@ -239,6 +268,7 @@ class LlamaCppLlm(StageFront):
         ngram = self.opts.loop_ngram
         guard = LoopGuard(ngram) if ngram is not None else None
         self._fit_threads()
+        self.reused = cached_prefix(llama, prompt)
         while budget > 0:
             restart = False
             for token in llama.generate(
@@ -311,10 +341,37 @@ class LlamaCppLlm(StageFront):
         except Exception as exc:  # a schema llama.cpp cannot turn into a grammar
             raise StageError(f"{self.name}: cannot constrain to the tool schema: {exc}") from exc
 
+    def prefill(
+        self, messages: tuple[ChatMessage, ...], cancelled: threading.Event | None
+    ) -> tuple[Literal["stop", "aborted"], int]:
+        """Evaluate ``messages`` as the head of a later prompt into the KV cache (what it
+        holds of them already is kept), ``WARM_STEP`` tokens at a time; it stops early once
+        another request waits for this stage or another stage computes (it is background
+        work: it only uses idle time). Returns ``("stop" | "aborted", head tokens)``."""
+        if self._llama is None or self._prompt is None:
+            raise StageError(f"{self.name}: model not loaded")
+        llama = self._llama
+        head = self._prompt.head_tokens(messages)
+        if len(head) >= self.opts.n_ctx:
+            return "aborted", len(head)
+        llama.n_tokens = cached_prefix(llama, head)  # (eval drops the cache past it)
+        step = self.WARM_STEP
+        for i in range(llama.n_tokens, len(head), step):
+            stop = cancelled is not None and cancelled.is_set()
+            if stop or self.runtime.waiting or compute.others_busy(self.name):
+                return "aborted", len(head)
+            llama.eval(head[i : i + step])
+        self.warmed += 1
+        return "stop", len(head)
+
     def run(self, request: StageRequest, cancelled: threading.Event) -> Iterator[StageOutput]:
         if not isinstance(request, LlmRequest):
             raise StageError(f"{self.name}: expected an LlmRequest, got {type(request).__name__}")
         rid = request.request_id
+        if request.prefill_only:
+            warm, n_head = self.prefill(request.messages, cancelled)
+            yield StageDone(request_id=rid, finish_reason=warm, tokens=0, prompt_tokens=n_head)
+            return
         for item in self.generate(
             request.messages,
             max_tokens=request.max_tokens,

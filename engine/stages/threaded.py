@@ -70,6 +70,12 @@ class ThreadedRuntime(StageFront):
     def enqueue(self, job: Job) -> None:
         self._queue.put((int(job.request.priority), next(self._seq), job))
 
+    @property
+    def waiting(self) -> bool:
+        """Another request waits for the one running now (worker thread: its model may
+        cut background work short for it)."""
+        return not self._queue.empty()
+
     def stop(self) -> None:
         self._queue.put((-1, -1, None))
 

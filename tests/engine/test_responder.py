@@ -5,7 +5,9 @@ its timeline, and a draft adopted instead of a new stage request."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from duplex_contract.session_events import (
 from duplex_contract.settings import Tool
 from duplex_contract.tools import ResponseOptions
 from engine.duplex.session import DuplexSession
+from engine.messages import LlmRequest, Priority, StageDone
 from engine.orchestration.counters import Counters
 from engine.orchestration.drafts import Draft, ResponsePlan
 from engine.orchestration.responder import Responder
@@ -42,9 +45,15 @@ def chunk(mark: str, start: float = 0.0) -> SpokenChunk:
 class Pipeline:
     """Plays ``script`` ((kind, item): "text", "chunk" or "call") into the callbacks."""
 
-    def __init__(self, script: list[tuple[str, Any]], result: LlmResult) -> None:
+    def __init__(self, script: list[tuple[str, Any]], result: LlmResult, pool: Any = None) -> None:
         self.script, self.result = script, result
         self.calls: list[tuple[str, str]] = []
+        #: the responder's pool (a warm-up of the next prompt goes there); None: no responder
+        self.pools = {"llm": pool}
+        self.slots = Slots()
+
+    def route(self, name: str) -> Any:
+        return SimpleNamespace(responder=SimpleNamespace(name="llm") if self.pools["llm"] else None)
 
     async def respond(
         self,
@@ -66,6 +75,24 @@ class Pipeline:
         for kind, item in self.script:
             sinks[kind](item)
         return self.result
+
+
+class Slots:
+    @contextlib.asynccontextmanager
+    async def slot(self, stage: str, request: Any) -> AsyncIterator[Any]:
+        yield SimpleNamespace(output=lambda work: None)
+
+
+class WarmPool:
+    """A responder that keeps a prompt cache: records the warm-ups it is sent."""
+
+    def __init__(self) -> None:
+        self.replicas = [SimpleNamespace(warms_prompts=True)]
+        self.requests: list[LlmRequest] = []
+
+    async def submit(self, request: LlmRequest) -> AsyncIterator[StageDone]:
+        self.requests.append(request)
+        yield StageDone(request_id=request.request_id, finish_reason="stop")
 
 
 class Drafts:
@@ -202,3 +229,36 @@ def test_a_draft_without_a_result_fails_loudly() -> None:
             await s.responder.respond(s.session, job(FENCE, "hello"))
 
     run(main())
+
+
+def test_a_finished_answer_warms_the_next_prompt_once() -> None:
+    """Once a response has ended, the head of the session's next prompt goes to a responder
+    that keeps a prompt cache, at background priority (engine/orchestration/prompt_warm.py);
+    not after a function call (its output comes next), and not when turned off."""
+    pool = WarmPool()
+    result = LlmResult(text="Hi there.", tokens=3, prompt_tokens=9, audio_ms=100.0)
+    s = Setup(Pipeline([("text", "Hi there."), ("chunk", chunk("Hi there."))], result, pool))
+
+    s.session.history.add_user("hello", FENCE.turn_id)  # (what the control plane does)
+    run(answer_with(s))
+    (req,) = pool.requests
+    assert req.prefill_only and req.priority == Priority.SPECULATIVE
+    assert req.request_id == f"{FENCE.key()}/warm/llm"
+    # the next prompt starts with the turn that just ended (the test config keeps it as
+    # chat messages), and leaves out the user's next words
+    assert [(m.role, m.content) for m in req.messages[1:]] == [
+        ("user", "hello"),
+        ("assistant", "Hi there."),
+    ]
+    tool = Tool(name="get_time")
+    call = '{"name": "get_time", "arguments": {"tz": "UTC"}}'
+    calling = WarmPool()
+    c = Setup(Pipeline([("call", call)], LlmResult(text=call, call=True), calling), tools=(tool,))
+    run(answer_with(c))
+    assert calling.requests == []
+
+
+async def answer_with(s: Setup) -> None:
+    await s.responder.respond(s.session, job(FENCE, "hello"), {})
+    for _ in range(5):  # the warm-up runs beside, after the response
+        await asyncio.sleep(0)
