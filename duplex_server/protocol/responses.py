@@ -71,6 +71,9 @@ def response_timing(resp: Response) -> ev.ResponseTiming | None:
         ("llm_first_token", "llm"),
         ("tts_first_audio", "tts"),
         ("speculative_ms", "speculative_lead"),
+        ("draft_asr", "draft_asr"),
+        ("draft_llm", "draft_llm"),
+        ("draft_tts", "draft_tts"),
     ):
         if key in resp.engine_ms:
             seg[name] = round(resp.engine_ms[key], 1)

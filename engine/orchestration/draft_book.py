@@ -170,6 +170,7 @@ class DraftBook:
     async def _run(self, draft: Draft, asr: asyncio.Task[str]) -> LlmResult | None:
         try:
             heard = await asyncio.shield(asr)
+            draft.mark("heard")
         except (StageError, asyncio.CancelledError):
             if cancelling():
                 raise

@@ -68,6 +68,25 @@ class Draft:
         self.held_bytes = 0  # audio held (bytes of PCM16)
         self._held: list[tuple[_Kind, Any]] = []
         self._sink: dict[_Kind, Callable[[Any], None]] | None = None
+        #: when its guess was heard, its first token came, its first audio (perf_counter)
+        self._at: dict[str, float] = {}
+
+    def mark(self, moment: str) -> None:
+        """``moment`` ("heard", "first_token", "first_audio") happened now (first time only)."""
+        self._at.setdefault(moment, time.perf_counter())
+
+    def segments(self) -> dict[str, float]:
+        """Where the draft's time went (ms): ``draft_asr`` (start -> its guess heard),
+        ``draft_llm`` (-> first token), ``draft_tts`` (-> first audio), those that happened."""
+        at, out = {"start": self.created, **self._at}, {}
+        for name, a, b in (
+            ("draft_asr", "start", "heard"),
+            ("draft_llm", "heard", "first_token"),
+            ("draft_tts", "first_token", "first_audio"),
+        ):
+            if a in at and b in at:
+                out[name] = (at[b] - at[a]) * 1000
+        return out
 
     @property
     def adopted(self) -> bool:
@@ -85,9 +104,11 @@ class Draft:
             self._held.append((kind, item))
 
     def on_text(self, delta: str) -> None:
+        self.mark("first_token")
         self._put("text", delta)
 
     def on_chunk(self, chunk: SpokenChunk) -> None:
+        self.mark("first_audio")
         if self._sink is None:
             self.held_bytes += len(chunk.out.pcm)
         self._put("chunk", chunk)

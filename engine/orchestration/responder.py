@@ -195,6 +195,8 @@ class Responder:
                 on_chunk=out.on_chunk,
                 on_call=out.on_call,
             )
+        if draft is not None:
+            marks.update(draft.segments())  # where the draft's own time went
         length = result.finish_reason == "length"
         if result.call:
             finish_call(out.calls, out.call_id, plan.tools, fence, out.emit, out.keep_call)

@@ -112,6 +112,8 @@ def test_a_committed_turn_releases_exactly_the_held_audio_once() -> None:
             done = evs[-1]
             assert isinstance(done, ResponseDone) and done.status == "completed"
             assert "speculative_ms" in (done.timing_ms or {})  # the draft answered it
+            timing = done.timing_ms or {}  # and where its time went, each part measured
+            assert all(timing[k] >= 0 for k in ("draft_asr", "draft_llm", "draft_tts"))
             chunks = [e for e in evs if isinstance(e, AudioChunk)]
             expected = [e for e in plain if isinstance(e, AudioChunk)]
             assert chunks and [c.pcm for c in chunks] == [c.pcm for c in expected]

@@ -200,6 +200,7 @@ def test_a_draft_that_answers_the_turn_is_adopted() -> None:
 
     async def main() -> tuple[Setup, dict[str, float]]:
         draft = Draft(SID, 0, f"{SID}/e0/draft0")
+        draft.mark("heard")  # its guess's words came
         draft.on_text("Hi there.")  # held until adopted
         draft.task = asyncio.create_task(finished())
         pipeline = Pipeline([], LlmResult())
@@ -215,6 +216,9 @@ def test_a_draft_that_answers_the_turn_is_adopted() -> None:
     assert s.emitted.events()[0] == TextDelta(fence=FENCE, text="Hi there.")
     assert s.counters.drafts["used"] == 1 and "speculative_ms" in marks
     assert s.done().text == "Hi there."
+    # where the draft's own time went: its guess heard, then its first token (no audio)
+    assert marks["draft_asr"] >= 0 and marks["draft_llm"] >= 0 and "draft_tts" not in marks
+    assert {"draft_asr", "draft_llm"} <= set(s.done().timing_ms or {})
 
 
 def test_a_draft_without_a_result_fails_loudly() -> None:

@@ -166,7 +166,9 @@ def test_a_pause_is_answered_ahead_and_released_at_the_commit(server: str) -> No
             done = await c.until("response.done", within=10)
             assert done["response"]["status"] == "completed"
             _one_whole_answer(c)
-            assert "speculative_lead" in done["response"]["timing"]["segments_ms"]
+            segments = done["response"]["timing"]["segments_ms"]
+            assert "speculative_lead" in segments
+            assert {"draft_asr", "draft_llm", "draft_tts"} <= set(segments)  # the draft's parts
         after = _speculative(server)
         assert after["used"] == before.get("used", 0) + 1
 
